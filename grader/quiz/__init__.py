@@ -1,0 +1,1 @@
+"""Multiple-choice quizzes on DDP, asked in the terminal."""
