@@ -1,9 +1,201 @@
-"""``ddp-grade quiz`` (placeholder until the quiz lands)."""
+"""``ddp-grade quiz``: the click command. It parses options, asks, saves and renders; logic is in session.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
 
 import click
 
+from grader.quiz import render
+from grader.quiz.bank import DIFFICULTIES, TOPICS, BankError, load_bank, topic_counts
+from grader.quiz.session import (
+    Answer,
+    AnswerError,
+    Presented,
+    clean_progress,
+    letters_of,
+    filter_questions,
+    order_questions,
+    parse_answer,
+    record_answer,
+    review_questions,
+    score,
+    shuffle_choices,
+    split_answer_lines,
+    split_inline_answers,
+)
+from grader.state import StateFile
+
+EXIT_OK, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 2, 130
+STATE_NAME = "quiz.json"
+
+
+class QuizInputError(Exception):
+    """Input the quiz cannot use; shown as one line, exit code 2."""
+
+
+class QuizStopped(Exception):
+    """The user stopped the quiz (Ctrl-C or end of input)."""
+
+
+def read_line(prompt: str, err: bool = False) -> str:
+    """Read one answer from the terminal (tests replace this function)."""
+    click.echo(prompt, nl=False, err=err)
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line
+
 
 @click.command()
-def quiz():
-    """Answer multiple-choice questions on DDP in the terminal."""
-    raise click.ClickException("the quiz is not available yet")
+@click.option("--topic", "topic_args", multiple=True, metavar="TOPIC",
+              help="Only these topics (repeat the option or give a comma list). See --list-topics.")
+@click.option("-n", "--count", type=int, default=10, show_default=True, help="Number of questions.")
+@click.option("--difficulty", metavar="LEVEL", help="Only questions of this level: easy, medium or hard.")
+@click.option("--seed", type=int, help="Seed for the question order and the choice order (reproducible quiz).")
+@click.option("--answers", "answers_arg", metavar="ANSWERS",
+              help='Answer without prompts: "a,bd,c" (one token per question) or @FILE (one answer per line).')
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object on stdout (see docs/quiz.md).")
+@click.option("--review", is_flag=True, help="Only the questions whose latest answer was wrong, most recent first.")
+@click.option("--list-topics", is_flag=True, help="List the topics with their question counts and exit.")
+@click.pass_context
+def quiz(ctx, topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics):
+    """Answer multiple-choice questions on DDP in the terminal.
+
+    Type the letter of your choice; for "choose all that apply" questions type
+    several letters (ac or a,c). Progress is saved after every answer; questions
+    answered wrong come back first next time.
+
+    \b
+    Examples:
+      ddp-grade quiz -n 5 --topic sampler,launch
+      ddp-grade quiz --review
+      ddp-grade quiz -n 3 --seed 1 --answers "a,bd,c" --format json
+    """
+    try:
+        code = run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics)
+    except (QuizInputError, BankError) as exc:
+        click.echo(f"ddp-grade quiz: error: {exc}", err=True)
+        code = EXIT_UNUSABLE
+    ctx.exit(code)
+
+
+def run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics) -> int:
+    """The whole command; returns the exit code."""
+    bank = load_bank()
+    if list_topics:
+        click.echo(render.topics_text(topic_counts(bank)))
+        return EXIT_OK
+    topics = parse_topics(topic_args)
+    difficulty = parse_difficulty(difficulty)
+    if count < 1:
+        raise QuizInputError(f"-n/--count must be at least 1 (got {count})")
+    state = StateFile(STATE_NAME)
+    progress = clean_progress(state.load())
+    if state.warning():
+        click.echo(state.warning(), err=True)
+    seed = seed if seed is not None else random.SystemRandom().randrange(2**31)
+    pool = filter_questions(bank, topics, difficulty)
+    if not pool:
+        raise QuizInputError("no question matches the chosen topics and difficulty")
+    if review:
+        chosen = review_questions(pool, progress)
+        if not chosen:
+            click.echo("Nothing to review: no question (of those chosen) was last answered wrong.")
+            return EXIT_OK
+    else:
+        chosen = order_questions(pool, progress, seed)
+    presented = [shuffle_choices(q, seed) for q in chosen[:count]]
+    scripted = answers_arg is not None
+    source = scripted_answers(answers_arg, presented) if scripted else None
+    return ask_all(presented, state, progress, seed, fmt, source)
+
+
+def parse_topics(topic_args: tuple[str, ...]) -> list[str]:
+    """``("sampler,launch", "core")`` -> ``["sampler", "launch", "core"]``, each a known topic."""
+    topics = [t.strip().lower() for arg in topic_args for t in arg.split(",") if t.strip()]
+    unknown = [t for t in topics if t not in TOPICS]
+    if unknown:
+        raise QuizInputError(f"unknown topic {unknown[0]!r}; valid topics: {', '.join(TOPICS)}")
+    return topics
+
+
+def parse_difficulty(difficulty: str | None) -> str | None:
+    """A known difficulty in lower case, or None for all."""
+    if difficulty is None:
+        return None
+    if difficulty.lower() not in DIFFICULTIES:
+        raise QuizInputError(f"unknown difficulty {difficulty!r}; choose from {', '.join(DIFFICULTIES)}")
+    return difficulty.lower()
+
+
+def scripted_answers(answers_arg: str, presented: list[Presented]) -> list[frozenset[int]]:
+    """The ``--answers`` value read and checked against the questions, before anything is asked."""
+    tokens = read_answer_tokens(answers_arg)
+    if len(tokens) != len(presented):
+        few = "too few" if len(tokens) < len(presented) else "too many"
+        raise QuizInputError(f"{few} answers: got {len(tokens)} for {len(presented)} questions")
+    parsed = []
+    for number, (token, p) in enumerate(zip(tokens, presented), 1):
+        try:
+            parsed.append(parse_answer(token, len(p.choices)))
+        except AnswerError as exc:
+            raise QuizInputError(f"answer {number} ({token!r}): {exc}") from None
+    return parsed
+
+
+def read_answer_tokens(answers_arg: str) -> list[str]:
+    """Inline tokens, or the lines of the file named by ``@FILE`` or by an existing path."""
+    path = Path(answers_arg[1:]) if answers_arg.startswith("@") else Path(answers_arg)
+    if answers_arg.startswith("@") or (answers_arg and path.is_file()):
+        try:
+            return split_answer_lines(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise QuizInputError(f"cannot read answers file {str(path)!r}: {exc}") from None
+    return split_inline_answers(answers_arg)
+
+
+def ask_all(presented, state, progress, seed, fmt, scripted) -> int:
+    """Ask every question, saving after each answer; render the score; return the exit code."""
+    to_err = fmt == "json"  # keep stdout for the JSON object
+    show = (lambda text: None) if (to_err and scripted is not None) else (lambda text: click.echo(text, err=to_err))
+    answers: list[Answer] = []
+    given_iter = iter(scripted) if scripted is not None else None
+    completed = True
+    try:
+        for number, p in enumerate(presented, 1):
+            show("\n" + render.question_text(number, len(presented), p))
+            given = next(given_iter) if given_iter else ask_until_valid(p, to_err)
+            if given_iter:
+                show(f"Your answer: {letters_of(given)}")
+            answer = Answer(p, given)
+            answers.append(answer)
+            progress = record_answer(progress, answer)
+            state.save(progress)
+            show(render.feedback_text(answer))
+    except (KeyboardInterrupt, QuizStopped):
+        completed = False
+    result = score(answers)
+    if fmt == "json":
+        click.echo(json.dumps(render.quiz_json(answers, result, len(presented), completed, seed), indent=2))
+    else:
+        click.echo("\n" + render.score_text(result, len(presented), completed))
+    return EXIT_OK if completed else EXIT_INTERRUPTED
+
+
+def ask_until_valid(p: Presented, to_err: bool) -> frozenset[int]:
+    """Prompt until the answer names only valid letters; Ctrl-C or end of input stops the quiz."""
+    while True:
+        try:
+            line = read_line("Your answer: ", err=to_err)
+        except EOFError:
+            raise QuizStopped from None
+        try:
+            return parse_answer(line, len(p.choices))
+        except AnswerError as exc:
+            click.echo(f"{exc}; try again.", err=to_err)
+
