@@ -47,6 +47,58 @@ def main():
     """
 
 
+def grading_options(f):
+    """--world-size, --backend, --timeout: shared by every command that grades."""
+    f = click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
+                     help="Seconds for grading one file; a run past it is stopped (exit 3).")(f)
+    f = click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
+                     help="auto: nccl when there is one GPU per rank, else gloo.")(f)
+    f = click.option("--world-size", "world_size", type=click.IntRange(min=1, max=64), default=None,
+                     help="Ranks per run (default: the exercise's, 2; an odd size is tried too where it matters).")(f)
+    return f
+
+
+def format_option(f):
+    return click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                        help="json: the machine-readable report described in the README.")(f)
+
+
+@main.command()
+@click.argument("path", required=False, type=click.Path(dir_okay=True, file_okay=True, path_type=str))
+@click.option("--exercise", "exercise_id", metavar="NN", help="Grade PATH as exercise NN (default: from the file name).")
+@grading_options
+@format_option
+@click.option("-v", "--verbose", is_flag=True, help="Show every detail, also of passing runs.")
+def grade(path, exercise_id, world_size, backend, timeout_s, fmt, verbose):
+    """Grade one exercise file (this is also what `ddp-grade PATH` does).
+
+    \b
+    Example:
+      ddp-grade grade exercises/03_train.py --world-size 2 --backend gloo
+    """
+    from grader import harness
+    from grader.grading import GradeOptions, grade_file
+    from grader.report import render_json, render_text
+
+    if path is None:
+        raise click.UsageError("give the exercise file to grade, e.g. ddp-grade exercises/01_setup.py")
+    harness.warm_up()
+    options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
+    with harness.Session() as session:
+        report = grade_file(path, session, options, exercise_id)
+    if fmt == "json":
+        click.echo(render_json(report))
+    else:
+        click.echo(render_text(report, color=_color(), verbose=verbose))
+    raise SystemExit(report.exit_code)
+
+
+def _color() -> bool:
+    import sys
+
+    return sys.stdout.isatty()
+
+
 # Subcommands that live in their own modules, one line each.
 from grader.quiz.command import quiz  # noqa: E402
 

@@ -1,0 +1,97 @@
+"""The exercise catalog: ``catalog.toml`` read into typed records."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+@dataclass(frozen=True)
+class CheckInfo:
+    """One named check of an exercise."""
+
+    id: str  # stable id shown in reports, e.g. "params-identical"
+    title: str  # what the check establishes
+    hint: str = ""  # what to look at when it fails
+    points: float = 1.0  # weight in the score
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its files, the names it defines, its checks and hints."""
+
+    id: str  # "03"
+    slug: str  # "train"
+    title: str
+    functions: tuple[str, ...]  # the names the grader imports from the learner's file
+    world_sizes: tuple[int, ...]  # graded by default
+    minutes: int  # time budget in interview mode
+    hints: tuple[str, ...]  # in levels: nudge, API, code shape
+    checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
+
+    @property
+    def filename(self) -> str:
+        return f"{self.id}_{self.slug}.py"
+
+    @property
+    def module(self) -> str:
+        """The grader module holding this exercise's drivers and checks."""
+        return f"grader.checks.ex{self.id}_{self.slug}"
+
+    def check(self, check_id: str) -> CheckInfo:
+        for c in self.checks:
+            if c.id == check_id:
+                return c
+        raise KeyError(f"exercise {self.id} has no check {check_id!r}")
+
+
+@lru_cache(maxsize=1)
+def exercises() -> tuple[Exercise, ...]:
+    """Every exercise, in order."""
+    text = resources.files("grader").joinpath("catalog.toml").read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    return tuple(_exercise(entry) for entry in data["exercise"])
+
+
+def _exercise(entry: dict) -> Exercise:
+    checks = tuple(
+        CheckInfo(c["id"], c["title"], c.get("hint", ""), float(c.get("points", 1)))
+        for c in entry.get("check", [])
+    )
+    return Exercise(
+        id=entry["id"],
+        slug=entry["slug"],
+        title=entry["title"],
+        functions=tuple(entry["functions"]),
+        world_sizes=tuple(entry.get("world_sizes", [2])),
+        minutes=int(entry.get("minutes", 20)),
+        hints=tuple(entry.get("hints", [])),
+        checks=checks,
+    )
+
+
+def by_id(exercise_id: str) -> Exercise | None:
+    """The exercise with this id; accepts "3", "03" and "03_train"."""
+    match = re.match(r"^(\d{1,2})", str(exercise_id).strip())
+    if not match:
+        return None
+    wanted = match.group(1).zfill(2)
+    for ex in exercises():
+        if ex.id == wanted:
+            return ex
+    return None
+
+
+def from_filename(path: str | Path) -> Exercise | None:
+    """The exercise a file is for, from a name like ``03_train.py`` wherever it lives."""
+    name = Path(path).name
+    match = re.match(r"^(\d{2})_", name)
+    return by_id(match.group(1)) if match else None

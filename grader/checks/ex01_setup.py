@@ -1,0 +1,187 @@
+"""Exercise 01: setup_ddp / cleanup_ddp.
+
+Rank side: call the learner's setup_ddp with probes on init_process_group,
+try a collective, clean up twice. Parent side: decide each check from that.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from grader import probes
+from grader.child import GraderAbort, RankContext
+
+MAX_TIMEOUT_S = 300.0
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def rank_main(ctx: RankContext) -> dict:
+    """Join through setup_ddp, all-reduce, leave through cleanup_ddp (twice)."""
+    calls: list = []
+    grader_port = os.environ.get("MASTER_PORT")
+    obs = {"grader_port": grader_port, "calls": calls, "aborted": None}
+    with probes.watch_init(calls, expected_port=grader_port):
+        setup_ddp = ctx.function("setup_ddp")
+        cleanup_ddp = ctx.function("cleanup_ddp")
+        try:
+            if ctx.kwargs.get("pass_backend"):
+                setup_ddp(ctx.rank, ctx.world_size, backend=ctx.backend)
+            else:
+                setup_ddp(ctx.rank, ctx.world_size)
+        except GraderAbort as exc:
+            obs["aborted"] = str(exc)
+            return obs
+    obs["initialized"] = dist.is_initialized()
+    if not obs["initialized"]:
+        return obs
+    obs["rank"] = dist.get_rank()
+    obs["world_size"] = dist.get_world_size()
+    obs["backend"] = str(dist.get_backend())
+    device = torch.device("cpu")
+    if obs["backend"] == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+        obs["cuda_device"] = torch.cuda.current_device()
+    value = torch.tensor([float(ctx.rank + 1)], device=device)
+    dist.all_reduce(value)
+    obs["all_reduce"] = value.item()
+    cleanup_ddp()
+    obs["initialized_after_cleanup"] = dist.is_initialized()
+    obs["second_cleanup_error"] = _error_of(cleanup_ddp)
+    return obs
+
+
+def defaults_main(ctx: RankContext) -> dict:
+    """With MASTER_ADDR / MASTER_PORT unset: what would setup_ddp use? (Never binds a port.)"""
+    calls: list = []
+    with probes.watch_init(calls, dry_run=True):
+        setup_ddp = ctx.function("setup_ddp")
+        cleanup_ddp = ctx.function("cleanup_ddp")
+        cleanup_error = _error_of(cleanup_ddp)  # no group yet: must be a no-op
+        try:
+            setup_ddp(0, 1, backend="gloo")
+        except GraderAbort:
+            pass
+    return {"calls": calls, "cleanup_without_group_error": cleanup_error}
+
+
+def _error_of(fn) -> str | None:
+    try:
+        fn()
+    except Exception as exc:  # the learner's bug is the observation
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    pass_backend = g.backend_requested != "auto"
+    for world_size in g.world_sizes:
+        outcome = g.run("rank_main", world_size, kwargs={"pass_backend": pass_backend})
+        check_run(g, outcome.results(), world_size)
+    defaults = g.run("defaults_main", 1, env={"MASTER_ADDR": None, "MASTER_PORT": None})
+    check_defaults(g, defaults.results()[0])
+
+
+def check_run(g, observations: list[dict], world_size: int) -> None:
+    first_abort = next((o for o in observations if o["aborted"]), None)
+    port_ok = True
+    for rank, obs in enumerate(observations):
+        call = obs["calls"][-1] if obs["calls"] else None
+        if call is not None and not call["uses_store"] and call["master_port"] != obs["grader_port"]:
+            port_ok = g.record("port-from-env", False,
+                               f"rank {rank} asked init_process_group to meet at port {call['master_port']}, "
+                               f"but MASTER_PORT was {obs['grader_port']}: the port is hard-coded",
+                               rank=rank, world_size=world_size)
+            break
+    if port_ok:
+        g.record("port-from-env", True)
+    if first_abort is not None:
+        raise_not_run(g, first_abort["aborted"])
+
+    for rank, obs in enumerate(observations):
+        if not obs["calls"]:
+            g.record("timeout-set", False, f"rank {rank}: setup_ddp never called init_process_group",
+                     rank=rank, world_size=world_size)
+            continue
+        timeout = obs["calls"][-1]["timeout_s"]
+        if timeout is None:
+            g.record("timeout-set", False, "init_process_group was called without timeout=, so a deadlock "
+                     "waits for the default (30 minutes on gloo)", rank=rank, world_size=world_size)
+        elif timeout > MAX_TIMEOUT_S:
+            g.record("timeout-set", False, f"timeout is {timeout:g} s; at most {MAX_TIMEOUT_S:g} s is expected",
+                     rank=rank, world_size=world_size)
+        else:
+            g.record("timeout-set", True)
+
+    if not all(o.get("initialized") for o in observations):
+        rank = next(r for r, o in enumerate(observations) if not o.get("initialized"))
+        g.record("joins-group", False, f"rank {rank}: no process group after setup_ddp returned",
+                 rank=rank, world_size=world_size)
+        raise_not_run(g, "setup_ddp did not initialize the group")
+
+    for rank, obs in enumerate(observations):
+        if obs["rank"] != rank or obs["world_size"] != world_size:
+            g.record("joins-group", False, f"the process started as rank {rank} of {world_size} joined as "
+                     f"rank {obs['rank']} of {obs['world_size']}", rank=rank, world_size=world_size)
+    g.record("joins-group", True)
+
+    expected = g.backend
+    for rank, obs in enumerate(observations):
+        g.record("backend", obs["backend"] == expected,
+                 f"rank {rank} joined with {obs['backend']}, expected {expected}"
+                 + (" (gloo, since there are not enough GPUs here)" if expected == "gloo" else ""),
+                 rank=rank, world_size=world_size)
+
+    total = world_size * (world_size + 1) / 2
+    for rank, obs in enumerate(observations):
+        g.record("collective-works", obs["all_reduce"] == total,
+                 f"rank {rank}: all_reduce of rank + 1 gave {obs['all_reduce']:g}, expected {total:g}",
+                 rank=rank, world_size=world_size)
+
+    for rank, obs in enumerate(observations):
+        g.record("cleanup-destroys", not obs["initialized_after_cleanup"],
+                 f"rank {rank}: the group is still initialized after cleanup_ddp()", rank=rank,
+                 world_size=world_size)
+        g.record("cleanup-twice", obs["second_cleanup_error"] is None,
+                 f"rank {rank}: a second cleanup_ddp() raised {obs['second_cleanup_error']}", rank=rank,
+                 world_size=world_size)
+
+    if g.backend != "nccl":
+        g.skip("nccl-device", "runs with --backend nccl on GPUs only")
+        return
+    devices = [o.get("cuda_device") for o in observations]
+    count = torch.cuda.device_count()
+    for rank, device in enumerate(devices):
+        g.record("nccl-device", device == rank % count,
+                 f"rank {rank} used cuda:{device}, expected cuda:{rank % count} "
+                 f"(devices of all ranks: {devices})", rank=rank, world_size=world_size)
+
+
+def check_defaults(g, obs: dict) -> None:
+    error = obs["cleanup_without_group_error"]
+    g.record("cleanup-twice", error is None, f"cleanup_ddp() with no group initialized raised {error}")
+    if not obs["calls"]:
+        g.record("default-address", False, "setup_ddp did not call init_process_group")
+        return
+    call = obs["calls"][-1]
+    if call["uses_store"]:
+        g.record("default-address", False, "setup_ddp passed its own store= instead of using the environment")
+        return
+    addr, port = call["master_addr"], call["master_port"]
+    g.record("default-address", (addr, port) == ("127.0.0.1", "29500"),
+             f"with MASTER_ADDR and MASTER_PORT unset, setup_ddp would meet at {addr}:{port}, "
+             "expected 127.0.0.1:29500")
+
+
+def raise_not_run(g, reason: str) -> None:
+    from grader.grading import Abort
+    from grader.results import FAILED
+
+    raise Abort(FAILED, reason)

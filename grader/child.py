@@ -1,0 +1,279 @@
+"""What runs inside each process the grader starts (one per rank).
+
+The parent hands every child a *spec* (a plain dict) and one end of a pipe. The
+child puts itself in a process group of its own (so the parent can kill it and
+anything it started), sends its output to a file, arms ``faulthandler`` so the
+parent can ask for its stack, imports the learner's file, runs the exercise's
+driver and sends back one message: what it observed, or how it failed.
+
+Messages to the parent are ``torch.save`` bytes, read there with
+``torch.load(weights_only=True)``: plain data and tensors only, so nothing a
+submission puts in them can run code in the parent.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import importlib.util
+import io
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# Variables a launcher may have left in the grader's own environment; a child
+# must not inherit them, or a learner who forgets to pass rank and world size
+# would still appear to work.
+LAUNCHER_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+)
+
+STACK_SIGNAL = signal.SIGUSR1
+MAX_TRACEBACK_CHARS = 6000
+
+
+class GraderAbort(Exception):
+    """Raised by the grader's own code in a child to stop a run on purpose."""
+
+
+@dataclass
+class RankContext:
+    """What a driver needs to know about the rank it runs as."""
+
+    rank: int
+    world_size: int
+    backend: str
+    learner_path: str
+    run_dir: str
+    timeout_s: float
+    kwargs: dict = field(default_factory=dict)
+    conn: object = None
+    _learner: object = None
+
+    def learner(self):
+        """Import the learner's file (once) and return it as a module.
+
+        Drivers call this after installing their probes, so that names the
+        file imports from torch at its top are the observed ones.
+        """
+        if self._learner is None:
+            try:
+                self._learner = import_learner(self.learner_path)
+            except BaseException as exc:
+                raise LearnerImportError(exc) from exc
+        return self._learner
+
+    def function(self, name: str):
+        """The learner's function or class called ``name``."""
+        module = self.learner()
+        if not hasattr(module, name):
+            raise MissingName(name)
+        return getattr(module, name)
+
+    @property
+    def device(self) -> torch.device:
+        if self.backend == "nccl":
+            return torch.device("cuda", self.rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    def init_group(self) -> None:
+        """Join the default process group the grader prepared (exercises 05-10)."""
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(
+            self.backend,
+            init_method="env://",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=max(5.0, self.timeout_s)),
+        )
+
+    def leave_group(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def serve(self, handlers: dict) -> None:
+        """Answer the parent's calls until it says stop (used for pure functions)."""
+        import pickle
+
+        while True:
+            try:
+                request = pickle.loads(self.conn.recv_bytes())
+            except EOFError:
+                return
+            if request is None:
+                return
+            name, kwargs = request
+            try:
+                reply = {"status": "ok", "result": handlers[name](self, **kwargs)}
+            except BaseException as exc:  # the learner's error goes back as data
+                reply = {"status": "error", "error": describe_exception(exc, self.learner_path)}
+            send(self.conn, reply)
+
+
+class LearnerImportError(Exception):
+    """Importing the learner's file failed; ``original`` is what it raised."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(str(original))
+        self.original = original
+
+
+class MissingName(Exception):
+    """The learner's file does not define a name the exercise needs."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def import_learner(path: str):
+    """Import the learner's file as a module named after its file (``03_train``).
+
+    The file's folder goes first on ``sys.path`` so that processes the learner
+    spawns can import it again by that name.
+    """
+    path = os.path.abspath(path)
+    name = Path(path).stem
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def resolve(ref: str):
+    """``"package.module:function"`` -> the function."""
+    module_name, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def describe_exception(exc: BaseException, learner_path: str | None = None, phase: str = "run") -> dict:
+    """A plain-data account of an exception: type, message, traceback, learner's frame."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    where = None
+    if learner_path:
+        target = os.path.abspath(learner_path)
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if os.path.abspath(frame.filename) == target:
+                where = {"line": frame.lineno, "function": frame.name, "code": frame.line or ""}
+    if isinstance(exc, SyntaxError) and learner_path and exc.filename and \
+            os.path.abspath(exc.filename) == os.path.abspath(learner_path):
+        where = {"line": exc.lineno or 0, "function": "<module>", "code": (exc.text or "").strip()}
+    info = {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": tb[-MAX_TRACEBACK_CHARS:],
+        "where": where,
+        "phase": phase,
+    }
+    if isinstance(exc, MissingName):
+        info["missing"] = exc.name
+    return info
+
+
+def send(conn, payload: dict) -> None:
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    conn.send_bytes(buffer.getvalue())
+
+
+def _redirect_output(path: str) -> None:
+    """Send this process's stdout and stderr (also from C code) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _arm_faulthandler(path: str):
+    """Dump every thread's stack to ``path`` on a crash or when the parent asks."""
+    stack_file = open(path, "w")
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    return stack_file
+
+
+def _apply_limits(limits: dict) -> None:
+    """Memory and CPU-time limits for this process (and what it starts)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    memory = limits.get("memory_bytes")
+    if memory:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    cpu = limits.get("cpu_seconds")
+    if cpu:
+        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1))
+    output = limits.get("output_bytes")
+    if output:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
+
+
+def main(spec: dict, conn) -> None:
+    """Entry point of every rank process."""
+    try:
+        os.setpgrp()
+    except OSError:
+        pass
+    for name in LAUNCHER_VARIABLES:
+        os.environ.pop(name, None)
+    for name, value in spec["env"].items():
+        if value is None:
+            os.environ.pop(name, None)  # the run asked for this variable to be unset
+        else:
+            os.environ[name] = value
+    rank = spec["rank"]
+    _redirect_output(os.path.join(spec["run_dir"], f"rank{rank}.out"))
+    _arm_faulthandler(os.path.join(spec["run_dir"], f"rank{rank}.stack"))
+    _apply_limits(spec.get("limits", {}))
+    ctx = RankContext(
+        rank=rank,
+        world_size=spec["world_size"],
+        backend=spec["backend"],
+        learner_path=spec["learner_path"],
+        run_dir=spec["run_dir"],
+        timeout_s=spec["timeout_s"],
+        kwargs=spec.get("kwargs", {}),
+        conn=conn,
+    )
+    payload = run_driver(spec["driver"], ctx)
+    try:
+        send(conn, payload)
+    except BaseException as exc:  # e.g. a result that cannot be saved
+        send(conn, {"status": "error", "error": describe_exception(exc)})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_driver(driver_ref: str, ctx: RankContext) -> dict:
+    """Run one driver and turn what happened into a message for the parent."""
+    driver = resolve(driver_ref)
+    try:
+        result = driver(ctx)
+    except LearnerImportError as exc:
+        return {"status": "error", "error": describe_exception(exc.original, ctx.learner_path, phase="import")}
+    except MissingName as exc:
+        return {"status": "error", "error": describe_exception(exc, ctx.learner_path, phase="import")}
+    except BaseException as exc:
+        return {"status": "error", "error": describe_exception(exc, ctx.learner_path)}
+    return {"status": "ok", "result": result}

@@ -1,0 +1,515 @@
+"""Start ranks, collect what happened, never hang.
+
+A :class:`Session` owns a warm process pool (a ``multiprocessing`` forkserver
+that has imported torch once) and a temporary folder. :meth:`Session.run`
+starts one process per rank from that pool, gives each a fresh rendezvous (a
+TCPStore that this process holds, so no port is ever picked and then lost to
+another program), and waits for every rank under a deadline:
+
+* a rank that returns sends its observations back as data;
+* a rank that raises, exits early or crashes is recorded as such, and the
+  others get a short grace period before they are stopped;
+* at the deadline every rank still running is asked for its stack
+  (``faulthandler``) and killed with everything it started.
+
+Nothing here decides whether an exercise passed: that is the checks' job, in
+this process, from the :class:`WorldOutcome` returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import types
+import uuid
+from dataclasses import dataclass, field
+
+GRACE_AFTER_FAILURE_S = 3.0  # how long other ranks may run on after one failed
+STACK_WAIT_S = 0.5  # how long a rank gets to write its stack before it is killed
+OUTPUT_TAIL_CHARS = 3000
+MAX_MESSAGE_BYTES = 256 * 2**20
+RUN_MARKER = "DDP_GRADE_RUN"  # environment variable carried by every process of a run
+
+DEFAULT_LIMITS = {
+    "memory_bytes": 0,  # 0: no limit (see grader.limits for the defaults the CLI applies)
+    "cpu_seconds": 0,
+    "output_bytes": 0,
+}
+
+
+@dataclass
+class RankOutcome:
+    """What one rank did."""
+
+    rank: int
+    status: str  # "ok", "error" (raised), "exited" (ended without a result), "killed" (stopped by us)
+    result: object = None  # the driver's return value when status == "ok"
+    error: dict | None = None  # type, message, traceback, where, phase when status == "error"
+    exitcode: int | None = None
+    stack: str = ""  # faulthandler's dump when the rank was stopped or crashed
+    output: str = ""  # the end of what the rank printed
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def describe(self) -> str:
+        """One line for a learner: what went wrong in this rank."""
+        if self.status == "ok":
+            return f"rank {self.rank} finished"
+        if self.status == "error":
+            err = self.error or {}
+            where = err.get("where")
+            at = f" (line {where['line']}, in {where['function']})" if where else ""
+            return f"rank {self.rank} raised {err.get('type')}: {err.get('message')}{at}"
+        if self.status == "exited":
+            return f"rank {self.rank} {describe_exit(self.exitcode)} before it finished"
+        return f"rank {self.rank} was still running and was stopped"
+
+
+@dataclass
+class WorldOutcome:
+    """What a whole run (all ranks) did."""
+
+    world_size: int
+    ranks: list[RankOutcome]
+    timed_out: bool = False
+    seconds: float = 0.0
+    run_dir: str = ""
+    stray_processes: int = 0  # processes the submission left behind that had to be killed
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(r.ok for r in self.ranks)
+
+    def results(self) -> list:
+        return [r.result for r in self.ranks]
+
+    def failures(self) -> list[RankOutcome]:
+        """Ranks that raised or ended early (not those merely stopped after them)."""
+        return [r for r in self.ranks if r.status in ("error", "exited")]
+
+    def still_running(self) -> list[RankOutcome]:
+        return [r for r in self.ranks if r.status == "killed"]
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: object
+    conn: object
+    started: float
+    payload: dict | None = None
+    ended: bool = False
+    ended_at: float = 0.0
+    conn_closed: bool = False
+
+
+class Session:
+    """A warm pool of processes with torch imported, and a place for temporary files.
+
+    Use as a context manager; one session can grade many files.
+    """
+
+    def __init__(self, limits: dict | None = None, start_method: str | None = None):
+        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
+        self.ctx = _context(start_method)
+        self.tmp = tempfile.mkdtemp(prefix="ddp-grade-")
+        self.marker = uuid.uuid4().hex
+        self._runs = 0
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def new_run_dir(self) -> str:
+        self._runs += 1
+        path = os.path.join(self.tmp, f"run{self._runs}")
+        os.makedirs(path)
+        return path
+
+    def run(
+        self,
+        driver: str,
+        world_size: int,
+        *,
+        learner_path: str,
+        timeout_s: float,
+        backend: str = "gloo",
+        kwargs: dict | None = None,
+        env: dict | None = None,
+        grace_s: float = GRACE_AFTER_FAILURE_S,
+    ) -> WorldOutcome:
+        """Run ``driver`` (``"module:function"``) in ``world_size`` fresh rank processes."""
+        from torch.distributed import TCPStore
+
+        run_dir = self.new_run_dir()
+        started = time.monotonic()
+        # This process holds the rendezvous port for the whole run; every rank,
+        # rank 0 included, connects to it as a client.
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        ranks: list[_Rank] = []
+        try:
+            for rank in range(world_size):
+                spec = self._spec(driver, rank, world_size, learner_path, run_dir, timeout_s,
+                                  backend, kwargs, _rendezvous_env(store.port, env))
+                ranks.append(self._start(spec))
+            timed_out = _wait(ranks, started + timeout_s, grace_s)
+        finally:
+            _stop(ranks, run_dir)
+            del store
+        strays = reap_strays(self.marker)
+        outcomes = [_outcome(r, run_dir) for r in ranks]
+        return WorldOutcome(world_size, outcomes, timed_out, time.monotonic() - started, run_dir, strays)
+
+    def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
+               backend: str = "gloo") -> "Worker":
+        """One process that answers calls (for exercises without a process group)."""
+        run_dir = self.new_run_dir()
+        spec = self._spec(driver, 0, 1, learner_path, run_dir, timeout_s, backend, kwargs, {})
+        return Worker(self, self._start(spec), run_dir, time.monotonic() + timeout_s)
+
+    def _spec(self, driver, rank, world_size, learner_path, run_dir, timeout_s, backend, kwargs, env) -> dict:
+        return {
+            "driver": driver,
+            "rank": rank,
+            "world_size": world_size,
+            "learner_path": os.path.abspath(learner_path),
+            "run_dir": run_dir,
+            "timeout_s": timeout_s,
+            "backend": backend,
+            "kwargs": kwargs or {},
+            "env": {**_platform_env(), **(env or {}), RUN_MARKER: self.marker},
+            "limits": self.limits,
+        }
+
+    def _start(self, spec: dict) -> _Rank:
+        from grader import child
+
+        parent_end, child_end = self.ctx.Pipe(duplex=True)
+        process = self.ctx.Process(target=child.main, args=(spec, child_end), daemon=True,
+                                   name=f"ddp-grade-rank{spec['rank']}")
+        with _hidden_main():
+            process.start()
+        child_end.close()
+        return _Rank(spec["rank"], process, parent_end, time.monotonic())
+
+
+class Worker:
+    """A single child that runs the learner's pure functions on request, under a deadline."""
+
+    def __init__(self, session: Session, rank: _Rank, run_dir: str, deadline: float):
+        self.session = session
+        self._rank = rank
+        self.run_dir = run_dir
+        self.deadline = deadline
+        self.calls = 0
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def call(self, name: str, **kwargs) -> dict:
+        """Ask the child to run handler ``name``; returns its reply ``{"status", "result"|"error"}``.
+
+        Raises :class:`WorkerTimeout` past the deadline and :class:`WorkerDied`
+        when the child ends without answering.
+        """
+        self.calls += 1
+        conn = self._rank.conn
+        try:
+            conn.send_bytes(pickle.dumps((name, kwargs)))
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(self._finish())
+        remaining = self.deadline - time.monotonic()
+        ready = multiprocessing.connection.wait([conn, self._rank.process.sentinel], timeout=max(0.0, remaining))
+        if conn in ready:
+            try:
+                return _load(conn.recv_bytes(MAX_MESSAGE_BYTES))
+            except (EOFError, OSError):
+                pass
+        if not ready:
+            raise WorkerTimeout(self._finish(kill=True))
+        raise WorkerDied(self._finish())
+
+    def close(self) -> None:
+        if not self._rank.ended:
+            try:
+                self._rank.conn.send_bytes(pickle.dumps(None))
+            except OSError:
+                pass
+            self._rank.process.join(timeout=2)
+            self._finish(kill=True)
+
+    def _finish(self, kill: bool = False) -> RankOutcome:
+        if kill and self._rank.process.is_alive():
+            _dump_stacks([self._rank])
+            _kill(self._rank.process)
+        self._rank.process.join(timeout=5)
+        self._rank.ended = True
+        reap_strays(self.session.marker)
+        return _outcome(self._rank, self.run_dir)
+
+
+class WorkerTimeout(Exception):
+    def __init__(self, outcome: RankOutcome):
+        super().__init__("the worker ran past its deadline")
+        self.outcome = outcome
+
+
+class WorkerDied(Exception):
+    def __init__(self, outcome: RankOutcome):
+        super().__init__("the worker ended without answering")
+        self.outcome = outcome
+
+
+# --- waiting and stopping ---------------------------------------------------------
+
+
+def _wait(ranks: list[_Rank], deadline: float, grace_s: float) -> bool:
+    """Collect messages and exits until every rank is done; True if the deadline hit first."""
+    grace_until = None  # set once a rank has failed: the others get grace_s more
+    while True:
+        live = [r for r in ranks if not r.ended]
+        if not live:
+            return False
+        now = time.monotonic()
+        if grace_until is not None and now >= grace_until and grace_until < deadline:
+            return False
+        if now >= deadline:
+            return True
+        stop_at = deadline if grace_until is None else min(deadline, grace_until)
+        waitables = {}
+        for r in live:
+            if r.payload is None and not r.conn_closed:
+                waitables[r.conn] = r
+            waitables[r.process.sentinel] = r
+        ready = multiprocessing.connection.wait(list(waitables), timeout=max(0.0, stop_at - now))
+        for handle in ready:
+            r = waitables[handle]
+            if handle is r.conn:
+                r.payload = _receive(r.conn)
+                r.conn_closed = r.payload is None  # closed without a message
+            else:
+                if r.payload is None and not r.conn_closed:  # it may have arrived with the exit
+                    r.payload = _receive(r.conn, block=False)
+                r.ended = True
+                r.ended_at = time.monotonic()
+        if grace_until is None and any(_failed(r) for r in ranks):
+            grace_until = time.monotonic() + grace_s
+
+
+def _failed(r: _Rank) -> bool:
+    if r.payload is not None:
+        return r.payload.get("status") != "ok"
+    return r.ended
+
+
+def _receive(conn, block: bool = True) -> dict | None:
+    try:
+        if not block and not conn.poll(0.2):
+            return None
+        return _load(conn.recv_bytes(MAX_MESSAGE_BYTES))
+    except (EOFError, OSError):
+        return None
+    except Exception as exc:  # an unreadable message counts as an error of that rank
+        return {"status": "error", "error": {"type": type(exc).__name__, "message":
+                f"the grader could not read this rank's report: {exc}", "traceback": "", "where": None,
+                "phase": "run"}}
+
+
+def _load(data: bytes) -> dict:
+    import torch
+
+    payload = torch.load(io.BytesIO(data), weights_only=True)
+    if not isinstance(payload, dict):
+        raise ValueError("malformed report")
+    return payload
+
+
+def _stop(ranks: list[_Rank], run_dir: str) -> None:
+    """Ask every live rank for its stack, then kill it and everything it started."""
+    live = [r for r in ranks if r.process.is_alive()]
+    if live:
+        _dump_stacks(live)
+    for r in ranks:
+        _kill(r.process)
+    for r in ranks:
+        r.process.join(timeout=5)
+        r.conn.close()
+
+
+def _dump_stacks(ranks: list[_Rank]) -> None:
+    for r in ranks:
+        try:
+            os.kill(r.process.pid, signal.SIGUSR1)
+        except (OSError, TypeError):
+            pass
+    time.sleep(STACK_WAIT_S)
+
+
+def _kill(process) -> None:
+    pid = process.pid
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the rank and everything it started
+    except (OSError, AttributeError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def reap_strays(marker: str) -> int:
+    """Kill processes that carry this session's marker but escaped their group. Linux only."""
+    if not os.path.isdir("/proc"):
+        return 0
+    needle = f"{RUN_MARKER}={marker}".encode()
+    me = os.getpid()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def _outcome(r: _Rank, run_dir: str) -> RankOutcome:
+    payload = r.payload
+    ended_at = r.ended_at or time.monotonic()
+    common = dict(
+        rank=r.rank,
+        exitcode=r.process.exitcode,
+        stack=_read(os.path.join(run_dir, f"rank{r.rank}.stack")),
+        output=_tail(os.path.join(run_dir, f"rank{r.rank}.out")),
+        seconds=ended_at - r.started,
+    )
+    if payload is not None and payload.get("status") == "ok":
+        return RankOutcome(status="ok", result=payload.get("result"), **common)
+    if payload is not None:
+        return RankOutcome(status="error", error=payload.get("error") or {}, **common)
+    if r.ended:
+        return RankOutcome(status="exited", **common)
+    return RankOutcome(status="killed", **common)
+
+
+def _read(path: str, limit: int = 20000) -> str:
+    try:
+        with open(path, "r", errors="replace") as f:
+            return f.read(limit)
+    except OSError:
+        return ""
+
+
+def _tail(path: str, chars: int = OUTPUT_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - chars))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    if size > chars:
+        text = f"[... {size - chars} earlier bytes not shown]\n" + text.split("\n", 1)[-1]
+    return text
+
+
+# --- environment ---------------------------------------------------------------------
+
+
+def _context(start_method: str | None):
+    """A forkserver with the grader (and so torch) preloaded, where the platform has one."""
+    method = start_method or ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["grader.child", "grader.checks"])
+    return ctx
+
+
+@contextlib.contextmanager
+def _hidden_main():
+    """Start children without making them re-run this program's ``__main__``.
+
+    multiprocessing re-imports the parent's main script in every child (to find
+    functions defined there). Ours are all in the grader package, and the
+    caller's script may be anything: pytest, a console script, stdin.
+    """
+    real = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if real is not None:
+            sys.modules["__main__"] = real
+
+
+def warm_up(ctx=None) -> None:
+    """Start the forkserver now so it imports torch while this process does other work."""
+    ctx = ctx or _context(None)
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        with _hidden_main():
+            forkserver.ensure_running()
+
+
+def _rendezvous_env(port: int, extra: dict | None) -> dict:
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        # Every rank connects to the store this process holds (as under torchrun).
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
+    env.update(extra or {})
+    return env
+
+
+def _platform_env() -> dict:
+    """Keep gloo on the loopback interface, where every rank of a run lives."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    if sys.platform.startswith("linux"):
+        return {"GLOO_SOCKET_IFNAME": "lo"}
+    if sys.platform == "darwin":
+        return {"GLOO_SOCKET_IFNAME": "lo0"}
+    return {}

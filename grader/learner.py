@@ -1,0 +1,104 @@
+"""What can be learned about a learner's file without running it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from grader import catalog
+
+
+class Unusable(Exception):
+    """The file cannot be graded; the message says why, in one or two lines."""
+
+
+def read_source(path: str | Path) -> str:
+    """The file's text, or :class:`Unusable` with a clear reason."""
+    p = Path(path)
+    if not p.exists():
+        raise Unusable(f"no such file: {path}")
+    if p.is_dir():
+        raise Unusable(f"{path} is a folder: give one exercise file, such as {p / '03_train.py'}"
+                       " (or use `ddp-grade batch` for a folder of submissions)")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise Unusable(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Unusable(f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                       "save it as UTF-8") from None
+
+
+def which_exercise(path: str | Path, override: str | None = None) -> catalog.Exercise:
+    """The exercise a file is for: ``--exercise`` when given, else its file name."""
+    if override:
+        ex = catalog.by_id(override)
+        if ex is None:
+            known = ", ".join(e.id for e in catalog.exercises())
+            raise Unusable(f"unknown exercise {override!r}: choose one of {known}")
+        return ex
+    ex = catalog.from_filename(path)
+    if ex is None:
+        raise Unusable(f"cannot tell which exercise {Path(path).name} is: name the file like "
+                       "03_train.py or pass --exercise 03")
+    return ex
+
+
+def defined_names(source: str, path: str | Path) -> set[str]:
+    """Names a module defines at its top level; :class:`Unusable` on a syntax error."""
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as exc:
+        line = (exc.text or "").rstrip()
+        where = f" line {exc.lineno}" if exc.lineno else ""
+        shown = f"\n    {line.strip()}" if line.strip() else ""
+        raise Unusable(f"syntax error in {path}{where}: {exc.msg}{shown}") from None
+    except ValueError as exc:  # e.g. null bytes
+        raise Unusable(f"{path} cannot be parsed as Python: {exc}") from None
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, (ast.If, ast.Try)):
+            # names defined under `if`/`try` at top level count too
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+    return names
+
+
+def check_file(path: str | Path, override: str | None = None) -> catalog.Exercise:
+    """Everything the grader can check before starting a process; returns the exercise."""
+    source = read_source(path)
+    exercise = which_exercise(path, override)
+    names = defined_names(source, path)
+    missing = [f for f in exercise.functions if f not in names]
+    if missing:
+        message = (f"{Path(path).name} does not define {', '.join(missing)} "
+                   f"(exercise {exercise.id} needs {', '.join(exercise.functions)})")
+        other = _looks_like(names, exercise)
+        if other is not None:
+            message += (f"; it looks like exercise {other.id} ({other.filename}): "
+                        f"pass --exercise {other.id} or rename the file")
+        raise Unusable(message)
+    return exercise
+
+
+def _looks_like(names: set[str], not_this: catalog.Exercise) -> catalog.Exercise | None:
+    best, best_count = None, 0
+    for ex in catalog.exercises():
+        if ex.id == not_this.id:
+            continue
+        count = sum(1 for f in ex.functions if f in names and f not in not_this.functions)
+        if count > best_count:
+            best, best_count = ex, count
+    return best

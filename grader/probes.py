@@ -1,0 +1,97 @@
+"""Instruments installed in a rank process before the learner's file is imported.
+
+Each probe wraps a torch function so that a call is recorded as plain data
+(then passed through unchanged, unless the probe must stop a call that would
+hang). Drivers return the records to the parent, where the checks decide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from grader.child import GraderAbort
+
+
+@contextlib.contextmanager
+def patched(owner, name: str, replacement):
+    """Replace ``owner.name`` for the duration of the block."""
+    original = getattr(owner, name)
+    setattr(owner, name, replacement)
+    try:
+        yield original
+    finally:
+        setattr(owner, name, original)
+
+
+def _timeout_seconds(value) -> float | None:
+    if value is None:
+        return None
+    if hasattr(value, "total_seconds"):
+        return float(value.total_seconds())
+    return float(value)
+
+
+@contextlib.contextmanager
+def watch_init(calls: list, *, expected_port: str | None = None, dry_run: bool = False):
+    """Record every ``init_process_group`` call: arguments and the rendezvous it would use.
+
+    ``expected_port``: a call that would meet anywhere else is recorded and
+    stopped (raising :class:`GraderAbort`) instead of waiting for peers that
+    will never come. ``dry_run``: record and stop every call.
+    """
+    original = c10d.init_process_group
+
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
+                           store=None, *args, **kwargs):
+        addr, port = _rendezvous(init_method, store)
+        call = {
+            "backend": None if backend is None else str(backend),
+            "init_method": init_method,
+            "timeout_s": _timeout_seconds(timeout),
+            "world_size": int(world_size),
+            "rank": int(rank),
+            "uses_store": store is not None,
+            "master_addr": addr,
+            "master_port": port,
+        }
+        calls.append(call)
+        if dry_run:
+            raise GraderAbort("init_process_group recorded, not run")
+        if expected_port is not None and store is None and port != expected_port:
+            raise GraderAbort(f"init_process_group would meet at port {port}, not MASTER_PORT={expected_port}")
+        return original(backend, init_method, timeout, world_size, rank, store, *args, **kwargs)
+
+    with patched(c10d, "init_process_group", init_process_group), \
+            patched(dist, "init_process_group", init_process_group):
+        yield calls
+
+
+def _rendezvous(init_method, store) -> tuple[str | None, str | None]:
+    """Where a call to init_process_group would meet its peers."""
+    if store is not None:
+        return None, None
+    if init_method and not str(init_method).startswith("env://"):
+        parsed = urlparse(str(init_method))
+        return parsed.hostname, None if parsed.port is None else str(parsed.port)
+    return os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+
+
+@contextlib.contextmanager
+def watch_saves(saves: list):
+    """Record every ``torch.save``: the path written and the keys of a dict saved."""
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        target = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        saves.append({"path": None if target is None else os.path.abspath(target),
+                      "keys": [str(k) for k in obj.keys()] if isinstance(obj, dict) else None})
+        return original(obj, f, *args, **kwargs)
+
+    with patched(torch, "save", save), patched(torch.serialization, "save", save):
+        yield saves
