@@ -95,3 +95,61 @@ def watch_saves(saves: list):
 
     with patched(torch, "save", save), patched(torch.serialization, "save", save):
         yield saves
+
+
+COLLECTIVES = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
+    "barrier", "all_gather_object", "broadcast_object_list",
+)
+POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+@contextlib.contextmanager
+def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
+    """Record every collective and point-to-point call made through ``torch.distributed``.
+
+    Each event: ``{"op", "bytes", "peer", "async_op"}`` (``peer`` for send/recv).
+    Calls pass through unchanged. Names in ``forbid`` are recorded and then
+    refused with a RuntimeError, so a forbidden call cannot also hang.
+    """
+    originals = {}
+
+    def wrap(name, original):
+        def observed(*args, **kwargs):
+            tensor = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list", kwargs.get("output")))
+            peer = None
+            if name in POINT_TO_POINT:
+                peer = kwargs.get("dst", kwargs.get("src"))
+                if peer is None and len(args) > 1:
+                    peer = args[1]
+            events.append({"op": name, "bytes": _nbytes(tensor), "peer": None if peer is None else int(peer),
+                           "async_op": bool(kwargs.get("async_op", False)) or name in ("isend", "irecv")})
+            if name in forbid:
+                raise RuntimeError(f"torch.distributed.{name} is not allowed in this exercise")
+            return original(*args, **kwargs)
+
+        observed.__name__ = name
+        observed.__wrapped__ = original
+        return observed
+
+    names = [n for n in COLLECTIVES + POINT_TO_POINT if hasattr(c10d, n)]
+    for name in names:
+        originals[name] = getattr(c10d, name)
+        replacement = wrap(name, originals[name])
+        setattr(c10d, name, replacement)
+        setattr(dist, name, replacement)
+    try:
+        yield events
+    finally:
+        for name, original in originals.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)

@@ -1,0 +1,80 @@
+"""Every exercise in the catalog: stub, solution and checks agree with each other."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from conftest import ROOT, statuses
+from grader import catalog
+
+EXERCISES = catalog.exercises()
+IDS = [ex.id for ex in EXERCISES]
+
+
+def _signatures(path) -> dict:
+    tree = ast.parse(path.read_text())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            out[node.name] = ast.unparse(node.args)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_") or \
+                        isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    out[f"{node.name}.{item.name}"] = ast.unparse(item.args)
+    return out
+
+
+def test_catalog_files_exist_and_nothing_is_uncatalogued():
+    names = {ex.filename for ex in EXERCISES}
+    assert {p.name for p in (ROOT / "exercises").glob("*.py")} == names
+    assert {p.name for p in (ROOT / "solutions").glob("*.py")} == names
+    for ex in EXERCISES:
+        assert (ROOT / "grader" / "checks" / f"ex{ex.id}_{ex.slug}.py").exists()
+
+
+def test_catalog_ids_are_unique_and_every_check_has_a_title_and_hint():
+    assert len(set(IDS)) == len(IDS)
+    for ex in EXERCISES:
+        ids = [c.id for c in ex.checks]
+        assert len(set(ids)) == len(ids), ex.id
+        assert ex.checks and ex.hints and ex.functions
+        for c in ex.checks:
+            assert c.title and c.hint, (ex.id, c.id)
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+def test_stub_and_solution_have_the_same_signatures(exercise):
+    stub = _signatures(ROOT / "exercises" / exercise.filename)
+    solution = _signatures(ROOT / "solutions" / exercise.filename)
+    for name in exercise.functions:
+        assert name in stub and name in solution
+    assert {k: v for k, v in stub.items() if k in solution} == {k: solution[k] for k in stub if k in solution}
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+def test_every_stub_body_is_a_todo(exercise):
+    text = (ROOT / "exercises" / exercise.filename).read_text()
+    assert text.lstrip().startswith('"""'), "a stub starts with its task statement"
+    assert "raise NotImplementedError" in text and "# TODO" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+def test_solution_passes_every_check(grade, exercise):
+    report = grade(ROOT / "solutions" / exercise.filename)
+    failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
+    assert report.status == "passed", (report.problem, failing, report.details)
+    assert report.exit_code == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+def test_stub_reports_not_implemented(grade, exercise):
+    report = grade(ROOT / "exercises" / exercise.filename)
+    assert report.exit_code == 1
+    assert report.problem and report.problem.startswith("not implemented yet: ")
+    assert report.problem.split(": ", 1)[1] in exercise.functions or "." in report.problem
+    assert "pass" not in statuses(report).values()
