@@ -44,7 +44,7 @@ def feedback_text(answer: Answer) -> str:
     else:
         right_ones = "; ".join(f"{LETTERS[i]}) {p.choices[i]}" for i in sorted(p.correct))
         verdict = f"Wrong (you said {letters_of(answer.given) or '-'}). Correct: {right_ones}"
-    return "\n".join([paragraphs(verdict), paragraphs(p.question.explanation), f"Source: {p.question.source}"])
+    return "\n\n".join([paragraphs(verdict), paragraphs(p.question.explanation) + f"\nSource: {p.question.source}"])
 
 
 def score_text(result: Score, planned: int, completed: bool) -> str:
