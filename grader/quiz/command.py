@@ -162,7 +162,12 @@ def read_answer_tokens(answers_arg: str) -> list[str]:
 def ask_all(presented, state, progress, seed, fmt, scripted) -> int:
     """Ask every question, saving after each answer; render the score; return the exit code."""
     to_err = fmt == "json"  # keep stdout for the JSON object
-    show = (lambda text: None) if (to_err and scripted is not None) else (lambda text: click.echo(text, err=to_err))
+    quiet = to_err and scripted is not None  # scripted JSON: nothing but the object
+
+    def show(text: str) -> None:
+        if not quiet:
+            click.echo(text, err=to_err)
+
     answers: list[Answer] = []
     given_iter = iter(scripted) if scripted is not None else None
     completed = True
@@ -173,9 +178,9 @@ def ask_all(presented, state, progress, seed, fmt, scripted) -> int:
             if given_iter:
                 show(f"Your answer: {letters_of(given)}")
             answer = Answer(p, given)
-            answers.append(answer)
             progress = record_answer(progress, answer)
             state.save(progress)
+            answers.append(answer)
             show(render.feedback_text(answer))
     except (KeyboardInterrupt, QuizStopped):
         completed = False
