@@ -1,0 +1,460 @@
+"""Exercise 09: save_checkpoint / load_checkpoint.
+
+Two runs per world size, each in a fresh process group:
+
+* ``save_main``: train a small model with torch's DDP for two epochs, then call
+  the learner's ``save_checkpoint`` with ``torch.save`` slowed down on rank 0
+  (it waits until the other ranks have returned, or for SAVE_WAIT_S), recording
+  every save, when each rank returned and when the write was complete. Rank 0
+  also writes a reference checkpoint of its own (the grader's format, another
+  epoch number) so that loading can be judged apart from saving.
+* ``load_main``: the learner's ``load_checkpoint`` into a fresh plain model and
+  a fresh DDP model from the reference checkpoint, with ``torch.load`` observed;
+  then the resume itself: load the learner's checkpoint and train the third
+  epoch, next to a run of three epochs straight.
+
+The grader reads both checkpoint files itself and decides every check.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from grader import probes
+from grader.child import RankContext
+
+EPOCHS_BEFORE_SAVE = 2
+TOTAL_EPOCHS = 3
+REFERENCE_EPOCH = 4  # the epoch written in the grader's own checkpoint: load must return 5
+SAVE_WAIT_S = 0.5  # how long rank 0's torch.save waits for the other ranks to return first
+MODEL_SEED = 0
+FRESH_SEED = 1234  # a different initialization: a load that restores nothing is visible
+DATA_SEED = 9
+BATCHES_PER_EPOCH = 3
+BATCH = 8
+LR = 0.01
+ATOL, RTOL = 1e-6, 1e-5
+CHECKPOINT = "checkpoint.pt"
+REFERENCE = "reference_checkpoint.pt"
+
+
+# --- shared by ranks and grader -----------------------------------------------------------
+
+
+def build_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def build_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+
+
+def epoch_batches(epoch: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's batches of one epoch: different for every epoch and every rank."""
+    g = torch.Generator().manual_seed(DATA_SEED * 10_000 + epoch * 100 + rank)
+    x = torch.randn(BATCHES_PER_EPOCH, BATCH, 6, generator=g)
+    y = torch.randn(BATCHES_PER_EPOCH, BATCH, 3, generator=g)
+    return list(zip(x, y))
+
+
+# --- in each rank ---------------------------------------------------------------------------
+
+
+def _wrap(model: nn.Module, ctx: RankContext) -> DDP:
+    model.to(ctx.device)
+    return DDP(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+
+
+def _train_epoch(ddp: DDP, optimizer, epoch: int, ctx: RankContext) -> None:
+    for x, y in epoch_batches(epoch, ctx.rank):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device))
+        loss.backward()
+        optimizer.step()
+
+
+def _cpu_state(module: nn.Module) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def _cpu(value):
+    """A copy of nested plain data with every tensor moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: _cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cpu(v) for v in value)
+    return value
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def save_main(ctx: RankContext) -> dict:
+    """Two epochs of DDP training, then the learner's save_checkpoint, observed."""
+    torch.set_num_threads(1)
+    ctx.init_group()
+    path = os.path.join(ctx.run_dir, CHECKPOINT)
+    real_save = torch.save
+    write_done: list[float] = []
+
+    def slow_save(obj, f, *args, **kwargs):
+        if ctx.rank == 0:  # give a rank that does not wait every chance to return first
+            markers = [os.path.join(ctx.run_dir, f"returned{r}") for r in range(1, ctx.world_size)]
+            until = time.monotonic() + SAVE_WAIT_S
+            while time.monotonic() < until and not all(os.path.exists(m) for m in markers):
+                time.sleep(0.01)
+        result = real_save(obj, f, *args, **kwargs)
+        write_done.append(time.monotonic())
+        return result
+
+    saves: list = []
+    obs: dict = {"path": path}
+    with probes.patched(torch, "save", slow_save), probes.patched(torch.serialization, "save", slow_save), \
+            probes.watch_saves(saves):
+        save_checkpoint = ctx.function("save_checkpoint")
+        ctx.function("load_checkpoint")  # a missing name is reported before anything runs
+        model = build_model(MODEL_SEED)
+        ddp = _wrap(model, ctx)
+        optimizer = build_optimizer(ddp)
+        for epoch in range(EPOCHS_BEFORE_SAVE):
+            _train_epoch(ddp, optimizer, epoch, ctx)
+        dist.barrier()  # every rank starts save_checkpoint at the same moment
+        obs["module_state"] = _cpu_state(model)
+        obs["optimizer_state"] = _cpu(optimizer.state_dict())
+        obs["called"] = time.monotonic()
+        save_checkpoint(ddp, optimizer, EPOCHS_BEFORE_SAVE - 1, path)
+        obs["returned"] = time.monotonic()
+        obs["size_at_return"] = os.path.getsize(path) if os.path.exists(path) else None
+        if ctx.rank != 0:
+            open(os.path.join(ctx.run_dir, f"returned{ctx.rank}"), "w").close()
+    obs["saves"] = saves
+    obs["write_done"] = write_done
+    dist.barrier()  # every rank has returned: rank 0 can write the grader's own checkpoint
+    if ctx.rank == 0:
+        real_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": REFERENCE_EPOCH},
+                  os.path.join(ctx.run_dir, REFERENCE))
+    dist.barrier()
+    ctx.leave_group()
+    return obs
+
+
+def load_main(ctx: RankContext) -> dict:
+    """In a fresh group: the learner's load_checkpoint three ways, and the resumed training."""
+    torch.set_num_threads(1)
+    ctx.init_group()
+    loads: list = []
+    obs: dict = {"loads": loads, "device": str(ctx.device)}
+
+    # Three epochs straight, with nothing of the learner's involved.
+    model = build_model(MODEL_SEED)
+    ddp = _wrap(model, ctx)
+    optimizer = build_optimizer(ddp)
+    for epoch in range(TOTAL_EPOCHS):
+        _train_epoch(ddp, optimizer, epoch, ctx)
+    obs["straight"] = _cpu_state(model)
+
+    with _watch_loads(loads):
+        load_checkpoint = ctx.function("load_checkpoint")
+        for name, wrapped in (("plain", False), ("wrapped", True)):
+            model = build_model(FRESH_SEED).to(ctx.device)
+            target = _wrap(model, ctx) if wrapped else model
+            optimizer = build_optimizer(target)
+            scenario = {"error": None, "start": None}
+            first = len(loads)
+            try:
+                start = load_checkpoint(target, optimizer, ctx.kwargs["reference_path"])
+                scenario["start"] = start if isinstance(start, (int, float, str, type(None))) else repr(start)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # the failure is the observation
+                scenario["error"] = _error(exc)
+            scenario["loads"] = len(loads) - first
+            scenario["model_state"] = _cpu_state(model)
+            scenario["optimizer_state"] = _cpu(optimizer.state_dict())
+            obs[name] = scenario
+
+        # The resume: a fresh group, a fresh model, the learner's own checkpoint.
+        model = build_model(FRESH_SEED)
+        ddp = _wrap(model, ctx)
+        optimizer = build_optimizer(ddp)
+        resume = {"error": None, "start": None, "epochs": []}
+        try:
+            start = load_checkpoint(ddp, optimizer, ctx.kwargs["checkpoint_path"])
+            resume["start"] = start if isinstance(start, (int, float, str, type(None))) else repr(start)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            resume["error"] = _error(exc)
+    if resume["error"] is None and isinstance(resume["start"], int) and 0 <= resume["start"] <= TOTAL_EPOCHS:
+        for epoch in range(resume["start"], TOTAL_EPOCHS):
+            _train_epoch(ddp, optimizer, epoch, ctx)
+            resume["epochs"].append(epoch)
+    resume["model_state"] = _cpu_state(model)
+    obs["resume"] = resume
+    ctx.leave_group()
+    return obs
+
+
+class _watch_loads:
+    """Record every torch.load: was map_location given, and where did the tensors land."""
+
+    def __init__(self, loads: list):
+        self.loads = loads
+        self.stack = []
+
+    def __enter__(self):
+        original = torch.load
+        loads = self.loads
+
+        def load(f, *args, **kwargs):
+            map_location = kwargs.get("map_location", args[0] if args else None)
+            result = original(f, *args, **kwargs)
+            loads.append({"map_location": None if map_location is None else repr(map_location)[:80],
+                          "devices": sorted(_devices(result))})
+            return result
+
+        for owner in (torch, torch.serialization):
+            patch = probes.patched(owner, "load", load)
+            patch.__enter__()
+            self.stack.append(patch)
+        return loads
+
+    def __exit__(self, *exc):
+        while self.stack:
+            self.stack.pop().__exit__(None, None, None)
+
+
+def _devices(value, found: set | None = None) -> set:
+    found = set() if found is None else found
+    if isinstance(value, torch.Tensor):
+        found.add(str(value.device))
+    elif isinstance(value, dict):
+        for v in value.values():
+            _devices(v, found)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _devices(v, found)
+    return found
+
+
+# --- in the grader ----------------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    for world_size in g.world_sizes:
+        saved = g.run("save_main", world_size)
+        observations = saved.results()
+        checkpoint_path = os.path.join(saved.run_dir, CHECKPOINT)
+        reference_path = os.path.join(saved.run_dir, REFERENCE)
+        check_writers(g, observations, world_size)
+        check_barrier(g, observations, checkpoint_path, world_size)
+        check_payload(g, observations[0], checkpoint_path, world_size)
+        loaded = g.run("load_main", world_size,
+                       kwargs={"checkpoint_path": checkpoint_path, "reference_path": reference_path})
+        reference = torch.load(reference_path, map_location="cpu", weights_only=True)
+        check_loads(g, loaded.results(), reference, world_size)
+        check_resume(g, loaded.results(), world_size)
+
+
+def _name(path: str | None) -> str:
+    return os.path.basename(path) if path else "a file object"
+
+
+def check_writers(g, observations: list[dict], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        saves = obs["saves"]
+        if rank == 0 and not saves:
+            g.record("rank0-writes-only", False, "rank 0 never called torch.save in save_checkpoint",
+                     rank=0, world_size=world_size)
+        elif rank != 0 and saves:
+            where = ", ".join(sorted({_name(s["path"]) for s in saves}))
+            g.record("rank0-writes-only", False,
+                     f"rank {rank} called torch.save {len(saves)} time(s) (to {where}); only rank 0 may write",
+                     rank=rank, world_size=world_size)
+    g.record("rank0-writes-only", True)
+
+
+def check_barrier(g, observations: list[dict], path: str, world_size: int) -> None:
+    done = observations[0]["write_done"]
+    if not done or not os.path.exists(path):
+        g.record("barrier-after-save", False, f"no checkpoint was written to {_name(path)}, so no rank can wait "
+                 "for it", world_size=world_size)
+        return
+    complete_at, size = done[-1], os.path.getsize(path)
+    for rank, obs in enumerate(observations):
+        early = complete_at - obs["returned"]
+        if early > 0:
+            had = obs["size_at_return"]
+            g.record("barrier-after-save", False,
+                     f"rank {rank} returned from save_checkpoint {early:.2f} s before rank 0 had finished "
+                     f"writing the file (it had {'no file' if had is None else f'{had} of {size} bytes'} then)",
+                     rank=rank, world_size=world_size)
+        elif obs["size_at_return"] != size:
+            g.record("barrier-after-save", False,
+                     f"when rank {rank} returned from save_checkpoint the file had {obs['size_at_return']} bytes; "
+                     f"the complete file has {size}", rank=rank, world_size=world_size)
+    g.record("barrier-after-save", True)
+
+
+def _read_checkpoint(path: str):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), None
+    except Exception as exc:  # a missing or corrupt file is the observation
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def check_payload(g, obs: dict, path: str, world_size: int) -> None:
+    checkpoint, error = _read_checkpoint(path)
+    if error is not None:
+        message = f"the checkpoint {_name(path)} could not be read: {error}"
+        g.record("payload-keys", False, message, world_size=world_size)
+        g.record("no-module-prefix", False, message, world_size=world_size)
+        return
+    if not isinstance(checkpoint, dict):
+        message = f"the checkpoint holds a {type(checkpoint).__name__}, expected a dict"
+        g.record("payload-keys", False, message, world_size=world_size)
+        g.record("no-module-prefix", False, message, world_size=world_size)
+        return
+    keys = sorted(str(k) for k in checkpoint)
+    missing = [k for k in ("model", "optimizer", "epoch") if k not in checkpoint]
+    if missing:
+        g.record("payload-keys", False, f"the checkpoint's keys are {keys}; missing {missing} "
+                 "(expected 'model', 'optimizer' and 'epoch')", world_size=world_size)
+    else:
+        epoch = checkpoint["epoch"]
+        expected_epoch = EPOCHS_BEFORE_SAVE - 1
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch != expected_epoch:
+            g.record("payload-keys", False, f"checkpoint['epoch'] is {epoch!r}; save_checkpoint was called with "
+                     f"epoch={expected_epoch}", world_size=world_size)
+        problem = _optimizer_difference(checkpoint["optimizer"], obs["optimizer_state"])
+        if problem:
+            g.record("payload-keys", False, f"checkpoint['optimizer'] is not rank 0's optimizer.state_dict(): "
+                     f"{problem}", world_size=world_size)
+        g.record("payload-keys", True)
+
+    model_state = checkpoint.get("model")
+    if not isinstance(model_state, dict):
+        g.record("no-module-prefix", False, f"checkpoint['model'] is {type(model_state).__name__}, expected a "
+                 "state_dict", world_size=world_size)
+        return
+    prefixed = [k for k in model_state if str(k).startswith("module.")]
+    if prefixed:
+        g.record("no-module-prefix", False, f"{len(prefixed)} of {len(model_state)} keys start with 'module.' "
+                 f"(e.g. {prefixed[0]!r}): that is the DDP wrapper's state_dict", world_size=world_size)
+        return
+    problem = _state_difference(model_state, obs["module_state"])
+    g.record("no-module-prefix", problem is None,
+             f"checkpoint['model'] is not rank 0's unwrapped model: {problem}", world_size=world_size)
+
+
+def _state_difference(got: dict, expected: dict) -> str | None:
+    """None when two state_dicts hold the same keys and equal tensors, else what differs."""
+    if set(got) != set(expected):
+        extra = sorted(set(map(str, got)) - set(expected))
+        missing = sorted(set(expected) - set(map(str, got)))
+        return f"keys missing {missing[:4]}, unexpected {extra[:4]}"
+    for key, value in expected.items():
+        other = got[key]
+        if not isinstance(other, torch.Tensor) or other.shape != value.shape:
+            return f"{key!r} has shape {getattr(other, 'shape', None)}, expected {tuple(value.shape)}"
+        if not torch.equal(other.to(value.dtype), value):
+            return f"{key!r} differs by up to {(other.double() - value.double()).abs().max().item():.3g}"
+    return None
+
+
+def _optimizer_difference(got, expected: dict) -> str | None:
+    """None when an optimizer state_dict holds the expected per-parameter state, else what differs."""
+    if not isinstance(got, dict) or "state" not in got or "param_groups" not in got:
+        return f"it is {type(got).__name__} with keys {sorted(map(str, got))[:6] if isinstance(got, dict) else []}"
+    state, expected_state = got["state"], expected["state"]
+    if len(state) != len(expected_state):
+        return f"it holds state for {len(state)} parameter(s), the optimizer has state for {len(expected_state)}"
+    for index, entry in expected_state.items():
+        if index not in state:
+            return f"no state for parameter {index}"
+        for name, value in entry.items():
+            other = state[index].get(name) if isinstance(state[index], dict) else None
+            if isinstance(value, torch.Tensor):
+                if not isinstance(other, torch.Tensor) or other.shape != value.shape or \
+                        not torch.equal(other.to(value.dtype), value):
+                    return f"state[{index}][{name!r}] differs"
+            elif other != value:
+                return f"state[{index}][{name!r}] is {other!r}, expected {value!r}"
+    return None
+
+
+def check_loads(g, observations: list[dict], reference: dict, world_size: int) -> None:
+    expected_start = REFERENCE_EPOCH + 1
+    for rank, obs in enumerate(observations):
+        for name in ("plain", "wrapped"):
+            scenario = obs[name]
+            into = "a plain model" if name == "plain" else "a DDP-wrapped model"
+            if scenario["error"]:
+                g.record("load-restores", False, f"rank {rank}: load_checkpoint into {into} raised "
+                         f"{scenario['error']}", rank=rank, world_size=world_size)
+                g.record("returns-next-epoch", False, f"rank {rank}: load_checkpoint into {into} raised "
+                         f"{scenario['error']}", rank=rank, world_size=world_size)
+                continue
+            start = scenario["start"]
+            g.record("returns-next-epoch", type(start) is int and start == expected_start,
+                     f"rank {rank}: the checkpoint says epoch {REFERENCE_EPOCH} is finished; load_checkpoint "
+                     f"into {into} returned {start!r}, expected {expected_start}", rank=rank, world_size=world_size)
+            problem = _state_difference(scenario["model_state"], reference["model"])
+            if problem:
+                g.record("load-restores", False, f"rank {rank}: after load_checkpoint into {into}, the model is "
+                         f"not the checkpoint's: {problem}", rank=rank, world_size=world_size)
+            problem = _optimizer_difference(scenario["optimizer_state"], reference["optimizer"])
+            if problem:
+                g.record("load-restores", False, f"rank {rank}: after load_checkpoint into {into}, the optimizer "
+                         f"state_dict differs from the checkpoint's: {problem}", rank=rank, world_size=world_size)
+    g.record("load-restores", True)
+    g.record("returns-next-epoch", True)
+
+    for rank, obs in enumerate(observations):
+        if not obs["loads"]:
+            g.record("map-location", False, f"rank {rank}: load_checkpoint never called torch.load",
+                     rank=rank, world_size=world_size)
+        for call in obs["loads"]:
+            if call["map_location"] is None:
+                g.record("map-location", False, f"rank {rank} called torch.load without map_location: tensors "
+                         "come back on the device they were saved from (rank 0's)", rank=rank, world_size=world_size)
+                break
+            wrong = [d for d in call["devices"] if d != obs["device"]]
+            if wrong:
+                g.record("map-location", False, f"rank {rank}: torch.load(map_location={call['map_location']}) "
+                         f"put tensors on {wrong}, this rank's device is {obs['device']}",
+                         rank=rank, world_size=world_size)
+                break
+    g.record("map-location", True)
+
+
+def check_resume(g, observations: list[dict], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        resume = obs["resume"]
+        if resume["error"]:
+            g.record("resume-equals-straight", False, f"rank {rank}: load_checkpoint of the checkpoint that "
+                     f"save_checkpoint wrote raised {resume['error']}", rank=rank, world_size=world_size)
+            continue
+        epochs = resume["epochs"]
+        trained = f"epochs {epochs}" if epochs else "no epoch"
+        for key, expected in obs["straight"].items():
+            got = resume["model_state"][key]
+            diff = (got.double() - expected.double()).abs()
+            if not torch.all(diff <= ATOL + RTOL * expected.double().abs()):
+                g.record("resume-equals-straight", False,
+                         f"rank {rank}: trained {EPOCHS_BEFORE_SAVE} epochs, saved, loaded in a new process group "
+                         f"(load_checkpoint returned {resume['start']!r}) and trained {trained}: {key!r} differs "
+                         f"from {TOTAL_EPOCHS} epochs straight by up to {diff.max().item():.3g}",
+                         rank=rank, world_size=world_size)
+                break
+    g.record("resume-equals-straight", True)
