@@ -1,0 +1,528 @@
+"""Exercise 02: shard_indices / make_dataloader.
+
+No process group: one worker process runs the learner's functions on request.
+shard_indices is probed with Hypothesis in the grader's process (one call to
+the worker per example, computing every rank's shard for a dozen argument
+sets); make_dataloader is called for every rank of a world from that one
+process. Every verdict is decided here, from the indices the worker returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from torch.utils.data import Dataset
+
+from grader.child import RankContext
+
+# Hypothesis searches this space for shard_indices.
+MAX_SAMPLES = 100
+MAX_WORLD = 8
+MAX_SEED = 10_000
+MAX_EPOCH = 50
+EXAMPLES = 80
+
+# make_dataloader is graded on a dataset of SAMPLES_PER_RANK * world_size items.
+SAMPLES_PER_RANK = 10
+BATCH_SIZE = 4
+LOADER_SEED = 3
+EXTRA_LOADER_WORLD = 3  # an odd world size as well, whatever --world-size says
+
+SHARD_CHECKS = [  # the order a violation is looked for in one example
+    "shard-deterministic",
+    "shard-in-range",
+    "shard-sizes",
+    "shard-disjoint",
+    "shard-epoch-changes",
+    "shard-seed-changes",
+    "shard-seed-plus-epoch",
+]
+LOADER_CHECKS = ["loader-sampler", "loader-disjoint-cover", "loader-reshuffles", "loader-batch-size"]
+
+
+# --- in the worker --------------------------------------------------------------------
+
+
+def serve_main(ctx: RankContext) -> dict:
+    ctx.serve({"shards": shards, "loaders": loaders})
+    return {}
+
+
+def shards(ctx: RankContext, num_samples: int, world_size: int, configs: list, catch: bool) -> dict:
+    """Every rank's shard for each (shuffle, seed, epoch) in ``configs``.
+
+    With ``catch`` the first exception of the learner's code comes back as data
+    (with the arguments that raised it); without, it propagates.
+    """
+    shard_indices = ctx.function("shard_indices")
+    out = []
+    for shuffle, seed, epoch in configs:
+        per_rank = []
+        for rank in range(world_size):
+            try:
+                value = shard_indices(num_samples, rank, world_size, shuffle=shuffle, seed=seed, epoch=epoch)
+            except Exception as exc:
+                if not catch:
+                    raise
+                return {"raised": {"rank": rank, "shuffle": shuffle, "seed": seed, "epoch": epoch,
+                                   "error": _error(exc, ctx.learner_path)}}
+            per_rank.append(_describe(value))
+        out.append(per_rank)
+    return {"results": out}
+
+
+def _describe(value) -> dict:
+    """What shard_indices returned: its type, the indices as ints, the first item that is not an int."""
+    kind = type(value).__name__
+    if isinstance(value, torch.Tensor):
+        return {"kind": kind, "items": [int(v) for v in value.reshape(-1).tolist()], "bad": None}
+    try:
+        raw = list(value)
+    except TypeError:
+        return {"kind": kind, "items": [], "bad": None}
+    items, bad = [], None
+    for v in raw:
+        if isinstance(v, int) and not isinstance(v, bool):
+            items.append(int(v))
+            continue
+        if bad is None:
+            bad = f"{type(v).__name__} {v!r}"[:80]
+        try:
+            items.append(int(v))
+        except (TypeError, ValueError, RuntimeError):
+            items.append(None)
+    return {"kind": kind, "items": items, "bad": bad}
+
+
+class IndexDataset(Dataset):
+    """Item i is the int i, so a batch is the tensor of the indices it holds."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index):
+        return int(index)
+
+
+def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int, seed: int) -> list:
+    """For each rank: make_dataloader's sampler, and the batches of epoch 0 and, after set_epoch(1), epoch 1."""
+    from torch.utils.data import DistributedSampler
+
+    make_dataloader = ctx.function("make_dataloader")
+    dataset = IndexDataset(num_samples)
+    out = []
+    for rank in range(world_size):
+        obs: dict = {"rank": rank}
+        out.append(obs)
+        try:
+            loader = make_dataloader(dataset, rank, world_size, batch_size, seed=seed)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # e.g. a DistributedSampler that looks for a process group
+            obs["raised"] = _error(exc, ctx.learner_path)
+            continue
+        sampler = getattr(loader, "sampler", None)
+        obs["sampler"] = None if sampler is None else type(sampler).__module__ + "." + type(sampler).__qualname__
+        obs["distributed"] = isinstance(sampler, DistributedSampler)
+        for name in ("num_replicas", "rank", "shuffle", "seed"):
+            value = getattr(sampler, name, None)
+            obs[name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+        obs["epochs"] = []
+        for epoch in (0, 1):
+            if epoch == 1:
+                if not callable(getattr(sampler, "set_epoch", None)):
+                    obs["no_set_epoch"] = True
+                    break
+                sampler.set_epoch(1)
+            try:
+                obs["epochs"].append([_batch_indices(batch) for batch in loader])
+            except Exception as exc:
+                obs["iter_raised"] = _error(exc, ctx.learner_path)
+                break
+    return out
+
+
+def _batch_indices(batch) -> list:
+    if isinstance(batch, (list, tuple)) and len(batch) == 1:  # a loader that wraps items in a list
+        batch = batch[0]
+    if isinstance(batch, torch.Tensor):
+        return [int(v) for v in batch.reshape(-1).tolist()]
+    return [int(v) for v in batch]
+
+
+def _error(exc: BaseException, learner_path: str) -> str:
+    from grader.child import describe_exception
+
+    info = describe_exception(exc, learner_path)
+    where = f" (line {info['where']['line']})" if info["where"] else ""
+    return f"{info['type']}: {info['message'][:300]}{where}"
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    worker = g.worker("serve_main")
+    with worker:
+        # A plain call first, outside Hypothesis: a function that is not written
+        # yet (or raises on the simplest input) stops the grading at once.
+        g.call(worker, "shards", num_samples=10, world_size=2, configs=[[False, 0, 0], [True, 0, 0]], catch=False)
+        grade_shards(g, worker)
+        grade_loaders(g, worker)
+
+
+# shard_indices -------------------------------------------------------------------------
+
+
+class Violation(Exception):
+    """One example broke one check; the message is for the learner."""
+
+    def __init__(self, check_id: str, message: str):
+        super().__init__(f"{check_id}: {message}")
+        self.check_id = check_id
+        self.message = message
+
+
+class _Stop(BaseException):
+    """Carries the grader's Abort out through Hypothesis untouched (it only catches Exception)."""
+
+    def __init__(self, abort):
+        super().__init__(str(abort))
+        self.abort = abort
+
+
+def configs_for(seed: int, epoch: int) -> dict:
+    """Named (shuffle, seed, epoch) argument sets computed for one example."""
+    return {
+        "plain": (False, seed, epoch),
+        "plain again": (False, seed, epoch),
+        "shuffled": (True, seed, epoch),
+        "shuffled again": (True, seed, epoch),
+        "epoch+1": (True, seed, epoch + 1),
+        "epoch+2": (True, seed, epoch + 2),
+        "epoch+3": (True, seed, epoch + 3),
+        "seed+1": (True, seed + 1, epoch),
+        "seed+2": (True, seed + 2, epoch),
+        "seed+3": (True, seed + 3, epoch),
+        "all in seed": (True, seed + epoch, 0),
+        "all in epoch": (True, 0, seed + epoch),
+    }
+
+
+def grade_shards(g, worker) -> None:
+    from hypothesis import HealthCheck, Verbosity, example, given, reject, settings
+    from hypothesis import strategies as st
+
+    active = list(SHARD_CHECKS)
+
+    @settings(database=None, derandomize=True, deadline=None, max_examples=EXAMPLES,
+              suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=False)
+    @given(num_samples=st.integers(0, MAX_SAMPLES), world_size=st.integers(1, MAX_WORLD),
+           seed=st.integers(0, MAX_SEED), epoch=st.integers(0, MAX_EPOCH))
+    @example(num_samples=10, world_size=3, seed=0, epoch=2)
+    @example(num_samples=17, world_size=2, seed=5, epoch=1)
+    def shard_property(num_samples, world_size, seed, epoch):
+        named = configs_for(seed, epoch)
+        try:
+            reply = g.call(worker, "shards", num_samples=num_samples, world_size=world_size,
+                           configs=[list(c) for c in named.values()], catch=True)
+        except Exception as exc:  # the grader's Abort: a timeout or a crash of the worker
+            raise _Stop(exc) from None
+        if "raised" in reply:
+            raised = reply["raised"]
+            if "shard-sizes" not in active:
+                reject()  # already reported; look at the other checks elsewhere
+            raise Violation("shard-sizes", f"shard_indices({num_samples}, {raised['rank']}, {world_size}, "
+                            f"shuffle={raised['shuffle']}, seed={raised['seed']}, epoch={raised['epoch']}) "
+                            f"raised {raised['error']}")
+        results = dict(zip(named, reply["results"]))
+        for check_id in list(active):
+            CHECKERS[check_id](num_samples, world_size, seed, epoch, results)
+
+    with _private_hypothesis_home(worker.run_dir):
+        while active:
+            violation = _falsify(shard_property)
+            if violation is None:
+                break
+            g.record(violation.check_id, False, violation.message)
+            active.remove(violation.check_id)
+    for check_id in active:
+        g.record(check_id, True)
+
+
+@contextlib.contextmanager
+def _private_hypothesis_home(folder: str):
+    """Hypothesis caches what it learns under ./.hypothesis even without a database:
+    keep that in the run's temp folder, not in the learner's working directory."""
+    from hypothesis import configuration
+
+    name = "__hypothesis_home_directory"
+    before = getattr(configuration, name, None)
+    configuration.set_hypothesis_home_dir(os.path.join(folder, "hypothesis"))
+    try:
+        yield
+    finally:
+        configuration.set_hypothesis_home_dir(before)
+
+
+def _falsify(prop) -> Violation | None:
+    """Run the property; the (shrunk) violation it found, or None."""
+    try:
+        prop()
+    except Violation as violation:
+        return violation
+    except _Stop as stop:
+        raise stop.abort from None
+    except BaseException as exc:  # e.g. a Flaky error wrapping a violation that did not repeat
+        found = _find_violation(exc)
+        if found is None:
+            raise
+        return found
+    return None
+
+
+def _find_violation(exc: BaseException) -> Violation | None:
+    if isinstance(exc, Violation):
+        return exc
+    if isinstance(exc, _Stop):
+        raise exc.abort from None
+    for inner in getattr(exc, "exceptions", ()) or ():
+        found = _find_violation(inner)
+        if found is not None:
+            return found
+    for inner in (exc.__cause__, exc.__context__):
+        if inner is not None and inner is not exc:
+            found = _find_violation(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _args(num_samples, world_size, shuffle, seed, epoch) -> str:
+    return f"num_samples={num_samples}, world_size={world_size}, shuffle={shuffle}, seed={seed}, epoch={epoch}"
+
+
+def _show(items, limit: int = 12) -> str:
+    items = list(items)
+    if len(items) <= limit:
+        return "[" + ", ".join(str(i) for i in items) + "]"
+    return "[" + ", ".join(str(i) for i in items[:limit]) + f", ... ({len(items)} in all)]"
+
+
+def check_deterministic(n, w, seed, epoch, results) -> None:
+    for first, again, shuffle in (("plain", "plain again", False), ("shuffled", "shuffled again", True)):
+        for rank in range(w):
+            a, b = results[first][rank]["items"], results[again][rank]["items"]
+            if a != b:
+                raise Violation("shard-deterministic", f"{_args(n, w, shuffle, seed, epoch)}: rank {rank} got "
+                                f"{_show(a)} from one call and {_show(b)} from the next with the same arguments")
+
+
+def check_in_range(n, w, seed, epoch, results) -> None:
+    for name, shuffle in (("plain", False), ("shuffled", True)):
+        for rank, shard in enumerate(results[name]):
+            where = f"{_args(n, w, shuffle, seed, epoch)}: rank {rank}"
+            if shard["kind"] not in ("list", "tuple"):
+                raise Violation("shard-in-range", f"{where} got a {shard['kind']}, expected a list of ints"
+                                + (" (call .tolist() on the tensor)" if shard["kind"] == "Tensor" else ""))
+            if shard["bad"] is not None:
+                raise Violation("shard-in-range", f"{where}'s shard holds a {shard['bad']}, expected Python "
+                                "ints (call .tolist() on a tensor instead of list(tensor))")
+            outside = [i for i in shard["items"] if i is None or not 0 <= i < n]
+            if outside:
+                raise Violation("shard-in-range", f"{where}'s shard holds {outside[0]}, outside range({n})")
+
+
+def check_sizes(n, w, seed, epoch, results) -> None:
+    for name, shuffle in (("plain", False), ("shuffled", True)):
+        sizes = [len(shard["items"]) for shard in results[name]]
+        for rank, size in enumerate(sizes):
+            if size != n // w:
+                raise Violation("shard-sizes", f"{_args(n, w, shuffle, seed, epoch)}: rank {rank} got {size} "
+                                f"indices, expected {n} // {w} = {n // w} (sizes of all ranks: {sizes})")
+
+
+def check_disjoint(n, w, seed, epoch, results) -> None:
+    for name, shuffle in (("plain", False), ("shuffled", True)):
+        owner: dict = {}
+        for rank, shard in enumerate(results[name]):
+            for index in shard["items"]:
+                if index in owner:
+                    other = owner[index]
+                    where = "twice in the shard of rank " + str(rank) if other == rank else \
+                        f"in the shards of rank {other} and rank {rank}"
+                    raise Violation("shard-disjoint", f"{_args(n, w, shuffle, seed, epoch)}: index {index} is "
+                                    f"{where}")
+                owner[index] = rank
+
+
+def _changes(check_id, what, names, n, w, seed, epoch, results) -> None:
+    """Among several epochs (or seeds), some rank must get a different set of indices."""
+    if w < 2 or n < 8 * w:  # one rank has everything; tiny shards may repeat by chance
+        return
+    base = [set(shard["items"]) for shard in results["shuffled"]]
+    if any([set(shard["items"]) for shard in results[name]] != base for name in names):
+        return
+    order_changed = any(results[name][r]["items"] != results["shuffled"][r]["items"]
+                        for name in names for r in range(w))
+    detail = ("the order inside each shard changes, but the set of indices does not: shuffle the whole "
+              "range, then split it" if order_changed else "the shards do not change at all")
+    raise Violation(check_id, f"num_samples={n}, world_size={w}, shuffle=True: {what}, every rank gets the same "
+                    f"set of indices (rank 0: {_show(sorted(base[0]))}); {detail}")
+
+
+def check_epoch_changes(n, w, seed, epoch, results) -> None:
+    _changes("shard-epoch-changes", f"with seed={seed} and epochs {epoch} to {epoch + 3}",
+             ["epoch+1", "epoch+2", "epoch+3"], n, w, seed, epoch, results)
+
+
+def check_seed_changes(n, w, seed, epoch, results) -> None:
+    _changes("shard-seed-changes", f"with epoch={epoch} and seeds {seed} to {seed + 3}",
+             ["seed+1", "seed+2", "seed+3"], n, w, seed, epoch, results)
+
+
+def check_seed_plus_epoch(n, w, seed, epoch, results) -> None:
+    for name, (s, e) in (("all in seed", (seed + epoch, 0)), ("all in epoch", (0, seed + epoch))):
+        if (s, e) == (seed, epoch):
+            continue
+        for rank in range(w):
+            a, b = results["shuffled"][rank]["items"], results[name][rank]["items"]
+            if a != b:
+                raise Violation("shard-seed-plus-epoch", f"num_samples={n}, world_size={w}, shuffle=True: "
+                                f"rank {rank} got {_show(a)} with seed={seed}, epoch={epoch} but {_show(b)} "
+                                f"with seed={s}, epoch={e}; both must seed the generator with {seed + epoch}")
+
+
+CHECKERS = {
+    "shard-deterministic": check_deterministic,
+    "shard-in-range": check_in_range,
+    "shard-sizes": check_sizes,
+    "shard-disjoint": check_disjoint,
+    "shard-epoch-changes": check_epoch_changes,
+    "shard-seed-changes": check_seed_changes,
+    "shard-seed-plus-epoch": check_seed_plus_epoch,
+}
+
+
+# make_dataloader -----------------------------------------------------------------------
+
+
+def grade_loaders(g, worker) -> None:
+    sizes = sorted(set(g.world_sizes) | {EXTRA_LOADER_WORLD})
+    for world_size in sizes:
+        n = SAMPLES_PER_RANK * world_size
+        observations = g.call(worker, "loaders", num_samples=n, world_size=world_size, batch_size=BATCH_SIZE,
+                              seed=LOADER_SEED)
+        check_loaders(g, observations, n, world_size)
+
+
+def _call_text(rank, world_size) -> str:
+    return f"make_dataloader(dataset, rank={rank}, world_size={world_size}, batch_size={BATCH_SIZE}, " \
+           f"seed={LOADER_SEED})"
+
+
+def check_loaders(g, observations: list, n: int, world_size: int) -> None:
+    broken = next((o for o in observations if "raised" in o or "iter_raised" in o), None)
+    if broken is not None:
+        rank = broken["rank"]
+        if "raised" in broken:
+            message = f"{_call_text(rank, world_size)} raised {broken['raised']}"
+            if "process group" in broken["raised"]:
+                message += " (there is no process group here: give DistributedSampler num_replicas= and rank=)"
+        else:
+            message = f"iterating the loader of {_call_text(rank, world_size)} raised {broken['iter_raised']}"
+        for check_id in LOADER_CHECKS:
+            g.record(check_id, False, message, rank=rank, world_size=world_size)
+        return
+    check_sampler(g, observations, n, world_size)
+    check_disjoint_cover(g, observations, n, world_size)
+    check_reshuffles(g, observations, world_size)
+    check_batch_size(g, observations, world_size)
+
+
+def _expected_order(n: int, rank: int, world_size: int, epoch: int) -> list:
+    """What DistributedSampler(num_replicas=world_size, rank=rank, shuffle=True, seed=LOADER_SEED) serves."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True, seed=LOADER_SEED)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def check_sampler(g, observations: list, n: int, world_size: int) -> None:
+    for obs in observations:
+        rank = obs["rank"]
+        call = _call_text(rank, world_size)
+        if not obs["distributed"]:
+            g.record("loader-sampler", False, f"{call}: loader.sampler is a {obs['sampler']}, not a "
+                     "DistributedSampler", rank=rank, world_size=world_size)
+            continue
+        wrong = [f"{name}={obs[name]!r} (expected {want!r})" for name, want in
+                 (("num_replicas", world_size), ("rank", rank), ("shuffle", True), ("seed", LOADER_SEED))
+                 if obs[name] != want]
+        if wrong:
+            g.record("loader-sampler", False, f"{call}: the sampler has " + ", ".join(wrong),
+                     rank=rank, world_size=world_size)
+            continue
+        served = [i for batch in obs["epochs"][0] for i in batch]
+        expected = _expected_order(n, rank, world_size, 0)
+        g.record("loader-sampler", served == expected, f"{call}: epoch 0 served {_show(served)}, but its "
+                 f"DistributedSampler yields {_show(expected)}: the loader does not read in the sampler's order",
+                 rank=rank, world_size=world_size)
+
+
+def check_disjoint_cover(g, observations: list, n: int, world_size: int) -> None:
+    for epoch in range(min(len(o["epochs"]) for o in observations)):
+        owner: dict = {}
+        problem = None
+        for obs in observations:
+            for i in (i for batch in obs["epochs"][epoch] for i in batch):
+                if i in owner and problem is None:
+                    other = owner[i]
+                    problem = (f"epoch {epoch}: index {i} was served "
+                               + (f"twice to rank {other}" if other == obs["rank"] else
+                                  f"to rank {other} and to rank {obs['rank']}"), obs["rank"])
+                owner.setdefault(i, obs["rank"])
+        missing = [i for i in range(n) if i not in owner]
+        counts = [sum(len(b) for b in o["epochs"][epoch]) for o in observations]
+        if problem is None and missing:
+            problem = (f"epoch {epoch}: {len(missing)} of {n} indices were served to no rank "
+                       f"({_show(missing, 8)})", None)
+        if problem is not None:
+            g.record("loader-disjoint-cover", False, f"{problem[0]} (dataset of {n}, world_size={world_size}; "
+                     f"items served per rank: {counts})", rank=problem[1], world_size=world_size)
+            return
+    g.record("loader-disjoint-cover", True)
+
+
+def check_reshuffles(g, observations: list, world_size: int) -> None:
+    for obs in observations:
+        rank = obs["rank"]
+        if obs.get("no_set_epoch"):
+            g.record("loader-reshuffles", False, f"rank {rank}: loader.sampler ({obs['sampler']}) has no set_epoch",
+                     rank=rank, world_size=world_size)
+            return
+        first, second = ([i for b in batches for i in b] for batches in obs["epochs"])
+        if first == second:
+            g.record("loader-reshuffles", False, f"rank {rank}: after loader.sampler.set_epoch(1) the loader "
+                     f"served the same order as in epoch 0: {_show(first)}", rank=rank, world_size=world_size)
+            return
+    g.record("loader-reshuffles", True)
+
+
+def check_batch_size(g, observations: list, world_size: int) -> None:
+    for obs in observations:
+        rank = obs["rank"]
+        got = [len(b) for b in obs["epochs"][0]]
+        total = sum(got)
+        expected = [BATCH_SIZE] * (total // BATCH_SIZE) + ([total % BATCH_SIZE] if total % BATCH_SIZE else [])
+        if got != expected:
+            g.record("loader-batch-size", False, f"rank {rank}: {_call_text(rank, world_size)} served batches of "
+                     f"sizes {got}, expected {expected} for {total} items", rank=rank, world_size=world_size)
+            return
+    g.record("loader-batch-size", True)
