@@ -1,0 +1,500 @@
+"""Exercise 05: SimpleDDP, gradient averaging written by hand.
+
+Rank side: one run per world size, in order: construct the wrapper on identical
+weights; use its API; train a few steps, recording each rank's gradients after
+backward and after sync_gradients (and every collective call); probe no_sync;
+a model with a frozen layer; torch's DistributedDataParallel on the same data as
+a reference; last, construct on weights that differ on the last rank, under a
+short collective timeout so that a rank left waiting shows up as an error.
+Grader side: recompute every rank's local gradient from the parameters and
+data the ranks used, and decide each check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from grader import probes
+from grader.child import RankContext
+
+SEED = 5
+LR = 0.1
+STEPS = 3
+BATCH = 4
+SIZES = (6, 8, 3)  # in, hidden, out
+NO_SYNC_STEP, FROZEN_STEP = 10, 20  # batch ids of the no_sync and frozen scenarios
+PERTURBED = ("hidden.bias", "head.weight")  # changed on the last rank; the first is the one to name
+PERTURBATION = 1e-3
+MISMATCH_TIMEOUT_S = 5.0
+RTOL, ATOL = 1e-5, 1e-6
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(SIZES[0], SIZES[1])
+        self.head = nn.Linear(SIZES[1], SIZES[2])
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.hidden(x)))
+
+
+def build_model() -> Net:
+    """The same weights in every process, whatever the global random state."""
+    model = Net()
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model
+
+
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s batch for step ``step``: different on every rank."""
+    g = torch.Generator().manual_seed(1000 + 100 * step + rank)
+    return torch.randn(BATCH, SIZES[0], generator=g), torch.randint(0, SIZES[2], (BATCH,), generator=g)
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def rank_main(ctx: RankContext) -> dict:
+    ctx.init_group()
+    try:
+        obs = _observe(ctx)
+    except NotImplementedError as exc:
+        _reraise_with_method_name(exc, ctx.learner_path)
+        raise
+    ctx.leave_group()
+    return obs
+
+
+def _observe(ctx: RankContext) -> dict:
+    device = ctx.device
+    events: list = []
+    ddp_built: list = []
+    obs: dict = {}
+    with probes.watch_collectives(events), _count_torch_ddp(ddp_built):
+        SimpleDDP = ctx.function("SimpleDDP")
+
+        # 1. identical weights on every rank
+        model = build_model().to(device)
+        mark = len(events)
+        wrapper, obs["init_error"] = _construct(SimpleDDP, model)
+        obs["init_ops"] = _ops(events, mark)
+        # every rank learns whether every rank got a wrapper (else all stop here)
+        flag = torch.tensor([0 if wrapper is None else 1], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item() == 0:
+            obs["ddp_built"] = len(ddp_built)
+            return obs
+
+        # 2. the wrapper's API
+        x, _ = batch(ctx.rank, 0)
+        x = x.to(device)
+        obs["module_is_model"] = wrapper.module is model
+        with torch.no_grad():
+            obs["output"] = _cpu(wrapper(x))
+            obs["model_output"] = _cpu(model(x))
+        wrapper.eval()
+        obs["training_after_eval"] = model.training
+        wrapper.train()
+        obs["training_after_train"] = model.training
+
+        # 3. a few steps: gradients after backward, then after sync_gradients
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        steps = []
+        for step in range(STEPS):
+            record = {"params": _params(model)}
+            optimizer.zero_grad(set_to_none=True)
+            x, y = (t.to(device) for t in batch(ctx.rank, step))
+            mark = len(events)
+            F.cross_entropy(wrapper(x), y).backward()
+            record["backward_ops"] = _ops(events, mark)
+            record["local"] = _grads(model)
+            mark = len(events)
+            wrapper.sync_gradients()
+            record["sync_ops"] = _ops(events, mark)
+            record["synced"] = _grads(model)
+            optimizer.step()
+            steps.append(record)
+        obs["steps"] = steps
+        obs["final"] = _params(model)
+
+        # 4. no_sync: silent inside, restored on exit, after an exception, when nested
+        obs["no_sync"] = _probe_no_sync(wrapper, model, optimizer, events, ctx.rank, device)
+
+        # 5. a frozen layer: its .grad stays None
+        frozen = build_model().to(device)
+        frozen.hidden.requires_grad_(False)
+        frozen_wrapper = SimpleDDP(frozen)
+        x, y = (t.to(device) for t in batch(ctx.rank, FROZEN_STEP))
+        F.cross_entropy(frozen_wrapper(x), y).backward()
+        obs["frozen_error"] = None
+        try:
+            frozen_wrapper.sync_gradients()
+        except Exception as exc:  # the observation: a None .grad was not skipped
+            obs["frozen_error"] = f"{type(exc).__name__}: {exc}"
+        obs["frozen_grads"] = _grads(frozen)
+        obs["ddp_built"] = len(ddp_built)
+
+        # 6. the reference: torch's DDP on the same weights and data
+        obs["reference"] = _torch_ddp_reference(ctx)
+
+        # 7. last: weights that differ on the last rank. A short timeout turns a
+        # rank left waiting in a broadcast into an error instead of a hang.
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=MISMATCH_TIMEOUT_S))
+        model = build_model().to(device)
+        if ctx.rank == ctx.world_size - 1:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name in PERTURBED:
+                        p.add_(PERTURBATION)
+        mark = len(events)
+        _, error = _construct(SimpleDDP, model)
+        obs["mismatch_error"] = error
+        obs["mismatch_ops"] = _ops(events, mark)
+    return obs
+
+
+def _probe_no_sync(wrapper, model, optimizer, events, rank, device) -> dict:
+    out: dict = {}
+    optimizer.zero_grad(set_to_none=True)
+    x, y = (t.to(device) for t in batch(rank, NO_SYNC_STEP))
+    mark = len(events)
+    with wrapper.no_sync():
+        F.cross_entropy(wrapper(x), y).backward()
+        out["before_sync"] = _grads(model)
+        wrapper.sync_gradients()
+        out["after_sync"] = _grads(model)
+    out["inside_ops"] = _ops(events, mark)
+
+    mark = len(events)
+    wrapper.sync_gradients()
+    out["after_exit_ops"] = _ops(events, mark)
+
+    out["exception_propagated"] = False
+    try:
+        with wrapper.no_sync():
+            raise _Marker()
+    except _Marker:
+        out["exception_propagated"] = True
+    mark = len(events)
+    wrapper.sync_gradients()
+    out["after_exception_ops"] = _ops(events, mark)
+
+    with wrapper.no_sync():
+        with wrapper.no_sync():
+            pass
+        mark = len(events)
+        wrapper.sync_gradients()
+        out["nested_ops"] = _ops(events, mark)
+    mark = len(events)
+    wrapper.sync_gradients()
+    out["after_nested_ops"] = _ops(events, mark)
+    return out
+
+
+class _Marker(Exception):
+    """Raised inside no_sync() to see that syncing comes back on."""
+
+
+def _torch_ddp_reference(ctx: RankContext) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = build_model().to(ctx.device)
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        x, y = (t.to(ctx.device) for t in batch(ctx.rank, step))
+        F.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+    return _params(model)
+
+
+def _construct(cls, model):
+    try:
+        return cls(model), None
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # the observation: which rank raised what
+        return None, {"type": type(exc).__name__, "message": str(exc)[:500]}
+
+
+@contextlib.contextmanager
+def _count_torch_ddp(built: list):
+    """Record every construction of torch's DistributedDataParallel (subclasses too)."""
+    cls = torch.nn.parallel.DistributedDataParallel
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    try:
+        yield built
+    finally:
+        cls.__init__ = original
+
+
+def _ops(events: list, mark: int) -> list[str]:
+    return [e["op"] for e in events[mark:]]
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().clone()
+
+
+def _params(model: nn.Module) -> dict:
+    return {name: _cpu(p) for name, p in model.named_parameters()}
+
+
+def _grads(model: nn.Module) -> dict:
+    return {name: None if p.grad is None else _cpu(p.grad) for name, p in model.named_parameters()}
+
+
+def _reraise_with_method_name(exc: NotImplementedError, learner_path: str) -> None:
+    """Raise ``exc`` again from a frame named ``SimpleDDP.method``, so the report names the method.
+
+    The report names the innermost frame of the learner's file by its plain name
+    ("__init__"); a frame at the same line, named with the class, says which one.
+    """
+    target = os.path.abspath(learner_path)
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if os.path.abspath(code.co_filename) == target:
+            found = (code.co_qualname, tb.tb_lineno)
+        tb = tb.tb_next
+    if found is None or "." not in found[0]:
+        return
+    name, line = found
+    code = compile("\n" * (line - 1) + "raise error from None", target, "exec")
+    code = code.replace(co_name=name, co_qualname=name)
+    exec(code, {"error": NotImplementedError(*exc.args)})
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    for world_size in g.world_sizes:
+        outcome = g.run("rank_main", world_size)
+        check_world(g, outcome.results(), world_size)
+
+
+def check_world(g, observations: list[dict], world_size: int) -> None:
+    def record(check_id, ok, message="", rank=None):
+        return g.record(check_id, ok, message, rank=rank, world_size=world_size)
+
+    # 1. construction on identical weights
+    for rank, obs in enumerate(observations):
+        err = obs["init_error"]
+        record("init-accepts-identical", err is None,
+               f"rank {rank}: SimpleDDP(model) raised {_describe(err)} although every rank has the same weights",
+               rank)
+    for rank, obs in enumerate(observations):
+        record("no-torch-ddp", obs["ddp_built"] == 0,
+               f"rank {rank}: torch's DistributedDataParallel was constructed {obs['ddp_built']} time(s) "
+               "inside SimpleDDP; average the gradients yourself", rank)
+    failed = next((r for r, o in enumerate(observations) if o["init_error"]), None)
+    if failed is not None:
+        from grader.grading import Abort
+        from grader.results import FAILED
+
+        raise Abort(FAILED, f"SimpleDDP(model) raised {_describe(observations[failed]['init_error'])} on rank "
+                    f"{failed} with identical weights on every rank; nothing after construction could be checked")
+    _check_init_ops(record, observations, "init_ops", "with identical weights")
+
+    # 2. the API
+    for rank, obs in enumerate(observations):
+        problems = []
+        if not obs["module_is_model"]:
+            problems.append(".module is not the model given to SimpleDDP")
+        if not (isinstance(obs["output"], torch.Tensor) and torch.equal(obs["output"], obs["model_output"])):
+            problems.append("calling the wrapper did not return the model's output")
+        if obs["training_after_eval"]:
+            problems.append("after wrapper.eval() the model is still in training mode")
+        if not obs["training_after_train"]:
+            problems.append("after wrapper.train() the model is not in training mode")
+        record("wraps-module", not problems, f"rank {rank}: " + "; ".join(problems), rank)
+
+    # 3. the training steps, against gradients computed here
+    for step in range(STEPS):
+        records = [obs["steps"][step] for obs in observations]
+        expected = [local_gradients(rec["params"], rank, step) for rank, rec in enumerate(records)]
+        mean = {name: sum(e[name] for e in expected) / world_size for name in expected[0]}
+        for rank, rec in enumerate(records):
+            record("grads-local-until-sync", *_local_verdict(rec, expected[rank], mean, rank, step), rank)
+            record("grads-averaged", *_averaged_verdict(rec["synced"], mean, world_size, rank,
+                                                        f"step {step}, rank {rank}"), rank)
+
+    final0 = observations[0]["final"]
+    for rank, obs in enumerate(observations[1:], start=1):
+        name, diff = _first_difference(obs["final"], final0, exact=True)
+        record("params-identical", name is None,
+               f"after {STEPS} steps, rank {rank}'s {name} differs from rank 0's by up to {diff:.3g}", rank)
+    record("params-identical", True)
+    for rank, obs in enumerate(observations):
+        name, diff = _first_difference(obs["final"], obs["reference"])
+        record("matches-torch-ddp", name is None,
+               f"after {STEPS} steps of SGD(lr={LR}) on the same data, rank {rank}'s {name} differs from "
+               f"torch DistributedDataParallel's by up to {diff:.3g}", rank)
+
+    # 4. no_sync
+    for rank, obs in enumerate(observations):
+        ns = obs["no_sync"]
+        ops = ns["inside_ops"]
+        changed, _ = _first_difference(ns["after_sync"], ns["before_sync"], exact=True)
+        record("no-sync-silent", not ops and changed is None,
+               f"rank {rank}: {len(ops)} collective call(s) inside no_sync() ({_summary(ops)})" if ops else
+               f"rank {rank}: sync_gradients() inside no_sync() changed {changed}'s .grad", rank)
+        problems = []
+        if not ns["after_exit_ops"]:
+            problems.append("after leaving no_sync(), sync_gradients() made no collective call")
+        if not ns["exception_propagated"]:
+            problems.append("an exception raised inside no_sync() did not come out of the with block")
+        if not ns["after_exception_ops"]:
+            problems.append("after an exception inside no_sync(), sync_gradients() stayed off")
+        if ns["nested_ops"]:
+            problems.append("after an inner no_sync() inside another one, syncing was already on again "
+                            f"({_summary(ns['nested_ops'])}): restore the previous state, not True")
+        if not ns["after_nested_ops"]:
+            problems.append("after nested no_sync() blocks, sync_gradients() stayed off")
+        record("no-sync-restores", not problems, f"rank {rank}: " + "; ".join(problems), rank)
+
+    # 5. frozen layer
+    expected = [local_gradients(build_model().state_dict(), rank, FROZEN_STEP) for rank in range(world_size)]
+    mean = {name: sum(e[name] for e in expected) / world_size for name in expected[0]}
+    for rank, obs in enumerate(observations):
+        if obs["frozen_error"]:
+            record("frozen-params", False, f"rank {rank}: with the hidden layer frozen (its .grad is None), "
+                   f"sync_gradients() raised {obs['frozen_error']}", rank)
+            continue
+        grads = obs["frozen_grads"]
+        given = [n for n in ("hidden.weight", "hidden.bias") if grads[n] is not None]
+        if given:
+            record("frozen-params", False, f"rank {rank}: frozen {given[0]} had .grad None, and sync_gradients() "
+                   "gave it a gradient", rank)
+            continue
+        head = {n: grads[n] for n in ("head.weight", "head.bias")}
+        record("frozen-params", *_averaged_verdict(head, mean, world_size, rank,
+                                                   f"with a frozen layer, rank {rank}"), rank)
+
+    # 6. weights that differ on the last rank
+    last = world_size - 1
+    err = observations[last]["mismatch_error"]
+    first, other = PERTURBED
+    if err is None:
+        record("init-rejects-mismatch", False,
+               f"rank {last}'s {first} and {other} differ from rank 0's by {PERTURBATION:g}, "
+               f"but SimpleDDP(model) on rank {last} returned without raising", last)
+    elif err["type"] != "ValueError":
+        record("init-rejects-mismatch", False, f"rank {last}, whose {first} differs from rank 0's, raised "
+               f"{_describe(err)}; expected a ValueError", last)
+    elif first not in err["message"]:
+        named = f" (it names {other}, which comes later)" if other in err["message"] else ""
+        record("init-rejects-mismatch", False, f"rank {last} raised ValueError: {err['message']!r}, which does not "
+               f"name {first}, the first parameter that differs{named}", last)
+    else:
+        record("init-rejects-mismatch", True)
+    for rank, obs in enumerate(observations[:last]):
+        err = obs["mismatch_error"]
+        if err is not None and err["type"] != "ValueError":
+            record("init-no-rank-waits", False,
+                   f"rank {rank} (same weights as rank 0) was left waiting while rank {last} raised: its "
+                   f"SimpleDDP(model) failed with {_describe(err)}", rank)
+    _check_init_ops(record, observations, "mismatch_ops", f"when rank {last}'s weights differ")
+
+
+def _check_init_ops(record, observations: list[dict], key: str, when: str) -> None:
+    counts = [len(o[key]) for o in observations]
+    if len(set(counts)) > 1:
+        fewest = counts.index(min(counts))
+        most = counts.index(max(counts))
+        record("init-no-rank-waits", False,
+               f"{when}, rank {fewest} made {counts[fewest]} collective call(s) in SimpleDDP.__init__ and rank "
+               f"{most} made {counts[most]}: a rank that stops early (e.g. raises at the first difference) "
+               "leaves the others waiting", fewest)
+    else:
+        record("init-no-rank-waits", True)
+
+
+def _local_verdict(rec: dict, expected: dict, mean: dict, rank: int, step: int) -> tuple[bool, str]:
+    where = f"step {step}, rank {rank}"
+    if rec["backward_ops"]:
+        return False, (f"{where}: {len(rec['backward_ops'])} collective call(s) during backward "
+                       f"({_summary(rec['backward_ops'])}); gradients must stay local until sync_gradients()")
+    for name, want in expected.items():
+        got = rec["local"][name]
+        if got is None:
+            return False, f"{where}: {name}.grad is None after backward"
+        if not torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+            averaged = " (it is already the mean over ranks)" if torch.allclose(got, mean[name], rtol=RTOL,
+                                                                                 atol=ATOL) else ""
+            return False, (f"{where}: after backward, {name}.grad differs from this rank's own gradient by up to "
+                           f"{_max_diff(got, want):.3g}{averaged}")
+    return True, ""
+
+
+def _averaged_verdict(grads: dict, mean: dict, world_size: int, rank: int, where: str) -> tuple[bool, str]:
+    for name, got in grads.items():
+        want = mean[name]
+        if got is None:
+            return False, f"{where}: {name}.grad is None after sync_gradients()"
+        if torch.allclose(got, want, rtol=RTOL, atol=ATOL):
+            continue
+        why = ""
+        if torch.allclose(got, want * world_size, rtol=RTOL, atol=ATOL):
+            why = f" (it is the sum, {world_size}x the mean: divide by the world size)"
+        return False, (f"{where}: after sync_gradients(), {name}.grad differs from the mean of the ranks' "
+                       f"gradients by up to {_max_diff(got, want):.3g}{why}")
+    return True, ""
+
+
+def local_gradients(params: dict, rank: int, step: int) -> dict:
+    """The gradient rank ``rank`` gets alone at ``params`` on its batch of ``step``."""
+    model = build_model()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    x, y = batch(rank, step)
+    F.cross_entropy(model(x), y).backward()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+def _first_difference(got: dict, want: dict, exact: bool = False) -> tuple[str | None, float]:
+    for name, w in want.items():
+        t = got.get(name)
+        if t is None or t.shape != w.shape:
+            return name, float("inf")
+        same = torch.equal(t, w) if exact else torch.allclose(t, w, rtol=RTOL, atol=ATOL)
+        if not same:
+            return name, _max_diff(t, w)
+    return None, 0.0
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+def _summary(ops: list[str]) -> str:
+    counts: dict = {}
+    for op in ops:
+        counts[op] = counts.get(op, 0) + 1
+    return ", ".join(f"{op} x{n}" for op, n in counts.items())
+
+
+def _describe(err: dict | None) -> str:
+    return "nothing" if err is None else f"{err['type']}: {err['message']}"
