@@ -1,0 +1,282 @@
+"""Exercise 07: ring_all_reduce from point-to-point messages.
+
+Rank side: call the learner's ring_all_reduce on a list of seeded tensors (the
+same list on every rank, each rank's values drawn from its own seed) while
+recording every torch.distributed call it makes. Grader side: rebuild every
+rank's tensors from the same seeds, sum them here, and compare; count the bytes
+each rank sent and whom it talked to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from grader import probes
+from grader.child import RankContext
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
+TOLERANCE = {"float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}  # (rtol, atol); int64 is exact
+INT_RANGE = 2**40  # large enough that a detour through float32 or float64 loses digits
+BIG_NUMEL = 3 * 4 * 5 * 1009  # the tensor whose traffic is measured: splits evenly for W = 2..5
+BYTES_SLACK = 0.10  # a ring may pad its chunks or send a few extra bytes; "send everything" is 50 %+ more
+DRAWN_CASES = 16
+SEND_OPS = ("send", "isend")
+RECV_OPS = ("recv", "irecv")
+
+
+# --- the tensors, built the same way in the ranks and in the grader ---------------------
+
+
+def make_tensor(case: dict, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s input for ``case``: seeded, so the grader can rebuild it."""
+    generator = torch.Generator().manual_seed(case["seed"] * 1000 + rank)
+    shape = tuple(case["shape"])
+    dtype = DTYPES[case["dtype"]]
+    if dtype == torch.int64:
+        return torch.randint(-INT_RANGE, INT_RANGE, shape, generator=generator, dtype=dtype)
+    return torch.randn(shape, generator=generator, dtype=dtype)
+
+
+def fixed_cases(world_size: int) -> list[dict]:
+    """Cases every grading tries, the awkward sizes included."""
+    w = max(world_size, 2)
+    shapes = [
+        ("float32", [4 * w]),  # the plain case: four elements per chunk
+        ("float32", [BIG_NUMEL]),  # the measured one
+        ("float32", []),  # a scalar: one element, fewer than the ranks
+        ("int64", [w - 1]),  # fewer elements than ranks: some chunks are empty
+        ("float64", [3, w + 1]),  # not divisible by the world size
+        ("int64", [2, 5, 7]),
+    ]
+    return [{"shape": shape, "dtype": dtype, "measure": shape == [BIG_NUMEL]} for dtype, shape in shapes]
+
+
+def drawn_cases(count: int = DRAWN_CASES) -> list[dict]:
+    """Shapes and dtypes drawn by Hypothesis, the same ones every time (derandomized)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    found: list[dict] = []
+
+    @settings(max_examples=count, derandomize=True, database=None, phases=[Phase.generate],
+              deadline=None, suppress_health_check=list(HealthCheck))
+    @given(shape=st.lists(st.integers(1, 9), max_size=3), dtype=st.sampled_from(sorted(DTYPES)))
+    def collect(shape, dtype):
+        found.append({"shape": shape, "dtype": dtype, "measure": False})
+
+    collect()
+    return found
+
+
+def cases_for(world_size: int, drawn: list[dict]) -> list[dict]:
+    cases = fixed_cases(world_size) + drawn
+    return [{**case, "seed": index + 1} for index, case in enumerate(cases)]
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def _peer(name: str, bound: inspect.BoundArguments) -> int | None:
+    """The global rank a send/recv talks to (dst/src, or group_dst/group_src mapped back)."""
+    args = bound.arguments
+    key = "dst" if name in SEND_OPS else "src"
+    if args.get(key) is not None:
+        return int(args[key])
+    group_peer = args.get(f"group_{key}")
+    if group_peer is None:
+        return None  # a receive from any source
+    group = args.get("group")
+    return int(group_peer) if group is None else int(dist.get_global_rank(group, group_peer))
+
+
+@contextlib.contextmanager
+def watch_calls(events: list):
+    """Record each torch.distributed call the learner makes, once.
+
+    Unlike the generic probe, a call made by torch itself inside another one
+    (dist.send is isend + wait) is not counted again, and group_dst/group_src
+    are understood.
+    """
+    depth = [0]
+    saved = {}
+
+    def wrap(name, original):
+        signature = inspect.signature(original)
+
+        def observed(*args, **kwargs):
+            if depth[0] == 0:
+                event = {"op": name, "bytes": 0, "peer": None}
+                if name in SEND_OPS + RECV_OPS:
+                    try:
+                        bound = signature.bind(*args, **kwargs)
+                        tensor = bound.arguments.get("tensor")
+                        event["bytes"] = probes._nbytes(tensor)
+                        event["peer"] = _peer(name, bound)
+                    except (TypeError, ValueError):
+                        pass  # torch will raise its own error below
+                events.append(event)
+            depth[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        observed.__name__ = name
+        observed.__wrapped__ = original
+        return observed
+
+    names = [n for n in probes.COLLECTIVES + probes.POINT_TO_POINT if hasattr(c10d, n)]
+    for name in names:
+        saved[name] = getattr(c10d, name)
+        replacement = wrap(name, saved[name])
+        setattr(c10d, name, replacement)
+        setattr(dist, name, replacement)
+    try:
+        yield events
+    finally:
+        for name, original in saved.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+
+
+def ring_main(ctx: RankContext) -> dict:
+    """Run ring_all_reduce on every case; return the tensors after it and the calls it made."""
+    ctx.init_group()
+    events: list = []
+    out = []
+    with watch_calls(events):
+        ring_all_reduce = ctx.function("ring_all_reduce")
+        for case in ctx.kwargs["cases"]:
+            tensor = make_tensor(case, ctx.rank)
+            first = len(events)
+            returned = ring_all_reduce(tensor)
+            out.append({
+                "result": tensor.detach().clone(),
+                "returned": type(returned).__name__,
+                "events": [dict(e) for e in events[first:]],
+            })
+    ctx.leave_group()
+    return {"cases": out}
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    drawn = drawn_cases()
+    sizes = list(g.world_sizes)
+    if 1 not in sizes:
+        sizes.append(1)  # world size 1 must leave the tensor alone
+    measured = False
+    for world_size in sizes:
+        cases = cases_for(world_size, drawn)
+        outcome = g.run("ring_main", world_size, kwargs={"cases": cases})
+        observations = outcome.results()
+        check_results(g, cases, observations, world_size)
+        check_no_collectives(g, observations, world_size)
+        if world_size >= 2:
+            check_neighbours(g, observations, world_size)
+        if world_size >= 3:
+            check_bytes(g, cases, observations, world_size)
+            measured = True
+    if not measured:
+        g.skip("ring-bytes", "the traffic of a ring differs from a naive exchange only at world size 3 or more")
+
+
+def expected_sum(case: dict, world_size: int) -> torch.Tensor:
+    parts = [make_tensor(case, rank) for rank in range(world_size)]
+    if case["dtype"] == "int64":
+        return torch.stack(parts).sum(0)
+    return torch.stack(parts).to(torch.float64).sum(0)
+
+
+def describe_case(case: dict) -> str:
+    return f"shape {tuple(case['shape'])} {case['dtype']}"
+
+
+def check_results(g, cases: list[dict], observations: list[dict], world_size: int) -> None:
+    for index, case in enumerate(cases):
+        expected = expected_sum(case, world_size)
+        for rank, obs in enumerate(observations):
+            got = obs["cases"][index]
+            problem = compare(got["result"], expected, case)
+            if problem is None:
+                continue
+            what = "the sum over ranks" if world_size > 1 else "the tensor as it was (world size 1)"
+            message = f"{describe_case(case)}: rank {rank}'s tensor after ring_all_reduce is not {what}: {problem}"
+            if got["returned"] == "Tensor":
+                message += "; ring_all_reduce returned a tensor, but it must sum in place and return None"
+            g.record("matches-all-reduce", False, message, rank=rank, world_size=world_size)
+            return
+    g.record("matches-all-reduce", True)
+
+
+def compare(got: torch.Tensor, expected: torch.Tensor, case: dict) -> str | None:
+    dtype = DTYPES[case["dtype"]]
+    if tuple(got.shape) != tuple(expected.shape) or got.dtype != dtype:
+        return f"it became shape {tuple(got.shape)} {str(got.dtype).replace('torch.', '')}"
+    if case["dtype"] == "int64":
+        wrong = got != expected
+    else:
+        rtol, atol = TOLERANCE[case["dtype"]]
+        wrong = (got.to(torch.float64) - expected).abs() > atol + rtol * expected.abs()
+        wrong |= torch.isnan(got)
+    if not bool(wrong.any()):
+        return None
+    flat_index = int(wrong.reshape(-1).nonzero()[0])
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), tuple(expected.shape))) \
+        if expected.dim() else ()
+    g_val, e_val = got.reshape(-1)[flat_index].item(), expected.reshape(-1)[flat_index].item()
+    count = int(wrong.sum())
+    return (f"{count} of {expected.numel()} element(s) differ, the first at index {where}: "
+            f"{g_val!r} instead of {e_val!r}")
+
+
+def check_no_collectives(g, observations: list[dict], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        used = sorted({e["op"] for case in obs["cases"] for e in case["events"]
+                       if e["op"] in probes.COLLECTIVES})
+        if used:
+            g.record("no-collectives", False,
+                     f"rank {rank} called {', '.join('dist.' + op for op in used)}; only dist.send, dist.recv, "
+                     "dist.isend and dist.irecv are allowed", rank=rank, world_size=world_size)
+            return
+    g.record("no-collectives", True)
+
+
+def check_neighbours(g, observations: list[dict], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        neighbours = {(rank + 1) % world_size, (rank - 1) % world_size}
+        for case in obs["cases"]:
+            for e in case["events"]:
+                if e["op"] not in SEND_OPS + RECV_OPS:
+                    continue
+                if e["op"] in RECV_OPS and e["peer"] is None:
+                    continue  # a receive from any source: the matching send is checked at its sender
+                if e["peer"] not in neighbours:
+                    direction = "sent to" if e["op"] in SEND_OPS else "received from"
+                    g.record("ring-neighbours", False,
+                             f"rank {rank} {direction} rank {e['peer']} (dist.{e['op']}); in a ring it talks "
+                             f"only to ranks {sorted(neighbours)}", rank=rank, world_size=world_size)
+                    return
+    g.record("ring-neighbours", True)
+
+
+def check_bytes(g, cases: list[dict], observations: list[dict], world_size: int) -> None:
+    index = next(i for i, c in enumerate(cases) if c["measure"])
+    nbytes = BIG_NUMEL * 4
+    expected = 2 * (world_size - 1) / world_size * nbytes
+    for rank, obs in enumerate(observations):
+        sent = sum(e["bytes"] for e in obs["cases"][index]["events"] if e["op"] in SEND_OPS)
+        if abs(sent - expected) > BYTES_SLACK * expected:
+            g.record("ring-bytes", False,
+                     f"for a {nbytes}-byte tensor rank {rank} sent {sent} bytes ({sent / nbytes:.2f} x the tensor); "
+                     f"a ring sends 2 * (W - 1) / W of it, {int(expected)} bytes ({expected / nbytes:.2f} x)",
+                     rank=rank, world_size=world_size)
+            return
+    g.record("ring-bytes", True)
