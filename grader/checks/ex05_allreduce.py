@@ -104,9 +104,9 @@ def _observe(ctx: RankContext) -> dict:
             obs["output"] = _cpu(wrapper(x))
             obs["model_output"] = _cpu(model(x))
         wrapper.eval()
-        obs["training_after_eval"] = model.training
+        obs["training_after_eval"] = [m.training for m in model.modules()]
         wrapper.train()
-        obs["training_after_train"] = model.training
+        obs["training_after_train"] = [m.training for m in model.modules()]
 
         # 3. a few steps: gradients after backward, then after sync_gradients
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -141,7 +141,7 @@ def _observe(ctx: RankContext) -> dict:
         try:
             frozen_wrapper.sync_gradients()
         except Exception as exc:  # the observation: a None .grad was not skipped
-            obs["frozen_error"] = f"{type(exc).__name__}: {exc}"
+            obs["frozen_error"] = {"type": type(exc).__name__, "message": str(exc)[:500]}
         obs["frozen_grads"] = _grads(frozen)
         obs["ddp_built"] = len(ddp_built)
 
@@ -324,10 +324,14 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
             problems.append(".module is not the model given to SimpleDDP")
         if not (isinstance(obs["output"], torch.Tensor) and torch.equal(obs["output"], obs["model_output"])):
             problems.append("calling the wrapper did not return the model's output")
-        if obs["training_after_eval"]:
-            problems.append("after wrapper.eval() the model is still in training mode")
-        if not obs["training_after_train"]:
-            problems.append("after wrapper.train() the model is not in training mode")
+        still = sum(obs["training_after_eval"])
+        if still:
+            problems.append(f"after wrapper.eval(), {still} of the model's {len(obs['training_after_eval'])} "
+                            "modules are still in training mode")
+        off = len(obs["training_after_train"]) - sum(obs["training_after_train"])
+        if off:
+            problems.append(f"after wrapper.train(), {off} of the model's {len(obs['training_after_train'])} "
+                            "modules are not in training mode")
         record("wraps-module", not problems, f"rank {rank}: " + "; ".join(problems), rank)
 
     # 3. the training steps, against gradients computed here
@@ -360,6 +364,10 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
         record("no-sync-silent", not ops and changed is None,
                f"rank {rank}: {len(ops)} collective call(s) inside no_sync() ({_summary(ops)})" if ops else
                f"rank {rank}: sync_gradients() inside no_sync() changed {changed}'s .grad", rank)
+        if not obs["steps"][0]["sync_ops"]:
+            record("no-sync-restores", False, f"rank {rank}: sync_gradients() made no collective call even "
+                   "outside no_sync(), so no_sync() cannot be seen turning syncing off and back on", rank)
+            continue
         problems = []
         if not ns["after_exit_ops"]:
             problems.append("after leaving no_sync(), sync_gradients() made no collective call")
@@ -380,7 +388,7 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
     for rank, obs in enumerate(observations):
         if obs["frozen_error"]:
             record("frozen-params", False, f"rank {rank}: with the hidden layer frozen (its .grad is None), "
-                   f"sync_gradients() raised {obs['frozen_error']}", rank)
+                   f"sync_gradients() raised {_describe(obs['frozen_error'])}", rank)
             continue
         grads = obs["frozen_grads"]
         given = [n for n in ("hidden.weight", "hidden.bias") if grads[n] is not None]
@@ -409,13 +417,13 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
                f"name {first}, the first parameter that differs{named}", last)
     else:
         record("init-rejects-mismatch", True)
+    _check_init_ops(record, observations, "mismatch_ops", f"when rank {last}'s weights differ")
     for rank, obs in enumerate(observations[:last]):
         err = obs["mismatch_error"]
         if err is not None and err["type"] != "ValueError":
             record("init-no-rank-waits", False,
-                   f"rank {rank} (same weights as rank 0) was left waiting while rank {last} raised: its "
+                   f"rank {rank}, whose weights are rank 0's, was left waiting while rank {last} raised: its "
                    f"SimpleDDP(model) failed with {_describe(err)}", rank)
-    _check_init_ops(record, observations, "mismatch_ops", f"when rank {last}'s weights differ")
 
 
 def _check_init_ops(record, observations: list[dict], key: str, when: str) -> None:
@@ -497,4 +505,7 @@ def _summary(ops: list[str]) -> str:
 
 
 def _describe(err: dict | None) -> str:
-    return "nothing" if err is None else f"{err['type']}: {err['message']}"
+    if err is None:
+        return "nothing"
+    message = " ".join(err["message"].split())
+    return f"{err['type']}: {message[:200]}" + ("..." if len(message) > 200 else "")

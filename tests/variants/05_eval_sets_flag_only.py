@@ -1,0 +1,55 @@
+"""Exercise 05, broken: eval() sets the model's own training flag instead of calling model.eval(), so submodules stay in training mode."""
+# expect-fail: wraps-module
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+
+class SimpleDDP:
+    def __init__(self, model: torch.nn.Module):
+        self.module = model
+        self.world_size = dist.get_world_size()
+        self.sync_enabled = True
+
+        # Every rank broadcasts every parameter, even after a mismatch: a rank
+        # that stopped early would leave the others waiting in a broadcast.
+        first_mismatch = None
+        for name, param in model.named_parameters():
+            reference = param.detach().clone()
+            dist.broadcast(reference, src=0)
+            if first_mismatch is None and not torch.equal(reference, param.detach()):
+                first_mismatch = name
+        if first_mismatch is not None:
+            raise ValueError(f"rank {dist.get_rank()}: parameter {first_mismatch!r} differs from rank 0's")
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> "SimpleDDP":
+        self.module.training = mode
+        return self
+
+    def eval(self) -> "SimpleDDP":
+        self.module.training = False
+        return self
+
+    def sync_gradients(self) -> None:
+        if not self.sync_enabled:
+            return
+        for param in self.module.parameters():
+            if param.grad is None:  # frozen, or not used in this forward
+                continue
+            # ReduceOp.AVG is not available on every backend: sum, then divide.
+            dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+            param.grad /= self.world_size
+
+    @contextmanager
+    def no_sync(self):
+        previous = self.sync_enabled
+        self.sync_enabled = False
+        try:
+            yield
+        finally:
+            self.sync_enabled = previous
