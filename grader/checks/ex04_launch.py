@@ -1,0 +1,444 @@
+"""Exercise 04: launch_distributed / launch_from_env.
+
+Rank side: two grader ranks act as two independent callers. At the same
+moment each calls the learner's launch_distributed with ``record_rank``, which
+writes down, in every process it runs in, what it received and saw (args,
+pids, MASTER_ADDR / MASTER_PORT, start and end time, who it met in a gloo
+group). Then caller 0 launches a function that fails in rank 1 and caller 1
+launches with MASTER_ADDR / MASTER_PORT already set. A second run calls
+launch_from_env directly with RANK != LOCAL_RANK, and under a real torchrun.
+Grader side: every verdict is decided from those records.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+
+# What the grader passes to fn after (rank, world_size).
+EXTRA_ARGS = ("ddp-grade", 7)
+# How a recording function finds its folder, its caller and its launch.
+ENV_DIR = "DDP_GRADE_EX04_DIR"
+ENV_CALLER = "DDP_GRADE_EX04_CALLER_PID"
+ENV_WORLD_SIZE = "DDP_GRADE_EX04_WORLD_SIZE"
+ENV_LAUNCH = "DDP_GRADE_EX04_LAUNCH"
+JOIN_TIMEOUT_S = 6.0  # a rank that cannot meet its peers gives up after this
+RECORD_WAIT_S = JOIN_TIMEOUT_S + 8.0  # how long a caller waits for records after launch returns
+BARRIER_TIMEOUT_S = 20.0
+# launch_from_env called directly: an environment where RANK and LOCAL_RANK differ
+# (the second process of the second machine, two processes per machine).
+DIRECT_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ex04_torchrun_entry.py")
+GOOD_ADDRESSES = ("127.0.0.1", "localhost")
+PRESET_ADDR = "localhost"
+UNSET = {"MASTER_ADDR": None, "MASTER_PORT": None, "TORCHELASTIC_USE_AGENT_STORE": None,
+         "TORCHELASTIC_RESTART_COUNT": None}
+
+
+# --- in the processes the learner's launcher starts ------------------------------------
+
+
+def record_rank(*received) -> None:
+    """The fn given to launch_distributed: record what arrived, meet the peers, record who came."""
+    started = time.monotonic()
+    record = {
+        "received": [_plain(a) for a in received],
+        "pid": os.getpid(),
+        "caller_pid": int(os.environ.get(ENV_CALLER, "-1")),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "master_port": os.environ.get("MASTER_PORT"),
+        "start": started,
+        "peers": None,
+        "group_error": None,
+    }
+    try:
+        record["peers"] = _meet_peers(received, record)
+    except Exception as exc:  # a failed meeting is an observation, not a crash
+        record["group_error"] = f"{type(exc).__name__}: {exc}"[:400]
+    record["end"] = time.monotonic()
+    _write_record(os.environ[ENV_DIR], record)
+
+
+def _meet_peers(received, record):
+    """Join a gloo group through MASTER_ADDR / MASTER_PORT and all-gather (launch, rank)."""
+    import torch
+    import torch.distributed as dist
+
+    world_size = int(os.environ[ENV_WORLD_SIZE])
+    rank = received[0] if received else None
+    if record["pid"] == record["caller_pid"]:
+        record["group_error"] = "not tried: this is the caller's own process"
+        return None
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        record["group_error"] = f"not tried: the first argument {rank!r} is not a rank"
+        return None
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=JOIN_TIMEOUT_S))
+    try:
+        mine = torch.tensor([int(os.environ[ENV_LAUNCH]), rank], dtype=torch.int64)
+        gathered = [torch.zeros_like(mine) for _ in range(world_size)]
+        dist.all_gather(gathered, mine)
+        return [t.tolist() for t in gathered]
+    finally:
+        dist.destroy_process_group()
+
+
+def record_then_fail(*received) -> None:
+    """The fn of the failing launch: record what arrived and saw; then rank 1 raises, the others return."""
+    now = time.monotonic()
+    _write_record(os.environ[ENV_DIR], {"received": [_plain(a) for a in received], "pid": os.getpid(),
+                                        "master_addr": os.environ.get("MASTER_ADDR"),
+                                        "master_port": os.environ.get("MASTER_PORT"), "start": now, "end": now})
+    if received and received[0] == 1:
+        raise RuntimeError("rank 1 fails on purpose (the grader's test of raises-on-failure)")
+
+
+def _plain(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)[:200]
+
+
+def _write_record(folder: str, record: dict) -> None:
+    name = f"rank{record['received'][0] if record['received'] else 'none'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = os.path.join(folder, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, os.path.join(folder, f"{name}.json"))
+
+
+def _read_records(folder: str) -> list[dict]:
+    records = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+        with open(path) as f:
+            records.append(json.load(f))
+    return records
+
+
+# --- in each grader rank (a caller of the learner's code) ------------------------------
+
+
+def main(ctx) -> dict:
+    """Ranks 0 and 1: launch at the same moment. Rank 2: torchrun, launch_from_env, a failing launch."""
+    # The grader starts its ranks as daemon processes, and multiprocessing refuses
+    # children to a daemon; a learner's caller is an ordinary process.
+    multiprocessing.current_process()._config["daemon"] = False
+    world_size = ctx.kwargs["world_size"]
+    obs = {"caller_pid": os.getpid()}
+    if ctx.rank < 2:
+        launch_distributed = ctx.function("launch_distributed")
+        _file_barrier(ctx.run_dir, "start", ctx.rank, 2)
+        obs["concurrent"] = _launch(ctx, launch_distributed, record_rank, world_size, f"concurrent{ctx.rank}")
+        return obs
+    torchrun = _start_torchrun(ctx, world_size)  # runs while this process does the rest
+    try:
+        launch_from_env = ctx.function("launch_from_env")
+        obs["direct"] = _direct_call(launch_from_env)
+        launch_distributed = ctx.function("launch_distributed")
+        # MASTER_ADDR / MASTER_PORT already set: the launcher must keep them. The
+        # processes do not bind the port, so it cannot collide with anything.
+        os.environ["MASTER_ADDR"] = PRESET_ADDR
+        os.environ["MASTER_PORT"] = str(ctx.kwargs["preset_port"])
+        obs["failing"] = _launch(ctx, launch_distributed, record_then_fail, world_size, "failing")
+    finally:
+        obs["torchrun"] = _finish_torchrun(*torchrun)
+    return obs
+
+
+def _launch(ctx, launch_distributed, fn, world_size: int, name: str) -> dict:
+    folder = os.path.join(ctx.run_dir, name)
+    os.makedirs(folder)
+    os.environ.update({ENV_DIR: folder, ENV_CALLER: str(os.getpid()), ENV_WORLD_SIZE: str(world_size),
+                       ENV_LAUNCH: str(ctx.rank + 1)})
+    started = time.monotonic()
+    error = None
+    try:
+        launch_distributed(fn, world_size, *EXTRA_ARGS)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # whether it raises is what some checks look at
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:400]
+    returned = time.monotonic()
+    # A launcher that did not wait leaves processes running: let them finish and record.
+    deadline = returned + RECORD_WAIT_S
+    while len(glob.glob(os.path.join(folder, "*.json"))) < world_size and multiprocessing.active_children() \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"started": started, "returned": returned, "error": error, "records": _read_records(folder)}
+
+
+def _file_barrier(folder: str, name: str, rank: int, world_size: int) -> None:
+    open(os.path.join(folder, f"{name}.{rank}"), "w").close()
+    deadline = time.monotonic() + BARRIER_TIMEOUT_S
+    while not all(os.path.exists(os.path.join(folder, f"{name}.{r}")) for r in range(world_size)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the grader's callers did not all start within {BARRIER_TIMEOUT_S:g} s")
+        time.sleep(0.01)
+
+
+def _direct_call(launch_from_env) -> dict:
+    calls = []
+    saved = {k: os.environ.get(k) for k in DIRECT_ENV}
+    os.environ.update(DIRECT_ENV)
+    error = None
+    try:
+        launch_from_env(lambda *received: calls.append([_plain(a) for a in received]))
+    except NotImplementedError:
+        return {"calls": calls, "error": None, "not_implemented": True}
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:400]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return {"calls": calls, "error": error}
+
+
+def _start_torchrun(ctx, world_size: int):
+    folder = os.path.join(ctx.run_dir, "torchrun")
+    os.makedirs(folder)
+    log_path = os.path.join(ctx.run_dir, "torchrun.log")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC_", "DDP_GRADE_EX04_")) and k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"  # what torchrun would set, without its warning
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
+               ENTRY_SCRIPT, ctx.learner_path, folder]
+    log = open(log_path, "wb")
+    # Same process group as this rank: if the grader stops us, it stops torchrun too.
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    timeout = max(5.0, min(60.0, ctx.timeout_s - 5.0))
+    return process, log, log_path, folder, time.monotonic(), timeout
+
+
+def _finish_torchrun(process, log, log_path, folder, started, timeout) -> dict:
+    try:
+        returncode = process.wait(timeout=max(0.1, started + timeout - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        returncode = None
+    log.close()
+    with open(log_path, "rb") as f:
+        output = f.read().decode("utf-8", errors="replace")
+    return {"returncode": returncode, "timeout_s": timeout, "seconds": time.monotonic() - started,
+            "records": _read_records(folder), "errors": _read_errors(folder), "output": output[-3000:]}
+
+
+def _read_errors(folder: str) -> list[str]:
+    errors = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.error"))):
+        with open(path) as f:
+            errors.append(f.read()[:1000])
+    return errors
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    world_size = g.world_sizes[0]
+    preset_port = _free_port()
+    callers = g.run("main", 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET).results()
+    concurrent, pids, last = [c["concurrent"] for c in callers[:2]], [c["caller_pid"] for c in callers[:2]], callers[2]
+    check_launches(g, [(f"caller {i}", pids[i], launch) for i, launch in enumerate(concurrent)], world_size)
+    check_free_port(g, concurrent, pids, world_size)
+    check_raises(g, last["failing"])
+    check_preset(g, last["failing"], preset_port, world_size)
+    if last["direct"].get("not_implemented"):
+        from grader.grading import Abort
+        from grader.results import FAILED
+
+        raise Abort(FAILED, "not implemented yet: launch_from_env")
+    check_direct(g, last["direct"])
+    check_torchrun(g, last["torchrun"], world_size)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _args(values: list) -> str:
+    return "(" + ", ".join(repr(v) for v in values) + ("," if len(values) == 1 else "") + ")"
+
+
+def _raised(launch: dict) -> str:
+    return f" (launch_distributed raised {launch['error']})" if launch["error"] else ""
+
+
+def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int) -> None:
+    """spawns-processes, passes-args and waits-for-all, for every launch of record_rank."""
+    for who, caller_pid, launch in launches:
+        records = launch["records"]
+        ranks = sorted(r["received"][0] if r["received"] else None for r in records)
+        ranks_text = ", ".join(repr(r) for r in ranks) or "none"
+        if ranks != list(range(world_size)):
+            g.record("spawns-processes", False,
+                     f"{who}: fn ran {len(records)} time(s), as rank(s) {ranks_text}; expected each rank "
+                     f"0..{world_size - 1} exactly once{_raised(launch)}", world_size=world_size)
+        in_caller = [r for r in records if r["pid"] == caller_pid]
+        if in_caller:
+            g.record("spawns-processes", False,
+                     f"{who}: fn ran in the caller's own process (pid {caller_pid}) for rank(s) "
+                     f"{', '.join(repr(r['received'][0]) for r in in_caller)}: every rank needs a new process",
+                     world_size=world_size)
+        pids = [r["pid"] for r in records]
+        if len(set(pids)) != len(pids):
+            g.record("spawns-processes", False, f"{who}: several ranks ran in one process (pids {pids})",
+                     world_size=world_size)
+        g.record("spawns-processes", True)
+
+        expected_tail = [world_size, *EXTRA_ARGS]
+        for r in sorted(records, key=lambda r: str(r["received"][:1])):
+            if r["received"][1:] != expected_tail:
+                rank = r["received"][0] if r["received"] else None
+                g.record("passes-args", False,
+                         f"{who}: launch_distributed(fn, {world_size}, {', '.join(map(repr, EXTRA_ARGS))}) "
+                         f"called fn{_args(r['received'])}; expected fn{_args([rank, *expected_tail])}",
+                         rank=rank if isinstance(rank, int) else None, world_size=world_size)
+                break
+        g.record("passes-args", True)
+
+        late = [r for r in records if r["end"] > launch["returned"]]
+        if late:
+            r = max(late, key=lambda r: r["end"])
+            g.record("waits-for-all", False,
+                     f"{who}: launch_distributed returned {r['end'] - launch['returned']:.2f} s before "
+                     f"rank {r['received'][0] if r['received'] else '?'} finished "
+                     f"({len(late)} of {len(records)} rank(s) were still running)", world_size=world_size)
+        g.record("waits-for-all", True)
+
+
+def check_free_port(g, launches: list[dict], caller_pids: list[int], world_size: int) -> None:
+    """Two launches at the same moment, addresses left unset: each needs a port of its own."""
+    ports = []
+    for i, launch in enumerate(launches):
+        seen = sorted({(r["master_addr"], r["master_port"]) for r in launch["records"]}, key=str)
+        if not seen:
+            g.record("free-port", False, f"caller {i}: no rank of the launch recorded anything{_raised(launch)}",
+                     world_size=world_size)
+            return
+        if len(seen) > 1:
+            g.record("free-port", False, f"caller {i}: the ranks of one launch saw different addresses: "
+                     + ", ".join(f"{a}:{p}" for a, p in seen), world_size=world_size)
+            return
+        addr, port = seen[0]
+        if addr not in GOOD_ADDRESSES or port is None or not str(port).isdigit():
+            g.record("free-port", False, f"caller {i}: with MASTER_ADDR and MASTER_PORT unset before the call, "
+                     f"fn saw MASTER_ADDR={addr} MASTER_PORT={port}; expected 127.0.0.1 and a port number",
+                     world_size=world_size)
+            return
+        ports.append(port)
+    if ports[0] == ports[1]:
+        failed = [f"caller {i}'s launch: {_meeting_problem(l, caller_pids[i], world_size) or 'met'}"
+                  for i, l in enumerate(launches)]
+        g.record("free-port", False, f"two launches started at the same moment both used MASTER_PORT={ports[0]}, "
+                 f"so they collide ({'; '.join(failed)})", world_size=world_size)
+        return
+    for i, launch in enumerate(launches):
+        problem = _meeting_problem(launch, caller_pids[i], world_size)
+        if problem:
+            g.record("free-port", False, f"caller {i}'s launch on port {ports[i]} (the other used "
+                     f"{ports[1 - i]}): {problem}", world_size=world_size)
+            return
+    g.record("free-port", True)
+
+
+def _meeting_problem(launch: dict, caller_pid: int, world_size: int) -> str | None:
+    """Why the ranks of one launch did not form their own group, or None."""
+    launch_id = None
+    for r in launch["records"]:
+        if r["pid"] == caller_pid:
+            continue  # spawns-processes says so
+        rank = r["received"][0] if r["received"] else None
+        if r["group_error"]:
+            return f"rank {rank} could not join the group: {r['group_error']}"
+        members = sorted(tuple(p) for p in r["peers"])
+        launch_id = members[0][0] if launch_id is None else launch_id
+        if {m[0] for m in members} != {launch_id} or [m[1] for m in members] != list(range(world_size)):
+            return f"rank {rank} met [launch, rank] = {[list(m) for m in members]}: ranks of another launch"
+    if launch["error"]:
+        return f"launch_distributed raised {launch['error']}"
+    return None
+
+
+def check_raises(g, launch: dict) -> None:
+    ranks = sorted(str(r["received"][0]) for r in launch["records"] if r["received"])
+    if "1" not in ranks:
+        g.record("raises-on-failure", False, "the launch of a fn that raises in rank 1 never ran rank 1 (ranks "
+                 f"that ran: {', '.join(ranks) or 'none'}){_raised(launch)}")
+    elif launch["error"] is None:
+        g.record("raises-on-failure", False, "rank 1 raised RuntimeError, but launch_distributed returned "
+                 "normally: the caller never learns that the job failed")
+    else:
+        g.record("raises-on-failure", True)
+
+
+def check_preset(g, launch: dict, preset_port, world_size: int) -> None:
+    for r in launch["records"]:
+        rank = r["received"][0] if r["received"] else None
+        seen, wanted = (r["master_addr"], r["master_port"]), (PRESET_ADDR, str(preset_port))
+        if seen != wanted:
+            g.record("keeps-set-port", False,
+                     f"MASTER_ADDR={wanted[0]} and MASTER_PORT={wanted[1]} were set before the call, but "
+                     f"rank {rank} saw MASTER_ADDR={seen[0]} MASTER_PORT={seen[1]}",
+                     rank=rank if isinstance(rank, int) else None, world_size=world_size)
+            return
+    if not launch["records"]:
+        g.record("keeps-set-port", False, f"no rank recorded anything{_raised(launch)}", world_size=world_size)
+        return
+    g.record("keeps-set-port", True)
+
+
+def check_direct(g, direct: dict) -> None:
+    env = ", ".join(f"{k}={v}" for k, v in DIRECT_ENV.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    expected = [int(DIRECT_ENV["RANK"]), int(DIRECT_ENV["WORLD_SIZE"])]
+    if direct["error"]:
+        g.record("rank-from-RANK", False, f"with {env}, launch_from_env raised {direct['error']}")
+    elif direct["calls"] != [expected]:
+        got = ", ".join(f"fn{_args(c)}" for c in direct["calls"]) or "fn was never called"
+        g.record("rank-from-RANK", False, f"with {env}, launch_from_env called {got}; expected fn{_args(expected)}")
+    else:
+        g.record("rank-from-RANK", True)
+
+
+def check_torchrun(g, run: dict, world_size: int) -> None:
+    where = f"torchrun --standalone --nproc_per_node={world_size}"
+    tail = "\n".join(run["output"].rstrip().splitlines()[-6:])
+    if run["errors"]:
+        g.record("torchrun", False, f"under {where}, launch_from_env raised: {run['errors'][0].strip()}",
+                 world_size=world_size)
+        return
+    if run["returncode"] is None:
+        g.record("torchrun", False, f"{where} did not finish within {run['timeout_s']:g} s", world_size=world_size)
+        return
+    records = run["records"]
+    calls = sorted((r["received"] for r in records), key=str)
+    expected = [[rank, world_size] for rank in range(world_size)]
+    if calls != expected:
+        got = ", ".join(f"fn{_args(c)}" for c in calls) or "nothing"
+        g.record("torchrun", False, f"under {where}, fn was called as {got}; expected "
+                 + ", ".join(f"fn{_args(c)}" for c in expected) + " (one call per torchrun process)",
+                 world_size=world_size)
+        return
+    for r in records:
+        if r["received"][0] != int(r["env_rank"]):
+            g.record("torchrun", False, f"the torchrun process with RANK={r['env_rank']} called "
+                     f"fn{_args(r['received'])}", world_size=world_size)
+            return
+    if run["returncode"] != 0:
+        g.record("torchrun", False, f"{where} exited with code {run['returncode']}:\n{tail}", world_size=world_size)
+        return
+    g.record("torchrun", True)
