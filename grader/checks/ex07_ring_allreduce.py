@@ -208,7 +208,7 @@ def check_results(g, cases: list[dict], observations: list[dict], world_size: in
             if problem is None:
                 continue
             what = "the sum over ranks" if world_size > 1 else "the tensor as it was (world size 1)"
-            message = f"{describe_case(case)}: rank {rank}'s tensor after ring_all_reduce is not {what}: {problem}"
+            message = f"world size {world_size}, {describe_case(case)}: rank {rank}'s tensor after ring_all_reduce is not {what}: {problem}"
             if got["returned"] == "Tensor":
                 message += "; ring_all_reduce returned a tensor, but it must sum in place and return None"
             g.record("matches-all-reduce", False, message, rank=rank, world_size=world_size)
@@ -234,7 +234,11 @@ def compare(got: torch.Tensor, expected: torch.Tensor, case: dict) -> str | None
     g_val, e_val = got.reshape(-1)[flat_index].item(), expected.reshape(-1)[flat_index].item()
     count = int(wrong.sum())
     return (f"{count} of {expected.numel()} element(s) differ, the first at index {where}: "
-            f"{g_val!r} instead of {e_val!r}")
+            f"{_number(g_val)} instead of {_number(e_val)}")
+
+
+def _number(value) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.9g}"
 
 
 def check_no_collectives(g, observations: list[dict], world_size: int) -> None:
