@@ -23,6 +23,7 @@ MAX_WORLD = 8
 MAX_SEED = 10_000
 MAX_EPOCH = 50
 EXAMPLES = 80
+SHRINK_STEPS = 60  # examples tried after the first violation, before the smallest one is taken
 
 # make_dataloader is graded on a dataset of SAMPLES_PER_RANK * world_size items.
 SAMPLES_PER_RANK = 10
@@ -53,13 +54,17 @@ def serve_main(ctx: RankContext) -> dict:
 def shards(ctx: RankContext, num_samples: int, world_size: int, configs: list, catch: bool) -> dict:
     """Every rank's shard for each (shuffle, seed, epoch) in ``configs``.
 
-    With ``catch`` the first exception of the learner's code comes back as data
-    (with the arguments that raised it); without, it propagates.
+    The indices travel as one int64 tensor (``sizes`` says how many belong to
+    each (config, rank), in order): a long list of ints is slow to unpickle
+    with ``weights_only``. Shards that are not a list of ints are described in
+    ``odd``. With ``catch`` the learner's first exception comes back as data,
+    with the arguments that raised it; without, it propagates.
     """
     shard_indices = ctx.function("shard_indices")
-    out = []
+    flat: list = []
+    sizes: list = []
+    odd: list = []
     for shuffle, seed, epoch in configs:
-        per_rank = []
         for rank in range(world_size):
             try:
                 value = shard_indices(num_samples, rank, world_size, shuffle=shuffle, seed=seed, epoch=epoch)
@@ -68,32 +73,37 @@ def shards(ctx: RankContext, num_samples: int, world_size: int, configs: list, c
                     raise
                 return {"raised": {"rank": rank, "shuffle": shuffle, "seed": seed, "epoch": epoch,
                                    "error": _error(exc, ctx.learner_path)}}
-            per_rank.append(_describe(value))
-        out.append(per_rank)
-    return {"results": out}
+            kind, items, bad = _describe(value)
+            if kind != "list" or bad is not None:
+                odd.append([len(sizes), kind, bad])
+            flat.extend(items)
+            sizes.append(len(items))
+    return {"items": torch.tensor(flat, dtype=torch.int64), "sizes": sizes, "odd": odd}
 
 
-def _describe(value) -> dict:
-    """What shard_indices returned: its type, the indices as ints, the first item that is not an int."""
+INT64 = 2**63
+
+
+def _describe(value) -> tuple:
+    """What shard_indices returned: its type name, its items as ints (-1 where there is
+    none), and the first item that is not an int (or None)."""
     kind = type(value).__name__
     if isinstance(value, torch.Tensor):
-        return {"kind": kind, "items": [int(v) for v in value.reshape(-1).tolist()], "bad": None}
+        return kind, [int(v) for v in value.reshape(-1).tolist()], None
     try:
         raw = list(value)
     except TypeError:
-        return {"kind": kind, "items": [], "bad": None}
+        return kind, [], None
     items, bad = [], None
     for v in raw:
-        if isinstance(v, int) and not isinstance(v, bool):
-            items.append(int(v))
-            continue
-        if bad is None:
+        if not (isinstance(v, int) and not isinstance(v, bool)) and bad is None:
             bad = f"{type(v).__name__} {v!r}"[:80]
         try:
-            items.append(int(v))
+            v = int(v)
         except (TypeError, ValueError, RuntimeError):
-            items.append(None)
-    return {"kind": kind, "items": items, "bad": bad}
+            v = -1
+        items.append(v if -INT64 <= v < INT64 else -1)
+    return kind, items, bad
 
 
 class IndexDataset(Dataset):
@@ -131,7 +141,7 @@ def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int
         obs["distributed"] = isinstance(sampler, DistributedSampler)
         for name in ("num_replicas", "rank", "shuffle", "seed"):
             value = getattr(sampler, name, None)
-            obs[name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+            obs["sampler_" + name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
         obs["epochs"] = []
         for epoch in (0, 1):
             if epoch == 1:
@@ -196,6 +206,10 @@ class _Stop(BaseException):
         self.abort = abort
 
 
+class _Enough(BaseException):
+    """Ends the shrinking early: the smallest violation seen so far will do."""
+
+
 def configs_for(seed: int, epoch: int) -> dict:
     """Named (shuffle, seed, epoch) argument sets computed for one example."""
     return {
@@ -215,44 +229,70 @@ def configs_for(seed: int, epoch: int) -> dict:
 
 
 def grade_shards(g, worker) -> None:
-    from hypothesis import HealthCheck, Verbosity, example, given, reject, settings
+    from hypothesis import HealthCheck, Verbosity, given, reject, settings
     from hypothesis import strategies as st
 
     active = list(SHARD_CHECKS)
+    replies: dict = {}  # (num_samples, world_size, seed, epoch) -> the worker's reply: each rerun repeats examples
+    search: dict = {}  # of the current run: the smallest violation so far, examples tried since the first
 
     @settings(database=None, derandomize=True, deadline=None, max_examples=EXAMPLES,
               suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, report_multiple_bugs=False)
     @given(num_samples=st.integers(0, MAX_SAMPLES), world_size=st.integers(1, MAX_WORLD),
            seed=st.integers(0, MAX_SEED), epoch=st.integers(0, MAX_EPOCH))
-    @example(num_samples=10, world_size=3, seed=0, epoch=2)
-    @example(num_samples=17, world_size=2, seed=5, epoch=1)
     def shard_property(num_samples, world_size, seed, epoch):
+        example = (num_samples, world_size, seed, epoch)
+        if search["best"] is not None:
+            search["tried"] += 1
+            if search["tried"] > SHRINK_STEPS:
+                raise _Enough()  # small enough to read; more shrinking would cost seconds
         named = configs_for(seed, epoch)
+        if example not in replies:
+            try:
+                replies[example] = g.call(worker, "shards", num_samples=num_samples, world_size=world_size,
+                                          configs=[list(c) for c in named.values()], catch=True)
+            except Exception as exc:  # the grader's Abort: a timeout or a crash of the worker
+                raise _Stop(exc) from None
+        reply = replies[example]
         try:
-            reply = g.call(worker, "shards", num_samples=num_samples, world_size=world_size,
-                           configs=[list(c) for c in named.values()], catch=True)
-        except Exception as exc:  # the grader's Abort: a timeout or a crash of the worker
-            raise _Stop(exc) from None
-        if "raised" in reply:
-            raised = reply["raised"]
-            if "shard-sizes" not in active:
-                reject()  # already reported; look at the other checks elsewhere
-            raise Violation("shard-sizes", f"shard_indices({num_samples}, {raised['rank']}, {world_size}, "
-                            f"shuffle={raised['shuffle']}, seed={raised['seed']}, epoch={raised['epoch']}) "
-                            f"raised {raised['error']}")
-        results = dict(zip(named, reply["results"]))
-        for check_id in list(active):
-            CHECKERS[check_id](num_samples, world_size, seed, epoch, results)
+            if "raised" in reply:
+                raised = reply["raised"]
+                if "shard-sizes" not in active:
+                    reject()  # already reported; look at the other checks elsewhere
+                raise Violation("shard-sizes", f"shard_indices({num_samples}, {raised['rank']}, {world_size}, "
+                                f"shuffle={raised['shuffle']}, seed={raised['seed']}, epoch={raised['epoch']}) "
+                                f"raised {raised['error']}")
+            results = _unpack(reply, list(named), world_size)
+            for check_id in list(active):
+                CHECKERS[check_id](num_samples, world_size, seed, epoch, results)
+        except Violation as violation:
+            size = (sum(example), example)
+            if search["best"] is None or size < search["best"][0]:
+                search["best"] = (size, violation)
+            raise
 
     with _private_hypothesis_home(worker.run_dir):
         while active:
-            violation = _falsify(shard_property)
+            search.update(best=None, tried=0)
+            violation = _falsify(shard_property, search)
             if violation is None:
                 break
             g.record(violation.check_id, False, violation.message)
             active.remove(violation.check_id)
     for check_id in active:
         g.record(check_id, True)
+
+
+def _unpack(reply: dict, names: list, world_size: int) -> dict:
+    """The worker's reply as {config name: [{"kind", "items", "bad"} for each rank]}."""
+    flat = reply["items"].tolist()
+    odd = {index: (kind, bad) for index, kind, bad in reply["odd"]}
+    shards, start = [], 0
+    for index, size in enumerate(reply["sizes"]):
+        kind, bad = odd.get(index, ("list", None))
+        shards.append({"kind": kind, "items": flat[start:start + size], "bad": bad})
+        start += size
+    return {name: shards[i * world_size:(i + 1) * world_size] for i, name in enumerate(names)}
 
 
 @contextlib.contextmanager
@@ -270,12 +310,14 @@ def _private_hypothesis_home(folder: str):
         configuration.set_hypothesis_home_dir(before)
 
 
-def _falsify(prop) -> Violation | None:
+def _falsify(prop, search: dict) -> Violation | None:
     """Run the property; the (shrunk) violation it found, or None."""
     try:
         prop()
     except Violation as violation:
         return violation
+    except _Enough:
+        return search["best"][1]
     except _Stop as stop:
         raise stop.abort from None
     except BaseException as exc:  # e.g. a Flaky error wrapping a violation that did not repeat
@@ -344,7 +386,7 @@ def check_sizes(n, w, seed, epoch, results) -> None:
         for rank, size in enumerate(sizes):
             if size != n // w:
                 raise Violation("shard-sizes", f"{_args(n, w, shuffle, seed, epoch)}: rank {rank} got {size} "
-                                f"indices, expected {n} // {w} = {n // w} (sizes of all ranks: {sizes})")
+                                f"{'index' if size == 1 else 'indices'}, expected {n} // {w} = {n // w} (sizes of all ranks: {sizes})")
 
 
 def check_disjoint(n, w, seed, epoch, results) -> None:
@@ -395,7 +437,8 @@ def check_seed_plus_epoch(n, w, seed, epoch, results) -> None:
             if a != b:
                 raise Violation("shard-seed-plus-epoch", f"num_samples={n}, world_size={w}, shuffle=True: "
                                 f"rank {rank} got {_show(a)} with seed={seed}, epoch={epoch} but {_show(b)} "
-                                f"with seed={s}, epoch={e}; both must seed the generator with {seed + epoch}")
+                                f"with seed={s}, epoch={e}; both must draw the permutation from a generator seeded with "
+                                f"seed + epoch = {seed + epoch}")
 
 
 CHECKERS = {
@@ -436,8 +479,11 @@ def check_loaders(g, observations: list, n: int, world_size: int) -> None:
                 message += " (there is no process group here: give DistributedSampler num_replicas= and rank=)"
         else:
             message = f"iterating the loader of {_call_text(rank, world_size)} raised {broken['iter_raised']}"
-        for check_id in LOADER_CHECKS:
-            g.record(check_id, False, message, rank=rank, world_size=world_size)
+        g.record("loader-sampler", False, message, rank=rank, world_size=world_size)
+        for check_id in LOADER_CHECKS[1:]:
+            g.record(check_id, False, f"no loader to read: {message.split(' raised ')[0]} raised "
+                     f"{message.split(' raised ')[1].split(':')[0]} (see loader-sampler)",
+                     rank=rank, world_size=world_size)
         return
     check_sampler(g, observations, n, world_size)
     check_disjoint_cover(g, observations, n, world_size)
@@ -462,9 +508,9 @@ def check_sampler(g, observations: list, n: int, world_size: int) -> None:
             g.record("loader-sampler", False, f"{call}: loader.sampler is a {obs['sampler']}, not a "
                      "DistributedSampler", rank=rank, world_size=world_size)
             continue
-        wrong = [f"{name}={obs[name]!r} (expected {want!r})" for name, want in
+        wrong = [f"{name}={obs['sampler_' + name]!r} (expected {want!r})" for name, want in
                  (("num_replicas", world_size), ("rank", rank), ("shuffle", True), ("seed", LOADER_SEED))
-                 if obs[name] != want]
+                 if obs["sampler_" + name] != want]
         if wrong:
             g.record("loader-sampler", False, f"{call}: the sampler has " + ", ".join(wrong),
                      rank=rank, world_size=world_size)

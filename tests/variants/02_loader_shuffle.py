@@ -1,0 +1,28 @@
+"""Exercise 02, broken: the DataLoader shuffles the whole dataset itself, with no DistributedSampler."""
+# expect-fail: loader-sampler loader-disjoint-cover loader-reshuffles
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def shard_indices(num_samples: int, rank: int, world_size: int, *, shuffle: bool = False, seed: int = 0,
+                  epoch: int = 0) -> list[int]:
+    if shuffle:
+        # Each rank shuffles on its own, so all of them must draw the same
+        # permutation: a private generator, the same seed everywhere.
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(num_samples, generator=g)
+    else:
+        order = torch.arange(num_samples)
+
+    # Drop the remainder: a rank with one batch more than the others would wait
+    # forever in a gradient all-reduce that the others never join.
+    per_rank = num_samples // world_size
+    order = order[: per_rank * world_size]
+
+    return order[rank::world_size].tolist()
+
+
+def make_dataloader(dataset, rank: int, world_size: int, batch_size: int, *, seed: int = 0) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True)
