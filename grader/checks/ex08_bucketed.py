@@ -1,0 +1,400 @@
+"""Exercise 08: BucketedDDP, bucketed all-reduces that overlap backward.
+
+Rank side: build a small model whose parameters and buffer differ on every rank
+(seeded by rank), with one frozen layer in the middle; wrap it in the learner's
+BucketedDDP with several caps to read the buckets, then train a few steps while
+recording, in order, every torch.distributed call (with its async_op flag), the
+moment the first layer's gradient is ready and the end of loss.backward().
+Grader side: rebuild rank 0's model and every rank's data, compute the averaged
+gradients and the parameters after each step itself, and compare.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+import torch.nn.functional as F
+
+from grader import probes
+from grader.child import RankContext
+
+MIB = 2**20
+# Caps in bytes (given to the learner in MiB), each chosen so that a common
+# mistake gives other buckets: an exact fit (656, 864), forward order (3200),
+# MB for MiB (656, 864, 3200), everything in one bucket, every parameter alone.
+LAYOUT_CAPS_BYTES = [656, 864, 3200, 25 * MIB, 100]
+TRAIN_CAP_BYTES = 3200
+STEPS = 3
+BATCH = 8
+LR = 0.1
+SHIFT = 0.25  # passed as a keyword argument to forward on the second step
+GRAD_TOL = (1e-5, 1e-6)  # (rtol, atol): the sum over ranks may be taken in another order
+FIRST_LAYER = "fc1.weight"
+
+
+class Net(torch.nn.Module):
+    """Three trainable layers around a frozen one, and a buffer used in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 24)
+        self.frozen = torch.nn.Linear(24, 24)
+        self.fc2 = torch.nn.Linear(24, 32)
+        self.fc3 = torch.nn.Linear(32, 4)
+        self.frozen.requires_grad_(False)
+        self.register_buffer("scale", torch.ones(24))
+
+    def forward(self, x, *, shift: float = 0.0):
+        h = torch.tanh(self.fc1(x))
+        h = torch.tanh(self.frozen(h)) * self.scale + shift
+        h = torch.tanh(self.fc2(h))
+        return self.fc3(h)
+
+
+def build_model(rank: int) -> Net:
+    """Rank ``rank``'s model before the wrapper: different on every rank, on purpose."""
+    torch.manual_seed(1000 + rank)
+    model = Net()
+    with torch.no_grad():
+        model.scale.uniform_(0.5, 1.5)
+    return model
+
+
+def make_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(7000 + 100 * step + rank)
+    return torch.randn(BATCH, 8, generator=generator), torch.randn(BATCH, 4, generator=generator)
+
+
+def forward_kwargs(step: int) -> dict:
+    return {"shift": SHIFT} if step == 1 else {}
+
+
+def expected_buckets(cap_bytes: float) -> list[list[str]]:
+    """The buckets the contract implies, by parameter name."""
+    model = Net()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    buckets, bucket, size = [], [], 0
+    for name, param in reversed(trainable):
+        nbytes = param.numel() * param.element_size()
+        if bucket and size + nbytes > cap_bytes:
+            buckets.append(bucket)
+            bucket, size = [], 0
+        bucket.append(name)
+        size += nbytes
+    if bucket:
+        buckets.append(bucket)
+    return buckets
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def watch_calls(events: list):
+    """Record each torch.distributed call made from outside torch.distributed, in order.
+
+    An event is ``{"op", "async_op", "bytes"}``; calls torch makes inside another
+    call are not counted again, and a positional async_op is understood.
+    """
+    depth = [0]
+    saved = {}
+
+    def wrap(name, original):
+        signature = inspect.signature(original)
+
+        def observed(*args, **kwargs):
+            if depth[0] == 0:
+                event = {"op": name, "async_op": name in ("isend", "irecv"), "bytes": 0}
+                try:
+                    bound = signature.bind(*args, **kwargs)
+                    event["async_op"] = event["async_op"] or bool(bound.arguments.get("async_op", False))
+                    first = next(iter(bound.arguments.values()), None)
+                    event["bytes"] = probes._nbytes(first)
+                except (TypeError, ValueError):
+                    pass  # torch raises its own error below
+                events.append(event)
+            depth[0] += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        observed.__name__ = name
+        observed.__wrapped__ = original
+        return observed
+
+    for name in [n for n in probes.COLLECTIVES + probes.POINT_TO_POINT if hasattr(c10d, n)]:
+        saved[name] = getattr(c10d, name)
+        replacement = wrap(name, saved[name])
+        setattr(c10d, name, replacement)
+        setattr(dist, name, replacement)
+    try:
+        yield events
+    finally:
+        for name, original in saved.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+
+
+def _state(model: torch.nn.Module) -> dict:
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    return {name: t.detach().clone() for name, t in tensors.items()}
+
+
+def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for bucket in buckets:
+        row = []
+        for item in bucket:
+            row.append(names.get(id(item), f"<a {type(item).__name__} that is not a parameter of the module>"))
+        out.append(row)
+    return out
+
+
+def bucket_main(ctx: RankContext) -> dict:
+    ctx.init_group()
+    try:
+        obs = _observe(ctx)
+    except NotImplementedError as exc:
+        _name_the_method(exc, ctx.learner_path)
+        raise
+    ctx.leave_group()
+    return obs
+
+
+def _name_the_method(exc: NotImplementedError, learner_path: str) -> None:
+    """Raise ``exc`` again from a frame named like ``BucketedDDP.__init__``.
+
+    The report names the innermost frame of the learner's file by its plain
+    name ("__init__"), which does not say which class; a frame compiled at the
+    same line and named with the qualified name does.
+    """
+    target = os.path.abspath(learner_path)
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == target:
+            found = (tb.tb_frame.f_code.co_qualname, tb.tb_lineno)
+        tb = tb.tb_next
+    if found is None or "." not in found[0]:
+        return
+    name, line = found
+    code = compile("\n" * (line - 1) + "raise error from None", target, "exec").replace(co_name=name, co_qualname=name)
+    exec(code, {"error": NotImplementedError(*exc.args)})
+
+
+def _observe(ctx: RankContext) -> dict:
+    events: list = []
+    with watch_calls(events):
+        BucketedDDP = ctx.function("BucketedDDP")
+
+        layouts = []
+        for cap_bytes in LAYOUT_CAPS_BYTES:
+            model = build_model(ctx.rank)
+            wrapper = BucketedDDP(model, cap_bytes / MIB)
+            layouts.append(_bucket_names(getattr(wrapper, "buckets", []), model))
+
+        model = build_model(ctx.rank)
+        first_layer = dict(model.named_parameters())[FIRST_LAYER]
+        # Registered before the learner's hooks, so it runs before theirs on this parameter.
+        first_layer.register_post_accumulate_grad_hook(lambda p: events.append({"op": "first-layer-grad-ready"}))
+        ddp = BucketedDDP(model, TRAIN_CAP_BYTES / MIB)
+        after_init = _state(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+        steps = []
+        for step in range(STEPS):
+            x, y = make_batch(step, ctx.rank)
+            first = len(events)
+            loss = F.mse_loss(ddp(x, **forward_kwargs(step)), y)
+            loss.backward()
+            events.append({"op": "backward-returned"})
+            ddp.finish_gradient_synchronization()
+            events.append({"op": "finish-returned"})
+            grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+            step_events = [dict(e) for e in events[first:]]
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.append({"grads": grads, "events": step_events, "state": _state(model)})
+    return {"layouts": layouts, "after_init": after_init, "steps": steps}
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    sizes = [w for w in g.world_sizes if w >= 2]
+    if not sizes:
+        for check in g.exercise.checks:
+            g.skip(check.id, "needs a world size of 2 or more")
+        return
+    for world_size in sizes:
+        observations = g.run("bucket_main", world_size).results()
+        check_buckets(g, observations, world_size)
+        check_broadcast(g, observations, world_size)
+        check_steps(g, observations, world_size)
+
+
+def check_buckets(g, observations: list[dict], world_size: int) -> None:
+    for cap_bytes, *per_rank in zip(LAYOUT_CAPS_BYTES, *(o["layouts"] for o in observations)):
+        expected = expected_buckets(cap_bytes)
+        for rank, got in enumerate(per_rank):
+            if got != expected:
+                g.record("buckets-by-cap", False,
+                         f"rank {rank}, bucket_cap_mb={cap_bytes / MIB:.10g} ({cap_bytes:g} bytes): .buckets is "
+                         f"{_show(got)}; expected {_show(expected)} (parameter sizes in bytes: {_sizes()})",
+                         rank=rank, world_size=world_size)
+                return
+    g.record("buckets-by-cap", True)
+
+
+def _show(buckets: list[list[str]]) -> str:
+    return "[" + ", ".join("[" + ", ".join(b) + "]" for b in buckets) + "]"
+
+
+def _sizes() -> str:
+    return ", ".join(f"{n} {p.numel() * p.element_size()}" for n, p in Net().named_parameters() if p.requires_grad)
+
+
+def check_broadcast(g, observations: list[dict], world_size: int) -> None:
+    reference = _state(build_model(0))
+    frozen = {n for n, p in Net().named_parameters() if not p.requires_grad}
+    broadcast_ok = frozen_ok = True
+    for rank, obs in enumerate(observations):
+        for name, expected in reference.items():
+            got = obs["after_init"][name]
+            if torch.equal(got, expected):
+                continue
+            what = "frozen parameter" if name in frozen else ("buffer" if name == "scale" else "parameter")
+            message = (f"rank {rank}: after BucketedDDP(...) the {what} {name} is not rank 0's "
+                       f"(largest difference {_max_diff(got, expected)})")
+            if name in frozen and frozen_ok:
+                frozen_ok = g.record("frozen-untouched", False, message + "; frozen parameters are broadcast too",
+                                     rank=rank, world_size=world_size)
+            elif name not in frozen and broadcast_ok:
+                broadcast_ok = g.record("broadcast-from-rank0", False, message, rank=rank, world_size=world_size)
+    g.record("broadcast-from-rank0", True)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    if a.shape != b.shape:
+        return f"shape {tuple(a.shape)} instead of {tuple(b.shape)}"
+    return f"{(a.double() - b.double()).abs().max().item():.3g}"
+
+
+def reference_steps(world_size: int) -> list[dict]:
+    """Averaged gradients and parameters after each step, as DDP would give them, computed here."""
+    model = build_model(0)
+    out = []
+    for step in range(STEPS):
+        local = []
+        for rank in range(world_size):
+            model.zero_grad()
+            x, y = make_batch(step, rank)
+            F.mse_loss(model(x, **forward_kwargs(step)), y).backward()
+            local.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        grads = {n: torch.stack([g_[n] for g_ in local]).sum(0) / world_size for n in local[0]}
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name in grads:
+                    param -= LR * grads[name]
+        out.append({"grads": grads, "state": _state(model)})
+    return out
+
+
+def check_steps(g, observations: list[dict], world_size: int) -> None:
+    reference = reference_steps(world_size)
+    trainable = [n for n, p in Net().named_parameters() if p.requires_grad]
+    frozen = [n for n, p in Net().named_parameters() if not p.requires_grad]
+    layout = expected_buckets(TRAIN_CAP_BYTES)
+    rtol, atol = GRAD_TOL
+    for step, ref in enumerate(reference):
+        for rank, obs in enumerate(observations):
+            got = obs["steps"][step]
+            # the averaged gradients
+            for name in trainable:
+                grad = got["grads"][name]
+                if grad is None:
+                    g.record("grads-match-ddp", False, f"step {step + 1}, rank {rank}: {name}.grad is None after "
+                             "finish_gradient_synchronization()", rank=rank, world_size=world_size)
+                    break
+                diff = (grad - ref["grads"][name]).abs()
+                if bool((diff > atol + rtol * ref["grads"][name].abs()).any()):
+                    ratio = _ratio(grad, ref["grads"][name])
+                    g.record("grads-match-ddp", False,
+                             f"step {step + 1}, rank {rank}: {name}.grad differs from the average over ranks by up "
+                             f"to {diff.max().item():.3g}{ratio}", rank=rank, world_size=world_size)
+                    break
+            for name in trainable:
+                diff = (got["state"][name] - ref["state"][name]).abs().max().item()
+                if diff > 1e-5:
+                    g.record("grads-match-ddp", False,
+                             f"after step {step + 1}, rank {rank}: parameter {name} differs from DDP's by {diff:.3g}",
+                             rank=rank, world_size=world_size)
+                    break
+            # frozen parameters: no gradient, no change
+            for name in frozen:
+                if got["grads"][name] is not None:
+                    g.record("frozen-untouched", False, f"step {step + 1}, rank {rank}: the frozen parameter {name} "
+                             "has a .grad; it must never be bucketed or all-reduced", rank=rank, world_size=world_size)
+                elif not torch.equal(got["state"][name], ref["state"][name]):
+                    g.record("frozen-untouched", False, f"after step {step + 1}, rank {rank}: the frozen parameter "
+                             f"{name} changed (by up to {_max_diff(got['state'][name], ref['state'][name])})",
+                             rank=rank, world_size=world_size)
+            check_events(g, got["events"], layout, step, rank, world_size)
+        # the replicas stay identical
+        base = observations[0]["steps"][step]["state"]
+        for rank, obs in enumerate(observations[1:], start=1):
+            for name, tensor in obs["steps"][step]["state"].items():
+                if not torch.equal(tensor, base[name]):
+                    g.record("params-identical", False,
+                             f"after step {step + 1}, {name} on rank {rank} differs from rank 0's by "
+                             f"{_max_diff(tensor, base[name])}", rank=rank, world_size=world_size)
+                    break
+    for check_id in ("grads-match-ddp", "params-identical", "frozen-untouched", "one-allreduce-per-bucket",
+                     "async-overlap"):
+        g.record(check_id, True)
+
+
+def _ratio(got: torch.Tensor, expected: torch.Tensor) -> str:
+    """Name a scale error (sum instead of mean) when the gradient is a multiple of the right one."""
+    denom = expected.abs().sum().item()
+    if denom == 0:
+        return ""
+    factor = (got * expected.sign()).sum().item() / denom
+    if abs(factor - round(factor)) < 1e-3 and round(factor) not in (0, 1):
+        return f" (it is {round(factor)} x the average: summed but not divided by the world size?)"
+    return ""
+
+
+def check_events(g, events: list[dict], layout: list[list[str]], step: int, rank: int, world_size: int) -> None:
+    where = f"step {step + 1}, rank {rank}"
+    reduces = [i for i, e in enumerate(events) if e["op"] == "all_reduce"]
+    others = sorted({e["op"] for e in events if e["op"] in probes.COLLECTIVES and e["op"] != "all_reduce"})
+    if len(reduces) != len(layout) or others:
+        extra = f", and also called {', '.join(others)}" if others else ""
+        g.record("one-allreduce-per-bucket", False,
+                 f"{where}: {len(reduces)} all_reduce call(s) during forward, backward and "
+                 f"finish_gradient_synchronization{extra}; the {len(layout)} buckets need one each",
+                 rank=rank, world_size=world_size)
+    sync = [events[i] for i in reduces if not events[i]["async_op"]]
+    if sync:
+        g.record("async-overlap", False, f"{where}: {len(sync)} of {len(reduces)} all_reduce call(s) ran with "
+                 "async_op=False, so each blocked until the network was done", rank=rank, world_size=world_size)
+        return
+    if not reduces:
+        return
+    marks = {e["op"]: i for i, e in enumerate(events) if e["op"] in ("first-layer-grad-ready", "backward-returned")}
+    first_ready = marks.get("first-layer-grad-ready", marks.get("backward-returned", len(events)))
+    if reduces[0] > first_ready:
+        when = "after loss.backward() had returned" if reduces[0] > marks.get("backward-returned", len(events)) \
+            else f"only after backward had reached the first layer ({FIRST_LAYER})"
+        g.record("async-overlap", False, f"{where}: the first all_reduce was issued {when}: nothing overlapped "
+                 "the backward pass", rank=rank, world_size=world_size)
