@@ -1,13 +1,14 @@
 """Exercise 04: launch_distributed / launch_from_env.
 
-Rank side: two grader ranks act as two independent callers. At the same
-moment each calls the learner's launch_distributed with ``record_rank``, which
-writes down, in every process it runs in, what it received and saw (args,
-pids, MASTER_ADDR / MASTER_PORT, start and end time, who it met in a gloo
-group). Then caller 0 launches a function that fails in rank 1 and caller 1
-launches with MASTER_ADDR / MASTER_PORT already set. A second run calls
-launch_from_env directly with RANK != LOCAL_RANK, and under a real torchrun.
-Grader side: every verdict is decided from those records.
+Rank side: the grader starts three callers. Callers 0 and 1 call the learner's
+launch_distributed at the same moment with ``record_rank``, which writes down,
+in every process it runs in, what it received and saw (args, pid,
+MASTER_ADDR / MASTER_PORT, start and end time) and whom it met in a gloo group
+joined through those variables. Caller 2 calls launch_from_env in its own
+process with RANK != LOCAL_RANK, starts a real torchrun on a script that calls
+launch_from_env, and meanwhile launches a fn that fails in rank 1 with
+MASTER_ADDR / MASTER_PORT already set. Grader side: every verdict is decided
+from those records.
 """
 
 from __future__ import annotations
@@ -140,17 +141,24 @@ def main(ctx) -> dict:
         _file_barrier(ctx.run_dir, "start", ctx.rank, 2)
         obs["concurrent"] = _launch(ctx, launch_distributed, record_rank, world_size, f"concurrent{ctx.rank}")
         return obs
-    torchrun = _start_torchrun(ctx, world_size)  # runs while this process does the rest
+    launch_from_env = ctx.function("launch_from_env")
+    obs["direct"] = _direct_call(launch_from_env)
+    if obs["direct"].get("not_implemented"):
+        torchrun = None
+    else:
+        torchrun = _start_torchrun(ctx, world_size)  # runs while this process does the rest
     try:
-        launch_from_env = ctx.function("launch_from_env")
-        obs["direct"] = _direct_call(launch_from_env)
         launch_distributed = ctx.function("launch_distributed")
         # MASTER_ADDR / MASTER_PORT already set: the launcher must keep them. The
         # processes do not bind the port, so it cannot collide with anything.
         os.environ["MASTER_ADDR"] = PRESET_ADDR
         os.environ["MASTER_PORT"] = str(ctx.kwargs["preset_port"])
         obs["failing"] = _launch(ctx, launch_distributed, record_then_fail, world_size, "failing")
-    finally:
+    except BaseException:
+        if torchrun is not None:
+            torchrun[0].kill()
+        raise
+    if torchrun is not None:
         obs["torchrun"] = _finish_torchrun(*torchrun)
     return obs
 
@@ -368,7 +376,8 @@ def _meeting_problem(launch: dict, caller_pid: int, world_size: int) -> str | No
         members = sorted(tuple(p) for p in r["peers"])
         launch_id = members[0][0] if launch_id is None else launch_id
         if {m[0] for m in members} != {launch_id} or [m[1] for m in members] != list(range(world_size)):
-            return f"rank {rank} met [launch, rank] = {[list(m) for m in members]}: ranks of another launch"
+            met = ", ".join(f"rank {m[1]} of caller {m[0] - 1}" for m in members)
+            return f"rank {rank}'s group was {{{met}}}: it met processes of the other launch"
     if launch["error"]:
         return f"launch_distributed raised {launch['error']}"
     return None
@@ -406,7 +415,8 @@ def check_direct(g, direct: dict) -> None:
     env = ", ".join(f"{k}={v}" for k, v in DIRECT_ENV.items() if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     expected = [int(DIRECT_ENV["RANK"]), int(DIRECT_ENV["WORLD_SIZE"])]
     if direct["error"]:
-        g.record("rank-from-RANK", False, f"with {env}, launch_from_env raised {direct['error']}")
+        g.record("rank-from-RANK", False, f"with {env}, launch_from_env raised {direct['error']}; it should "
+                 "call fn(rank, world_size) once, in the process it runs in")
     elif direct["calls"] != [expected]:
         got = ", ".join(f"fn{_args(c)}" for c in direct["calls"]) or "fn was never called"
         g.record("rank-from-RANK", False, f"with {env}, launch_from_env called {got}; expected fn{_args(expected)}")
