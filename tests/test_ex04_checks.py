@@ -1,0 +1,124 @@
+"""Exercise 04's verdicts, decided from hand-made records (no processes started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from grader import catalog
+from grader.checks import ex04_launch as ex
+from grader.grading import Grading
+
+WS = 2
+CALLER_PIDS = [100, 200]
+
+
+def grading() -> Grading:
+    return Grading(catalog.by_id("04"), "solutions/04_launch.py", None, "gloo", [WS], 60)
+
+
+def verdicts(g: Grading) -> dict:
+    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+
+
+def launch(caller: int, port: str = None, *, returned: float = 10.0, pids=None, received=None, error=None,
+           launch_id=None) -> dict:
+    launch_id = caller + 1 if launch_id is None else launch_id
+    pids = pids or [1000 * (caller + 1) + r for r in range(WS)]
+    records = []
+    for rank in range(WS):
+        records.append({
+            "received": received[rank] if received else [rank, WS, *ex.EXTRA_ARGS],
+            "pid": pids[rank], "caller_pid": CALLER_PIDS[caller],
+            "master_addr": "127.0.0.1", "master_port": port or str(40000 + caller),
+            "start": 1.0, "end": 2.0, "group_error": None,
+            "peers": [[launch_id, r] for r in range(WS)],
+        })
+    return {"started": 0.0, "returned": returned, "error": error, "records": records}
+
+
+def decide(launches: list[dict]) -> dict:
+    g = grading()
+    ex.check_launches(g, [(f"caller {i}", CALLER_PIDS[i], l) for i, l in enumerate(launches)], WS)
+    ex.check_free_port(g, launches, CALLER_PIDS, WS)
+    return verdicts(g)
+
+
+def test_good_records_pass():
+    got = decide([launch(0), launch(1)])
+    assert {k: v[0] for k, v in got.items()} == {k: "pass" for k in
+                                                   ("spawns-processes", "passes-args", "waits-for-all", "free-port")}
+
+
+def test_same_port_fails_free_port_and_names_it():
+    status, message = decide([launch(0, "29500"), launch(1, "29500")])["free-port"]
+    assert status == "fail" and "29500" in message
+
+
+def test_cross_connected_groups_fail_free_port():
+    crossed = launch(1)
+    crossed["records"][0]["peers"] = [[1, 0], [2, 0]]
+    status, message = decide([launch(0), crossed])["free-port"]
+    assert status == "fail" and "other launch" in message
+
+
+def test_rank_in_the_caller_fails_spawns_processes():
+    status, message = decide([launch(0, pids=[CALLER_PIDS[0], CALLER_PIDS[0]]), launch(1)])["spawns-processes"]
+    assert status == "fail" and str(CALLER_PIDS[0]) in message
+
+
+def test_missing_rank_fails_spawns_processes():
+    short = launch(0)
+    short["records"].pop()
+    assert decide([short, launch(1)])["spawns-processes"][0] == "fail"
+
+
+def test_late_rank_fails_waits_for_all():
+    status, message = decide([launch(0, returned=1.5), launch(1)])["waits-for-all"]
+    assert status == "fail" and "0.50 s" in message
+
+
+def test_args_without_world_size_fail_passes_args():
+    received = [[r, *ex.EXTRA_ARGS] for r in range(WS)]
+    status, message = decide([launch(0, received=received), launch(1)])["passes-args"]
+    assert status == "fail" and "fn(0, 'ddp-grade', 7)" in message
+
+
+@pytest.mark.parametrize("error, ok", [(None, False), ("ProcessRaisedException: boom", True)])
+def test_raises_on_failure(error, ok):
+    g = grading()
+    ex.check_raises(g, launch(0, error=error))
+    assert verdicts(g)["raises-on-failure"][0] == ("pass" if ok else "fail")
+
+
+def test_preset_port_overwritten_fails():
+    g = grading()
+    preset = launch(0)
+    for r in preset["records"]:
+        r["master_addr"] = ex.PRESET_ADDR
+    ex.check_preset(g, preset, 40001, WS)
+    status, message = verdicts(g)["keeps-set-port"]
+    assert status == "fail" and "40001" in message and "40000" in message
+
+
+@pytest.mark.parametrize("calls, ok", [([[3, 4]], True), ([[1, 4]], False), ([], False), ([[3, 4], [3, 4]], False)])
+def test_rank_from_RANK(calls, ok):
+    g = grading()
+    ex.check_direct(g, {"calls": calls, "error": None})
+    assert verdicts(g)["rank-from-RANK"][0] == ("pass" if ok else "fail")
+
+
+def torchrun_run(received, returncode=0) -> dict:
+    return {"returncode": returncode, "timeout_s": 30.0, "output": "", "errors": [],
+            "records": [{"received": r, "env_rank": str(r[0])} for r in received]}
+
+
+@pytest.mark.parametrize("received, returncode, ok", [
+    ([[0, 2], [1, 2]], 0, True),
+    ([[0, 2], [0, 2], [1, 2], [1, 2]], 0, False),
+    ([[0, 2], [1, 2]], 1, False),
+    ([[0, 2], [1, 2]], None, False),
+])
+def test_torchrun(received, returncode, ok):
+    g = grading()
+    ex.check_torchrun(g, torchrun_run(received, returncode), WS)
+    assert verdicts(g)["torchrun"][0] == ("pass" if ok else "fail")
