@@ -136,6 +136,7 @@ def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int
         except Exception as exc:  # e.g. a DistributedSampler that looks for a process group
             obs["raised"] = _error(exc, ctx.learner_path)
             continue
+        obs["loader"] = type(loader).__name__
         sampler = getattr(loader, "sampler", None)
         obs["sampler"] = None if sampler is None else type(sampler).__module__ + "." + type(sampler).__qualname__
         obs["distributed"] = isinstance(sampler, DistributedSampler)
@@ -252,16 +253,18 @@ def grade_shards(g, worker) -> None:
                 replies[example] = g.call(worker, "shards", num_samples=num_samples, world_size=world_size,
                                           configs=[list(c) for c in named.values()], catch=True)
             except Exception as exc:  # the grader's Abort: a timeout or a crash of the worker
-                raise _Stop(exc) from None
+                raise _Stop(_with_context(exc, f"shard_indices was called for every rank with "
+                                          f"num_samples={num_samples}, world_size={world_size}, around "
+                                          f"seed={seed}, epoch={epoch}")) from None
         reply = replies[example]
         try:
             if "raised" in reply:
                 raised = reply["raised"]
                 if "shard-sizes" not in active:
                     reject()  # already reported; look at the other checks elsewhere
-                raise Violation("shard-sizes", f"shard_indices({num_samples}, {raised['rank']}, {world_size}, "
-                                f"shuffle={raised['shuffle']}, seed={raised['seed']}, epoch={raised['epoch']}) "
-                                f"raised {raised['error']}")
+                raise Violation("shard-sizes", f"shard_indices(num_samples={num_samples}, rank={raised['rank']}, "
+                                f"world_size={world_size}, shuffle={raised['shuffle']}, seed={raised['seed']}, "
+                                f"epoch={raised['epoch']}) raised {raised['error']}")
             results = _unpack(reply, list(named), world_size)
             for check_id in list(active):
                 CHECKERS[check_id](num_samples, world_size, seed, epoch, results)
@@ -281,6 +284,16 @@ def grade_shards(g, worker) -> None:
             active.remove(violation.check_id)
     for check_id in active:
         g.record(check_id, True)
+
+
+def _with_context(exc: Exception, context: str) -> Exception:
+    """The grader's Abort, its first line saying which call was running."""
+    from grader.grading import Abort
+
+    if not isinstance(exc, Abort):
+        return exc
+    first, _, rest = exc.problem.partition("\n")
+    return Abort(exc.status, f"{first} ({context})" + (f"\n{rest}" if rest else ""), exc.details)
 
 
 def _unpack(reply: dict, names: list, world_size: int) -> dict:
@@ -504,6 +517,10 @@ def check_sampler(g, observations: list, n: int, world_size: int) -> None:
     for obs in observations:
         rank = obs["rank"]
         call = _call_text(rank, world_size)
+        if obs["sampler"] is None:
+            g.record("loader-sampler", False, f"{call} returned a {obs['loader']}, which has no .sampler "
+                     "(return the DataLoader)", rank=rank, world_size=world_size)
+            continue
         if not obs["distributed"]:
             g.record("loader-sampler", False, f"{call}: loader.sampler is a {obs['sampler']}, not a "
                      "DistributedSampler", rank=rank, world_size=world_size)
@@ -550,7 +567,8 @@ def check_reshuffles(g, observations: list, world_size: int) -> None:
     for obs in observations:
         rank = obs["rank"]
         if obs.get("no_set_epoch"):
-            g.record("loader-reshuffles", False, f"rank {rank}: loader.sampler ({obs['sampler']}) has no set_epoch",
+            what = f"loader.sampler ({obs['sampler']})" if obs["sampler"] else f"the {obs['loader']} returned"
+            g.record("loader-reshuffles", False, f"rank {rank}: {what} has no set_epoch",
                      rank=rank, world_size=world_size)
             return
         first, second = ([i for b in batches for i in b] for batches in obs["epochs"])
