@@ -384,17 +384,19 @@ def check_events(g, events: list[dict], layout: list[list[str]], step: int, rank
                  f"{where}: {len(reduces)} all_reduce call(s) during forward, backward and "
                  f"finish_gradient_synchronization{extra}; the {len(layout)} buckets need one each",
                  rank=rank, world_size=world_size)
-    sync = [events[i] for i in reduces if not events[i]["async_op"]]
-    if sync:
-        g.record("async-overlap", False, f"{where}: {len(sync)} of {len(reduces)} all_reduce call(s) ran with "
-                 "async_op=False, so each blocked until the network was done", rank=rank, world_size=world_size)
-        return
     if not reduces:
         return
     marks = {e["op"]: i for i, e in enumerate(events) if e["op"] in ("first-layer-grad-ready", "backward-returned")}
-    first_ready = marks.get("first-layer-grad-ready", marks.get("backward-returned", len(events)))
+    backward_end = marks.get("backward-returned", len(events))
+    first_ready = marks.get("first-layer-grad-ready", backward_end)
+    problems = []
+    sync = [i for i in reduces if not events[i]["async_op"]]
+    if sync:
+        problems.append(f"{len(sync)} of {len(reduces)} all_reduce call(s) ran with async_op=False, so each "
+                        "blocked until the network was done")
     if reduces[0] > first_ready:
-        when = "after loss.backward() had returned" if reduces[0] > marks.get("backward-returned", len(events)) \
+        when = "after loss.backward() had returned" if reduces[0] > backward_end \
             else f"only after backward had reached the first layer ({FIRST_LAYER})"
-        g.record("async-overlap", False, f"{where}: the first all_reduce was issued {when}: nothing overlapped "
-                 "the backward pass", rank=rank, world_size=world_size)
+        problems.append(f"the first all_reduce was issued {when}: nothing overlapped the backward pass")
+    if problems:
+        g.record("async-overlap", False, f"{where}: " + "; ".join(problems), rank=rank, world_size=world_size)
