@@ -35,6 +35,7 @@ class Exercise:
     world_sizes: tuple[int, ...]  # graded by default
     minutes: int  # time budget in interview mode
     hints: tuple[str, ...]  # in levels: nudge, API, code shape
+    builds_ddp: bool = False  # its ranks construct torch's DistributedDataParallel (preload what it imports)
     checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
 
     @property
@@ -74,6 +75,7 @@ def _exercise(entry: dict) -> Exercise:
         world_sizes=tuple(entry.get("world_sizes", [2])),
         minutes=int(entry.get("minutes", 20)),
         hints=tuple(entry.get("hints", [])),
+        builds_ddp=bool(entry.get("builds_ddp", False)),
         checks=checks,
     )
 

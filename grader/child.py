@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 # Variables a launcher may have left in the grader's own environment; a child
 # must not inherit them, or a learner who forgets to pass rank and world size
@@ -228,6 +229,37 @@ def _apply_limits(limits: dict) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
 
 
+_KEEP_ALIVE: list = []
+
+
+def _keep_process_groups_alive() -> None:
+    """Hold a reference to every process group until this process ends with os._exit.
+
+    Dropping the last reference to a gloo group runs its C++ destructor, which
+    joins the group's worker thread while holding the GIL; if that thread is
+    just then releasing a finished work item that needs the GIL, both wait for
+    ever. It happens rarely, on a busy machine, after correct code. Since a rank
+    ends with os._exit, keeping the groups referenced means it never runs.
+    """
+    original_init = c10d.init_process_group
+    original_new_group = c10d.new_group
+
+    def init_process_group(*args, **kwargs):
+        result = original_init(*args, **kwargs)
+        if c10d.is_initialized():
+            _KEEP_ALIVE.append(c10d._get_default_group())
+        return result
+
+    def new_group(*args, **kwargs):
+        group = original_new_group(*args, **kwargs)
+        _KEEP_ALIVE.append(group)
+        return group
+
+    for owner in (c10d, dist):
+        owner.init_process_group = init_process_group
+        owner.new_group = new_group
+
+
 def main(spec: dict, conn) -> None:
     """Entry point of every rank process."""
     try:
@@ -245,6 +277,9 @@ def main(spec: dict, conn) -> None:
     _redirect_output(os.path.join(spec["run_dir"], f"rank{rank}.out"))
     _arm_faulthandler(os.path.join(spec["run_dir"], f"rank{rank}.stack"))
     _apply_limits(spec.get("limits", {}))
+    _keep_process_groups_alive()
+    # Several ranks share few cores: one compute thread each avoids them spinning against each other.
+    torch.set_num_threads(1)
     ctx = RankContext(
         rank=rank,
         world_size=spec["world_size"],

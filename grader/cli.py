@@ -82,7 +82,7 @@ def grade(path, exercise_id, world_size, backend, timeout_s, fmt, verbose):
 
     if path is None:
         raise click.UsageError("give the exercise file to grade, e.g. ddp-grade exercises/01_setup.py")
-    harness.warm_up()
+    harness.warm_up(ddp=_builds_ddp(path, exercise_id))
     options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     with harness.Session() as session:
         report = grade_file(path, session, options, exercise_id)
@@ -91,6 +91,13 @@ def grade(path, exercise_id, world_size, backend, timeout_s, fmt, verbose):
     else:
         click.echo(render_text(report, color=_color(), verbose=verbose))
     raise SystemExit(report.exit_code)
+
+
+def _builds_ddp(path: str, exercise_id: str | None) -> bool:
+    from grader import catalog
+
+    exercise = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
+    return exercise is None or exercise.builds_ddp
 
 
 def _color() -> bool:

@@ -456,12 +456,22 @@ def _tail(path: str, chars: int = OUTPUT_TAIL_CHARS) -> str:
 # --- environment ---------------------------------------------------------------------
 
 
-def _context(start_method: str | None):
+def _default_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+PRELOAD = ["grader.child", "grader.checks"]
+# DistributedDataParallel's constructor imports torch._dynamo (1-2 s); preloading it
+# once in the forkserver saves that in every rank of the exercises that build a DDP.
+PRELOAD_FOR_DDP = ["torch._dynamo"]
+
+
+def _context(start_method: str | None, ddp: bool = True):
     """A forkserver with the grader (and so torch) preloaded, where the platform has one."""
-    method = start_method or ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    method = start_method or _default_method()
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["grader.child", "grader.checks"])
+        ctx.set_forkserver_preload(PRELOAD + (PRELOAD_FOR_DDP if ddp else []))
     return ctx
 
 
@@ -482,9 +492,12 @@ def _hidden_main():
             sys.modules["__main__"] = real
 
 
-def warm_up(ctx=None) -> None:
-    """Start the forkserver now so it imports torch while this process does other work."""
-    ctx = ctx or _context(None)
+def warm_up(ddp: bool = True) -> None:
+    """Start the forkserver now so it imports torch while this process does other work.
+
+    ``ddp=False`` skips what only exercises that build a DistributedDataParallel need.
+    """
+    ctx = _context(None, ddp)
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
