@@ -23,7 +23,7 @@ MAX_WORLD = 8
 MAX_SEED = 10_000
 MAX_EPOCH = 50
 EXAMPLES = 80
-SHRINK_STEPS = 60  # examples tried after the first violation, before the smallest one is taken
+SHRINK_STEPS = 30  # examples tried after the first violation, before the smallest one is taken
 
 # make_dataloader is graded on a dataset of SAMPLES_PER_RANK * world_size items.
 SAMPLES_PER_RANK = 10
@@ -142,7 +142,8 @@ def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int
         obs["distributed"] = isinstance(sampler, DistributedSampler)
         for name in ("num_replicas", "rank", "shuffle", "seed"):
             value = getattr(sampler, name, None)
-            obs["sampler_" + name] = value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            obs["sampler_" + name] = value if plain else repr(value)
         obs["epochs"] = []
         for epoch in (0, 1):
             if epoch == 1:
@@ -159,8 +160,8 @@ def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int
 
 
 def _batch_indices(batch) -> list:
-    if isinstance(batch, (list, tuple)) and len(batch) == 1:  # a loader that wraps items in a list
-        batch = batch[0]
+    if isinstance(batch, (list, tuple)) and len(batch) == 1 and isinstance(batch[0], (torch.Tensor, list, tuple)):
+        batch = batch[0]  # a loader that wraps each batch in a list
     if isinstance(batch, torch.Tensor):
         return [int(v) for v in batch.reshape(-1).tolist()]
     return [int(v) for v in batch]
@@ -399,7 +400,8 @@ def check_sizes(n, w, seed, epoch, results) -> None:
         for rank, size in enumerate(sizes):
             if size != n // w:
                 raise Violation("shard-sizes", f"{_args(n, w, shuffle, seed, epoch)}: rank {rank} got {size} "
-                                f"{'index' if size == 1 else 'indices'}, expected {n} // {w} = {n // w} (sizes of all ranks: {sizes})")
+                                f"{'index' if size == 1 else 'indices'}, expected {n} // {w} = {n // w} "
+                                f"(sizes of all ranks: {sizes})")
 
 
 def check_disjoint(n, w, seed, epoch, results) -> None:
@@ -450,8 +452,8 @@ def check_seed_plus_epoch(n, w, seed, epoch, results) -> None:
             if a != b:
                 raise Violation("shard-seed-plus-epoch", f"num_samples={n}, world_size={w}, shuffle=True: "
                                 f"rank {rank} got {_show(a)} with seed={seed}, epoch={epoch} but {_show(b)} "
-                                f"with seed={s}, epoch={e}; both must draw the permutation from a generator seeded with "
-                                f"seed + epoch = {seed + epoch}")
+                                f"with seed={s}, epoch={e}; both must draw the permutation from a generator "
+                                f"seeded with seed + epoch = {seed + epoch}")
 
 
 CHECKERS = {
