@@ -343,9 +343,12 @@ def check_payload(g, obs: dict, path: str, world_size: int) -> None:
         g.record("payload-keys", True)
 
     model_state = checkpoint.get("model")
+    if "model" not in checkpoint:  # judge the prefix on whatever looks like the model's state_dict
+        model_state = next((v for v in checkpoint.values() if isinstance(v, dict) and v and
+                            all(isinstance(t, torch.Tensor) for t in v.values())), None)
     if not isinstance(model_state, dict):
-        g.record("no-module-prefix", False, f"checkpoint['model'] is {type(model_state).__name__}, expected a "
-                 "state_dict", world_size=world_size)
+        g.record("no-module-prefix", False, f"the checkpoint holds no model state_dict (keys: {keys})",
+                 world_size=world_size)
         return
     prefixed = [k for k in model_state if str(k).startswith("module.")]
     if prefixed:
@@ -378,7 +381,7 @@ def _optimizer_difference(got, expected: dict) -> str | None:
         return f"it is {type(got).__name__} with keys {sorted(map(str, got))[:6] if isinstance(got, dict) else []}"
     state, expected_state = got["state"], expected["state"]
     if len(state) != len(expected_state):
-        return f"it holds state for {len(state)} parameter(s), the optimizer has state for {len(expected_state)}"
+        return f"it holds state for {len(state)} parameter(s), expected state for {len(expected_state)}"
     for index, entry in expected_state.items():
         if index not in state:
             return f"no state for parameter {index}"
@@ -395,16 +398,17 @@ def _optimizer_difference(got, expected: dict) -> str | None:
 
 def check_loads(g, observations: list[dict], reference: dict, world_size: int) -> None:
     expected_start = REFERENCE_EPOCH + 1
+    returned = 0
     for rank, obs in enumerate(observations):
         for name in ("plain", "wrapped"):
             scenario = obs[name]
             into = "a plain model" if name == "plain" else "a DDP-wrapped model"
             if scenario["error"]:
                 g.record("load-restores", False, f"rank {rank}: load_checkpoint into {into} raised "
-                         f"{scenario['error']}", rank=rank, world_size=world_size)
-                g.record("returns-next-epoch", False, f"rank {rank}: load_checkpoint into {into} raised "
-                         f"{scenario['error']}", rank=rank, world_size=world_size)
+                         f"{scenario['error']} (the checkpoint given held the keys {sorted(reference)})",
+                         rank=rank, world_size=world_size)
                 continue
+            returned += 1
             start = scenario["start"]
             g.record("returns-next-epoch", type(start) is int and start == expected_start,
                      f"rank {rank}: the checkpoint says epoch {REFERENCE_EPOCH} is finished; load_checkpoint "
@@ -418,6 +422,10 @@ def check_loads(g, observations: list[dict], reference: dict, world_size: int) -
                 g.record("load-restores", False, f"rank {rank}: after load_checkpoint into {into}, the optimizer "
                          f"state_dict differs from the checkpoint's: {problem}", rank=rank, world_size=world_size)
     g.record("load-restores", True)
+    if not returned:
+        error = observations[0]["plain"]["error"]
+        g.record("returns-next-epoch", False, f"load_checkpoint never returned: it raised {error}",
+                 world_size=world_size)
     g.record("returns-next-epoch", True)
 
     for rank, obs in enumerate(observations):
