@@ -12,6 +12,8 @@ the split twice: by hand, then with the library's sampler.
           range(num_samples) from a generator seeded with seed + epoch, then takes
           its part of it (strided or contiguous, your choice). So a rank's shard
           changes from epoch to epoch, and with the seed.
+        - Ranks do not talk to each other here: each computes its shard on its
+          own, so the same arguments must always give the same shard.
         - Return a list of Python ints.
     make_dataloader(dataset, rank, world_size, batch_size, *, seed=0) -> DataLoader
         A DataLoader over DistributedSampler(dataset, num_replicas=world_size,
