@@ -39,8 +39,12 @@ class Grading:
     """What an exercise's ``grade`` function works with: runs to start, verdicts to record."""
 
     def __init__(self, exercise: catalog.Exercise, path: str, session: Session, backend: str,
-                 world_sizes: list[int], timeout_s: float, backend_requested: str = "auto"):
+                 world_sizes: list[int], timeout_s: float, backend_requested: str = "auto",
+                 on_event=None):
         self.exercise = exercise
+        # on_event(kind, **info), for a live progress line: ("run", driver=, world_size=) before each
+        # run, ("worker", driver=) before each worker, ("check", check_id=, status=) after each verdict.
+        self.on_event = on_event
         self.backend_requested = backend_requested  # what --backend said: auto, gloo or nccl
         self.path = os.path.abspath(path)
         self.session = session
@@ -63,6 +67,7 @@ class Grading:
         A timeout always stops the grading. With ``expect_ok`` a rank that raises
         or ends early stops it too, with a message naming the rank and the cause.
         """
+        self._notify("run", driver=driver, world_size=world_size)
         outcome = self.session.run(
             self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
             backend=backend or self.backend, kwargs=kwargs, env=env,
@@ -75,6 +80,7 @@ class Grading:
         return outcome
 
     def worker(self, driver: str, kwargs: dict | None = None) -> Worker:
+        self._notify("worker", driver=driver)
         return self.session.worker(self._ref(driver), learner_path=self.path, timeout_s=self.remaining(),
                                    kwargs=kwargs, backend=self.backend)
 
@@ -121,6 +127,10 @@ class Grading:
                 " could not finish without it and " + ("was" if len(others) == 1 else "were") + " stopped"
         raise Abort(FAILED, problem, rank_details(outcome.ranks, self.path))
 
+    def _notify(self, kind: str, **info) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, **info)
+
     def _ref(self, driver: str) -> str:
         return driver if ":" in driver else f"{self.exercise.module}:{driver}"
 
@@ -136,6 +146,7 @@ class Grading:
         if previous is not None and previous.status == FAIL:
             return ok
         status = PASS if ok else FAIL
+        self._notify("check", check_id=check_id, status=status)
         if previous is not None and ok:
             previous.seconds += seconds
             return ok
@@ -302,8 +313,12 @@ def world_sizes_for(exercise: catalog.Exercise, requested: int | None, backend: 
     return out
 
 
-def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: str | None = None) -> Report:
-    """Grade one file and return the report; never raises for a bad submission."""
+def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: str | None = None,
+               on_event=None) -> Report:
+    """Grade one file and return the report; never raises for a bad submission.
+
+    ``on_event`` is called as the grading goes (see :class:`Grading`), e.g. for a live line.
+    """
     started = time.monotonic()
     try:
         exercise = learner.check_file(path, exercise_id)
@@ -319,7 +334,7 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         if backend == "nccl":
             sizes = [s for s in sizes if s <= _gpu_count()] or sizes[:1]
         report.backend, report.world_sizes = backend, sizes
-        g = Grading(exercise, path, session, backend, sizes, options.timeout_s, options.backend)
+        g = Grading(exercise, path, session, backend, sizes, options.timeout_s, options.backend, on_event)
     except Abort as abort:
         report.status, report.problem = abort.status, abort.problem
         report.seconds = time.monotonic() - started

@@ -1,0 +1,1 @@
+"""The logic behind the learner commands (list, hint, watch, solution, reset, interview, doctor)."""

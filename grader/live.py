@@ -1,0 +1,69 @@
+"""The live line on stderr while a grading runs: which run, on how many ranks, checks decided so far.
+
+On a terminal it is one line rewritten in place and erased at the end; elsewhere (a pipe, a CI
+log) each run is one plain line with no control characters; with ``--quiet`` nothing at all.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+TTY, PLAIN, QUIET = "tty", "plain", "quiet"
+
+
+def mode_for(stream, quiet: bool) -> str:
+    if quiet:
+        return QUIET
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return TTY if isatty is not None and isatty() else PLAIN
+    except ValueError:  # closed stream
+        return PLAIN
+
+
+class LiveLine:
+    """Pass :meth:`event` as ``on_event`` to :func:`grader.grading.grade_file`."""
+
+    def __init__(self, label: str, mode: str, stream=None, clock=time.monotonic):
+        self.label = label  # "exercise 03"
+        self.mode = mode
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self.started = clock()
+        self.runs = 0
+        self.checks: dict[str, str] = {}
+        self._shown = False
+
+    def event(self, kind: str, **info) -> None:
+        if kind == "run":
+            self.runs += 1
+            self._show(f"run {self.runs}: {info['driver']} on {info['world_size']} "
+                       f"rank{'s' if info['world_size'] != 1 else ''}")
+        elif kind == "worker":
+            self.runs += 1
+            self._show(f"run {self.runs}: {info['driver']} in one process")
+        elif kind == "check":
+            if self.checks.get(info["check_id"]) != "fail":
+                self.checks[info["check_id"]] = info["status"]
+            if self.mode == TTY:
+                self._show(f"checked {info['check_id']}")
+
+    def _show(self, what: str) -> None:
+        if self.mode == QUIET:
+            return
+        decided = len(self.checks)
+        text = f"grading {self.label}: {what} ({decided} check{'s' if decided != 1 else ''} decided, " \
+               f"{self.clock() - self.started:.1f} s)"
+        if self.mode == TTY:
+            self.stream.write("\r\x1b[K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+        self._shown = True
+
+    def done(self) -> None:
+        """Erase the line on a terminal, so the report starts on a clean line."""
+        if self.mode == TTY and self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()

@@ -1,0 +1,163 @@
+"""The learner's progress: which exercises passed, how many hints were shown.
+
+Stored in ``progress.json`` in the state folder (see :mod:`grader.state`)::
+
+    {"version": 1,
+     "exercises": {"03": {"passed": "2025-01-31T10:02:11", "hints_shown": 2,
+                          "last_status": "failed", "last_graded": "2025-01-31T10:01:40",
+                          "passed_before": "..."}}}
+
+The status shown by ``ddp-grade list`` comes from this file and from the exercise file itself:
+
+* ``passed``       a grading of the kit's exercise file passed (recorded then; ``reset`` clears it);
+* ``in progress``  the file's code differs from the stub as shipped (compared as syntax trees,
+  so comments and formatting do not count);
+* ``not started``  the file's code is still the stub's;
+* ``missing``      the kit has no file for it (deleted, or an exercise still being written).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from grader import catalog, kit
+from grader.state import StateFile
+
+STATE_NAME = "progress.json"
+
+PASSED = "passed"
+IN_PROGRESS = "in progress"
+NOT_STARTED = "not started"
+MISSING = "missing"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One exercise as ``ddp-grade list`` shows it."""
+
+    exercise: catalog.Exercise
+    status: str
+    path: Path | None
+    hints_shown: int
+
+
+class Progress:
+    """progress.json, loaded once; every change is saved at once (atomically)."""
+
+    def __init__(self, state: StateFile | None = None):
+        self.state = state or StateFile(STATE_NAME)
+        self.data = _clean(self.state.load())
+
+    def warning(self) -> str | None:
+        """A line for the user when progress.json was unreadable and kept aside."""
+        return self.state.warning()
+
+    def entry(self, exercise_id: str) -> dict:
+        return self.data["exercises"].setdefault(exercise_id, {})
+
+    def passed(self, exercise_id: str) -> bool:
+        return bool(self.data["exercises"].get(exercise_id, {}).get("passed"))
+
+    def hints_shown(self, exercise_id: str) -> int:
+        return int(self.data["exercises"].get(exercise_id, {}).get("hints_shown", 0))
+
+    def record_grading(self, exercise_id: str, status: str) -> None:
+        """Remember a grading of the kit's file; a pass is kept until ``reset``."""
+        e = self.entry(exercise_id)
+        e["last_status"] = status
+        e["last_graded"] = _now()
+        if status == "passed" and not e.get("passed"):
+            e["passed"] = e["last_graded"]
+        self.save()
+
+    def next_hint(self, ex: catalog.Exercise, again: bool = False) -> tuple[int, str] | None:
+        """(level, text) of the next hint, counting it as shown; the last one again when all were shown.
+
+        ``again`` repeats the last shown level without moving on. None when the exercise has no hints.
+        """
+        if not ex.hints:
+            return None
+        shown = self.hints_shown(ex.id)
+        if again and shown:
+            level = shown
+        else:
+            level = min(shown + 1, len(ex.hints))
+        if level > shown:
+            self.entry(ex.id)["hints_shown"] = level
+            self.save()
+        return level, ex.hints[level - 1]
+
+    def forget(self, exercise_id: str) -> None:
+        """After ``reset``: the exercise starts over; when it passed, that is kept as ``passed_before``."""
+        e = self.entry(exercise_id)
+        if e.get("passed"):
+            e["passed_before"] = e.pop("passed")
+        e.pop("last_status", None)
+        self.save()
+
+    def save(self) -> None:
+        self.state.save(self.data)
+
+
+def _clean(data: dict) -> dict:
+    """``data`` with anything of the wrong shape dropped, so a hand-edited file cannot crash a command."""
+    exercises = data.get("exercises")
+    if not isinstance(exercises, dict):
+        exercises = {}
+    clean = {}
+    for key, value in exercises.items():
+        if not isinstance(value, dict):
+            continue
+        if not isinstance(value.get("hints_shown", 0), int):
+            value = {k: v for k, v in value.items() if k != "hints_shown"}
+        clean[str(key)] = value
+    return {**data, "version": 1, "exercises": clean}
+
+
+def file_status(ex: catalog.Exercise, path: Path) -> str:
+    """not started / in progress / missing, from the file alone."""
+    try:
+        source = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return MISSING
+    except (OSError, UnicodeDecodeError):
+        return IN_PROGRESS
+    stub = kit.stub_text(ex)
+    if stub is not None and kit.is_pristine(source, stub):
+        return NOT_STARTED
+    return IN_PROGRESS
+
+
+def rows(progress: Progress) -> list[Row]:
+    """Every exercise of the catalog with its status, in order."""
+    out = []
+    base = kit.root()
+    for ex in catalog.exercises():
+        path = base / "exercises" / ex.filename
+        status = file_status(ex, path)
+        if status != MISSING and progress.passed(ex.id):
+            status = PASSED
+        out.append(Row(ex, status, path if status != MISSING else None, progress.hints_shown(ex.id)))
+    return out
+
+
+def next_row(all_rows: list[Row]) -> Row | None:
+    """The first exercise (in catalog order) that exists and has not passed; None when all have."""
+    for row in all_rows:
+        if row.status in (NOT_STARTED, IN_PROGRESS):
+            return row
+    return None
+
+
+def is_kit_file(path: str | Path, ex: catalog.Exercise) -> bool:
+    """True when ``path`` is the kit's own exercise file for ``ex`` (the one progress is about)."""
+    try:
+        return Path(path).resolve() == kit.exercise_path(ex).resolve()
+    except (kit.KitError, OSError):
+        return False

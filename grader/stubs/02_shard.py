@@ -1,0 +1,41 @@
+"""Exercise 02: give each rank its own part of the data.
+
+DistributedDataParallel does not split the data: every rank runs the same
+script over the same dataset, and each must read a different part of it. Write
+the split twice: by hand, then with the library's sampler.
+
+    shard_indices(num_samples, rank, world_size, *, shuffle=False, seed=0, epoch=0) -> list[int]
+        The indices of the samples `rank` reads this epoch.
+        - Every rank gets exactly num_samples // world_size indices; no index is
+          in two ranks' shards; the remainder (num_samples % world_size) is dropped.
+        - With shuffle=True, every rank draws the same permutation of
+          range(num_samples) from a generator seeded with seed + epoch, then takes
+          its part of it (strided or contiguous, your choice). So a rank's shard
+          changes from epoch to epoch, and with the seed.
+        - Ranks do not talk to each other here: each computes its shard on its
+          own, so the same arguments must always give the same shard.
+        - Return a list of Python ints.
+    make_dataloader(dataset, rank, world_size, batch_size, *, seed=0) -> DataLoader
+        A DataLoader over DistributedSampler(dataset, num_replicas=world_size,
+        rank=rank, shuffle=True, seed=seed), with batch_size items per batch
+        (per rank). The sampler must be reachable as loader.sampler. It may be
+        called before any process group exists.
+
+Replace each `raise NotImplementedError` below; keep the names and signatures.
+Grade it with:  ddp-grade exercises/02_shard.py      (stuck? ddp-grade hint 02)
+"""
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+def shard_indices(num_samples: int, rank: int, world_size: int, *, shuffle: bool = False, seed: int = 0,
+                  epoch: int = 0) -> list[int]:
+    # TODO: the order (a permutation seeded with seed + epoch when shuffling,
+    # else 0, 1, 2, ...), without the remainder, then this rank's part of it.
+    raise NotImplementedError
+
+
+def make_dataloader(dataset, rank: int, world_size: int, batch_size: int, *, seed: int = 0) -> DataLoader:
+    # TODO: a DistributedSampler for this rank and world size, and a DataLoader over it.
+    raise NotImplementedError
