@@ -270,8 +270,12 @@ def _trim_traceback(tb: str) -> str:
     return "\n".join(kept[-40:])
 
 
+_PLUMBING = ("/multiprocessing/", "\\multiprocessing\\", "grader/child.py", "grader\\child.py", 'File "<string>"')
+
+
 def _trim_stack(stack: str) -> str:
-    lines = [ln for ln in stack.rstrip().splitlines() if ln.strip()]
+    """faulthandler's dump without the process plumbing below the driver."""
+    lines = [ln for ln in stack.rstrip().splitlines() if ln.strip() and not any(p in ln for p in _PLUMBING)]
     return "\n".join(lines[:STACK_LINES_PER_RANK]) + ("\n  ..." if len(lines) > STACK_LINES_PER_RANK else "")
 
 
