@@ -6,14 +6,23 @@ Exit codes (every command):
   2  the input could not be used: missing path, syntax error, missing function,
      unknown exercise or topic, bad option value, unreadable answers file
   3  grading timed out (a deadlock or an endless loop in the submission)
-  130 interrupted with Ctrl-C (progress so far is saved)
+  130 interrupted with Ctrl-C (progress so far is saved); `watch` ends with 0 on Ctrl-C,
+      its normal way to stop
+
+Per command: `list`, `hint`, `solution`, `reset`, `restore` exit 0 or 2 (unknown exercise,
+kit files not found); `doctor` exits 0 when grading can work here, 1 when something is wrong;
+`interview` exits 0 when the exercise passed at the end, 1 when not, 130 on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import os
+import re
+
 import click
 
-from grader import __version__
+from grader import __version__, kit
+from grader import progress as prog
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -42,8 +51,14 @@ def main():
 
     \b
     Examples:
-      ddp-grade exercises/03_train.py     grade one file
+      ddp-grade                           grade the next unfinished exercise
+      ddp-grade list                      every exercise and its status
+      ddp-grade watch                     re-grade the next exercise on every save
+      ddp-grade hint 03                   the next hint for exercise 03
+      ddp-grade exercises/03_train.py     grade one file (also: ddp-grade 03)
+      ddp-grade interview --minutes 45    a timed mock interview
       ddp-grade quiz -n 5                 five quiz questions
+      ddp-grade doctor                    check that grading works on this machine
     """
 
 
@@ -63,34 +78,75 @@ def format_option(f):
                         help="json: the machine-readable report described in the README.")(f)
 
 
+def quiet_option(f):
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="No live progress line on stderr while grading.")(f)
+
+
 @main.command()
 @click.argument("path", required=False, type=click.Path(dir_okay=True, file_okay=True, path_type=str))
 @click.option("--exercise", "exercise_id", metavar="NN", help="Grade PATH as exercise NN (default: from the file name).")
 @grading_options
 @format_option
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, writable=True), metavar="FILE",
+              help="Also write the report as JUnit XML to FILE (for CI dashboards).")
+@quiet_option
 @click.option("-v", "--verbose", is_flag=True, help="Show every detail, also of passing runs.")
-def grade(path, exercise_id, world_size, backend, timeout_s, fmt, verbose):
+def grade(path, exercise_id, world_size, backend, timeout_s, fmt, junit_path, quiet, verbose):
     """Grade one exercise file (this is also what `ddp-grade PATH` does).
+
+    Without PATH, grades the next unfinished exercise of the kit (see `ddp-grade list`);
+    PATH may also be an exercise number, e.g. `ddp-grade 03`.
 
     \b
     Example:
       ddp-grade grade exercises/03_train.py --world-size 2 --backend gloo
+      ddp-grade 01 --format json --junit report.xml
     """
     from grader import harness
-    from grader.grading import GradeOptions, grade_file
-    from grader.report import render_json, render_text
+    from grader.grading import GradeOptions
+    from grader.report import render_json, render_junit, render_text
 
+    progress = _progress()
     if path is None:
-        raise click.UsageError("give the exercise file to grade, e.g. ddp-grade exercises/01_setup.py")
+        path = _next_exercise_path(progress)
+        if path is None:
+            click.echo("Every exercise has passed. Try `ddp-grade interview` or `ddp-grade quiz`.")
+            raise SystemExit(EXIT_OK)
+    elif not os.path.exists(path) and re.fullmatch(r"\d{1,2}", path):
+        path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
     harness.warm_up(ddp=_builds_ddp(path, exercise_id))
     options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     with harness.Session() as session:
-        report = grade_file(path, session, options, exercise_id)
+        report = grade_and_record(path, session, options, exercise_id, progress, quiet)
     if fmt == "json":
         click.echo(render_json(report))
     else:
         click.echo(render_text(report, color=_color(), verbose=verbose))
+    if junit_path:
+        try:
+            with open(junit_path, "w", encoding="utf-8") as f:
+                f.write(render_junit(report))
+        except OSError as exc:
+            _fail(f"cannot write {junit_path}: {exc.strerror or exc}")
     raise SystemExit(report.exit_code)
+
+
+def grade_and_record(path, session, options, exercise_id, progress, quiet):
+    """Grade with a live line on stderr; remember the result when PATH is the kit's own exercise file."""
+    from grader import catalog, live
+    from grader.grading import grade_file
+
+    ex = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
+    stream = click.get_text_stream("stderr")
+    line = live.LiveLine(f"exercise {ex.id}" if ex else os.path.basename(path), live.mode_for(stream, quiet), stream)
+    try:
+        report = grade_file(path, session, options, exercise_id, on_event=line.event)
+    finally:
+        line.done()
+    if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):
+        progress.record_grading(ex.id, report.status)
+    return report
 
 
 def _builds_ddp(path: str, exercise_id: str | None) -> bool:
@@ -104,6 +160,272 @@ def _color() -> bool:
     import sys
 
     return sys.stdout.isatty()
+
+
+def _fail(message: str, code: int = EXIT_UNUSABLE):
+    """One line on stderr and the exit code: never a traceback for input the user can fix."""
+    click.echo(f"ddp-grade: error: {message}", err=True)
+    raise SystemExit(code)
+
+
+def _kit_call(fn):
+    try:
+        return fn()
+    except kit.KitError as exc:
+        _fail(str(exc))
+
+
+def _progress() -> prog.Progress:
+    p = prog.Progress()
+    if p.warning():
+        click.echo(p.warning(), err=True)
+    return p
+
+
+def _next_exercise_path(progress: prog.Progress) -> str | None:
+    rows = _kit_call(lambda: prog.rows(progress))
+    nxt = prog.next_row(rows)
+    if nxt is None:
+        return None
+    return str(nxt.path)
+
+
+def _exercise_arg(value: str | None, progress: prog.Progress):
+    """(exercise, path) for an argument "03", "3", "03_train" or a path; the next unfinished one when None."""
+    from grader import catalog
+
+    if value is None:
+        path = _next_exercise_path(progress)
+        if path is None:
+            _fail("every exercise has passed; name one, e.g. 01", EXIT_OK)
+        return catalog.from_filename(path), path
+    if os.path.isfile(value):
+        ex = catalog.from_filename(value)
+        if ex is None:
+            _fail(f"cannot tell which exercise {os.path.basename(value)} is: name it like 03_train.py")
+        return ex, value
+    ex = _kit_call(lambda: kit.require_exercise(value))
+    return ex, str(_kit_call(lambda: kit.exercise_path(ex)))
+
+
+@main.command("list")
+def list_command():
+    """Every exercise with its status (not started, in progress, passed); the next one is marked."""
+    from grader.commands import listing
+
+    progress = _progress()
+    rows = _kit_call(lambda: prog.rows(progress))
+    click.echo(listing.render(rows, color=_color()))
+
+
+@main.command()
+@click.argument("exercise_id", metavar="NN", required=False)
+@click.option("--again", is_flag=True, help="Show the last hint again instead of the next level.")
+@click.option("--check", "check_id", metavar="CHECK", help="The hint for one check (its id from the report).")
+def hint(exercise_id, again, check_id):
+    """The next hint for exercise NN: a nudge, then the API to use, then the shape of the code.
+
+    How many hints were shown is remembered; each call shows the next level.
+    Without NN: the next unfinished exercise.
+    """
+    from grader.commands import hints
+
+    progress = _progress()
+    ex, _ = _exercise_arg(exercise_id, progress)
+    try:
+        click.echo(hints.hint_text(ex, progress, again=again, check_id=check_id))
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+@main.command()
+@click.argument("target", metavar="[NN|PATH]", required=False)
+@click.option("--exercise", "exercise_id", metavar="NN", help="Grade PATH as exercise NN.")
+@grading_options
+@quiet_option
+@click.option("--poll", "poll_s", type=click.FloatRange(min=0.05, max=10), default=0.3, show_default=True,
+              help="Seconds between looks at the file.")
+@click.option("--max-grades", type=click.IntRange(min=1), default=None, hidden=True)
+def watch(target, exercise_id, world_size, backend, timeout_s, quiet, poll_s, max_grades):
+    """Re-grade an exercise file every time it is saved; stop with Ctrl-C (exit 0).
+
+    Without NN: the next unfinished exercise. The file is polled, which works in
+    containers, WSL and network folders too; the processes that run your code are
+    kept warm with torch imported, so a verdict comes within about a second of saving.
+    """
+    from grader import catalog, harness
+    from grader.commands.watch import watch_loop
+    from grader.grading import GradeOptions
+    from grader.report import render_text
+
+    progress = _progress()
+    if target is not None and exercise_id is None and not os.path.exists(target) and \
+            not re.fullmatch(r"\d{1,2}(_\w+)?", target):
+        _fail(f"no such file: {target}")
+    ex, path = _exercise_arg(target, progress)
+    if exercise_id:
+        ex = _kit_call(lambda: kit.require_exercise(exercise_id))
+    options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
+    tty = _color()
+    harness.warm_up(ddp=ex.builds_ddp if ex else True)
+
+    with harness.Session() as session:
+        def once(n: int) -> None:
+            report = grade_and_record(path, session, options, exercise_id, progress, quiet)
+            if tty:
+                click.clear()
+            click.echo(render_text(report, color=tty))
+            stamp = __import__("time").strftime("%H:%M:%S")
+            click.echo(f"\n[{stamp}] grading {n} of {path}; save the file to grade again, Ctrl-C to stop.")
+            if report.status == "passed" and catalog.by_id(report.exercise or "") is not None:
+                nxt = prog.next_row(_kit_call(lambda: prog.rows(progress)))
+                if nxt is not None:
+                    click.echo(f"Passed! Next: `ddp-grade watch {nxt.exercise.id}` ({nxt.exercise.title}).")
+
+        try:
+            watch_loop(path, once, poll_s=poll_s, max_grades=max_grades)
+        except KeyboardInterrupt:
+            click.echo("\nStopped watching.")
+    raise SystemExit(EXIT_OK)
+
+
+@main.command()
+@click.argument("exercise_id", metavar="NN")
+@click.option("--diff", "as_diff", is_flag=True, help="Show the differences from your file instead of the whole file.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation when the exercise has not passed.")
+def solution(exercise_id, as_diff, yes):
+    """Show the reference solution of exercise NN (or, with --diff, how it differs from yours).
+
+    Asks first when NN has not passed yet.
+    """
+    from grader.commands import files
+
+    progress = _progress()
+    ex = _kit_call(lambda: kit.require_exercise(exercise_id))
+    if not yes and not progress.passed(ex.id):
+        ok = click.confirm(f"Exercise {ex.id} has not passed yet. Show the reference solution anyway?",
+                           default=False, err=True)
+        if not ok:
+            click.echo("Not shown. `ddp-grade hint " + ex.id + "` gives the next hint instead.")
+            raise SystemExit(EXIT_OK)
+    if as_diff:
+        text = _kit_call(lambda: files.solution_diff(ex))
+        click.echo(text if text else "Your file is the same as the reference solution.")
+    else:
+        click.echo(_kit_call(lambda: files.solution_text(ex)), nl=False)
+
+
+@main.command()
+@click.argument("exercise_id", metavar="NN")
+def reset(exercise_id):
+    """Put the stub of exercise NN back, as shipped. Your file is first copied aside (see `restore`)."""
+    from grader.commands import files
+
+    progress = _progress()
+    ex = _kit_call(lambda: kit.require_exercise(exercise_id))
+    written = _kit_call(lambda: files.reset(ex, progress))
+    if written.saved_as:
+        click.echo(f"Your file was saved as {written.saved_as}")
+    click.echo(f"Exercise {ex.id} reset: {written.path} is the stub again. `ddp-grade restore {ex.id}` undoes this.")
+
+
+@main.command()
+@click.argument("exercise_id", metavar="NN")
+@click.option("--from", "source", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="This saved copy instead of the newest one.")
+@click.option("--list", "list_copies", is_flag=True, help="List the saved copies of NN and exit.")
+def restore(exercise_id, source, list_copies):
+    """Put back the newest saved copy of exercise NN (made by `reset`); the current file is saved first."""
+    from pathlib import Path
+
+    from grader.commands import files
+
+    ex = _kit_call(lambda: kit.require_exercise(exercise_id))
+    if list_copies:
+        copies = kit.backups_of(ex)
+        click.echo("\n".join(str(p) for p in copies) if copies else f"No saved copies of exercise {ex.id}.")
+        return
+    written, used = _kit_call(lambda: files.restore(ex, Path(source) if source else None))
+    if written.saved_as:
+        click.echo(f"Your current file was saved as {written.saved_as}")
+    click.echo(f"Restored {written.path} from {used}")
+
+
+@main.command()
+@click.option("--exercise", "exercise_id", metavar="NN", help="This exercise (default: the first not passed).")
+@click.option("--minutes", type=click.FloatRange(min=0.1, max=600), default=None,
+              help="Time for the code (default: the exercise's budget from the catalog).")
+@click.option("--questions", "n_questions", type=click.IntRange(min=0, max=20), default=3, show_default=True,
+              help="Quiz questions after the code.")
+@click.option("--seed", type=int, default=None, help="Seed for choosing the questions.")
+@grading_options
+def interview(exercise_id, minutes, n_questions, seed, world_size, backend, timeout_s):
+    """A timed mock interview: one exercise not yet passed, then a few quiz questions.
+
+    The clock starts at once. Edit the exercise file in your editor; press Enter to
+    grade, h for a hint (counted in the summary), q to finish. It ends with a final
+    grading, the questions, the time used and a summary.
+    """
+    import sys
+
+    from grader import harness
+    from grader.commands import interview as iv
+    from grader.grading import GradeOptions
+    from grader.report import render_text
+    from grader.state import StateFile
+
+    progress = _progress()
+    if exercise_id:
+        ex = _kit_call(lambda: kit.require_exercise(exercise_id))
+    else:
+        ex = _kit_call(lambda: iv.pick_exercise(progress, lambda e: kit.exercise_path(e).exists()))
+        if ex is None:
+            _fail("every exercise has passed; pick one with --exercise NN", EXIT_UNUSABLE)
+    path = str(_kit_call(lambda: kit.exercise_path(ex)))
+    if not os.path.exists(path):
+        _fail(f"no such file: {path} (`ddp-grade reset {ex.id}` puts the stub back)")
+    quiz_state = StateFile("quiz.json")
+    from grader.quiz.session import clean_progress
+
+    questions = iv.pick_questions(ex, n_questions, seed if seed is not None else iv.default_seed(),
+                                  clean_progress(quiz_state.load()))
+    options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
+    harness.warm_up(ddp=ex.builds_ddp)
+
+    def read_line(prompt: str) -> str:
+        click.echo(prompt, nl=False)
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line
+
+    with harness.Session() as session:
+        run = iv.Interview(
+            ex, path, minutes if minutes is not None else ex.minutes, questions,
+            grade=lambda: grade_and_record(path, session, options, None, progress, quiet=False),
+            read_line=read_line, echo=click.echo, render_report=lambda r: render_text(r, color=_color()),
+            progress=progress, quiz_state=quiz_state)
+        try:
+            out = run.run()
+        except KeyboardInterrupt:
+            click.echo("\nInterview stopped.")
+            raise SystemExit(EXIT_INTERRUPTED)
+    click.echo(iv.summary(out))
+    raise SystemExit(EXIT_OK if out.passed else EXIT_FAILED)
+
+
+@main.command()
+@click.option("--no-group", is_flag=True, help="Skip starting a test process group (faster).")
+def doctor(no_group):
+    """Check this machine: Python, torch, gloo/NCCL, GPUs, state folder, and a real 2-rank process group.
+
+    Exit 0 when grading can work here, 1 when something needs fixing.
+    """
+    from grader.commands import doctor as doc
+
+    found = doc.findings(run_group=not no_group)
+    click.echo(doc.render(found))
+    raise SystemExit(EXIT_OK if doc.healthy(found) else EXIT_FAILED)
 
 
 # Subcommands that live in their own modules, one line each.

@@ -12,7 +12,8 @@ The status shown by ``ddp-grade list`` comes from this file and from the exercis
 * ``passed``       a grading of the kit's exercise file passed (recorded then; ``reset`` clears it);
 * ``in progress``  the file's code differs from the stub as shipped (compared as syntax trees,
   so comments and formatting do not count);
-* ``not started``  the file's code is still the stub's;
+* ``not started``  the file's code is still the stub's (for an exercise without a packaged stub:
+  every function to write still only raises NotImplementedError);
 * ``missing``      the kit has no file for it (deleted, or an exercise still being written).
 """
 
@@ -129,9 +130,42 @@ def file_status(ex: catalog.Exercise, path: Path) -> str:
     except (OSError, UnicodeDecodeError):
         return IN_PROGRESS
     stub = kit.stub_text(ex)
-    if stub is not None and kit.is_pristine(source, stub):
-        return NOT_STARTED
-    return IN_PROGRESS
+    if stub is not None:
+        return NOT_STARTED if kit.is_pristine(source, stub) else IN_PROGRESS
+    return NOT_STARTED if only_todos(source, ex) else IN_PROGRESS
+
+
+def only_todos(source: str, ex: catalog.Exercise) -> bool:
+    """For an exercise the kit has no stub of: every function to write still only raises
+    NotImplementedError (a class counts as untouched while one of its methods does)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    found = [defs[name] for name in ex.functions if name in defs]
+    if not found:
+        return False
+    for node in found:
+        if isinstance(node, ast.ClassDef):
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if not any(_raises_only(m) for m in methods):
+                return False
+        elif not _raises_only(node):
+            return False
+    return True
+
+
+def _raises_only(fn) -> bool:
+    import ast
+
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
 def rows(progress: Progress) -> list[Row]:

@@ -21,7 +21,8 @@ your code runs: do not call init_process_group.
         sync_gradients(self)
             Average every parameter's .grad that is not None across ranks with
             dist.all_reduce (sum, then divide by the world size). Does nothing
-            while syncing is off.
+            while syncing is off. This is the only place gradients travel:
+            after backward, .grad is still this rank's own.
         no_sync(self)
             A context manager: syncing is off inside it, and on exit it goes
             back to what it was before, also when the block raises.
