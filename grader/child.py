@@ -213,20 +213,40 @@ def _arm_faulthandler(path: str):
 
 
 def _apply_limits(limits: dict) -> None:
-    """Memory and CPU-time limits for this process (and what it starts)."""
+    """Memory, CPU-time and file-size limits for this process (and what it starts).
+
+    ``memory_bytes`` is a limit on resident memory that the parent enforces; here
+    the address space gets a backstop above it (see :mod:`grader.limits`).
+    """
+    from grader.limits import address_space_bytes
+
     try:
         import resource
     except ImportError:  # not on this platform
         return
-    memory = limits.get("memory_bytes")
+
+    def lower(kind, value):
+        soft, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            if kind == resource.RLIMIT_CPU:  # SIGXCPU at the soft limit, SIGKILL a little later
+                top = value + 5 if hard == resource.RLIM_INFINITY else min(hard, value + 5)
+                resource.setrlimit(kind, (value, top))
+            else:
+                resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError):
+            pass
+
+    memory = address_space_bytes(limits.get("memory_bytes") or 0)
     if memory:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        lower(resource.RLIMIT_AS, memory)
     cpu = limits.get("cpu_seconds")
     if cpu:
-        resource.setrlimit(resource.RLIMIT_CPU, (int(cpu), int(cpu) + 1))
+        lower(resource.RLIMIT_CPU, int(cpu))  # SIGXCPU at the soft limit
     output = limits.get("output_bytes")
     if output:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
+        lower(resource.RLIMIT_FSIZE, int(output))
 
 
 _KEEP_ALIVE: list = []
@@ -290,14 +310,21 @@ def main(spec: dict, conn) -> None:
         kwargs=spec.get("kwargs", {}),
         conn=conn,
     )
-    payload = run_driver(spec["driver"], ctx)
     try:
-        send(conn, payload)
-    except BaseException as exc:  # e.g. a result that cannot be saved
-        send(conn, {"status": "error", "error": describe_exception(exc)})
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        payload = run_driver(spec["driver"], ctx)
+        try:
+            send(conn, payload)
+        except BaseException as exc:  # e.g. a result that cannot be saved
+            send(conn, {"status": "error", "error": describe_exception(exc)})
+    finally:
+        # Never the interpreter's own shutdown: it would destroy the gloo groups (see
+        # _keep_process_groups_alive). A flush may fail (over the output limit): ignored.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        os._exit(0)
 
 
 def run_driver(driver_ref: str, ctx: RankContext) -> dict:

@@ -10,7 +10,12 @@ another program), and waits for every rank under a deadline:
 * a rank that raises, exits early or crashes is recorded as such, and the
   others get a short grace period before they are stopped;
 * at the deadline every rank still running is asked for its stack
-  (``faulthandler``) and killed with everything it started.
+  (``faulthandler``) and killed with everything it started;
+* a rank over its memory limit is stopped (see :mod:`grader.limits`), and
+  every process that still carries the run's marker afterwards is killed.
+
+Nothing here waits without a deadline: messages from ranks are read with one
+too, so a rank that sends half a message cannot stall the grader.
 
 Nothing here decides whether an exercise passed: that is the checks' job, in
 this process, from the :class:`WorldOutcome` returned.
@@ -24,14 +29,18 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import select
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import types
 import uuid
 from dataclasses import dataclass, field
+
+from grader import limits as _limits
 
 GRACE_AFTER_FAILURE_S = 3.0  # how long other ranks may run on after one failed
 STACK_WAIT_S = 0.5  # how long a rank gets to write its stack before it is killed
@@ -39,11 +48,8 @@ OUTPUT_TAIL_CHARS = 3000
 MAX_MESSAGE_BYTES = 256 * 2**20
 RUN_MARKER = "DDP_GRADE_RUN"  # environment variable carried by every process of a run
 
-DEFAULT_LIMITS = {
-    "memory_bytes": 0,  # 0: no limit (see grader.limits for the defaults the CLI applies)
-    "cpu_seconds": 0,
-    "output_bytes": 0,
-}
+DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.limits; a Session takes grader.limits.current()
+REAP_PASSES = 5  # a process forking in a loop is caught within a few passes
 
 
 @dataclass
@@ -58,6 +64,8 @@ class RankOutcome:
     stack: str = ""  # faulthandler's dump when the rank was stopped or crashed
     output: str = ""  # the end of what the rank printed
     seconds: float = 0.0
+    limit: str = ""  # "memory", "cpu" or "output" when the rank hit that limit
+    limit_detail: str = ""  # e.g. "the memory limit (2048 MiB resident; --memory-limit changes it)"
 
     @property
     def ok(self) -> bool:
@@ -71,7 +79,10 @@ class RankOutcome:
             err = self.error or {}
             where = err.get("where")
             at = f" (line {where['line']}, in {where['function']})" if where else ""
-            return f"rank {self.rank} raised {err.get('type')}: {err.get('message')}{at}"
+            over = f": it went over {self.limit_detail}" if self.limit else ""
+            return f"rank {self.rank} raised {err.get('type')}: {err.get('message')}{at}{over}"
+        if self.limit:
+            return f"rank {self.rank} went over {self.limit_detail} and was stopped"
         if self.status == "exited":
             return f"rank {self.rank} {describe_exit(self.exitcode)} before it finished"
         return f"rank {self.rank} was still running and was stopped"
@@ -125,6 +136,8 @@ class _Rank:
     ended: bool = False
     ended_at: float = 0.0
     conn_closed: bool = False
+    limit: str = ""  # set when the grader stopped it for a limit
+    peak_rss: int = 0
 
 
 class Session:
@@ -134,7 +147,7 @@ class Session:
     """
 
     def __init__(self, limits: dict | None = None, start_method: str | None = None):
-        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
+        self.limits = {**_limits.current(), **(limits or {})}
         self.ctx = _context(start_method)
         self.tmp = tempfile.mkdtemp(prefix="ddp-grade-")
         self.marker = uuid.uuid4().hex
@@ -147,6 +160,7 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        reap_strays(self.marker)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def new_run_dir(self) -> str:
@@ -181,12 +195,12 @@ class Session:
                 spec = self._spec(driver, rank, world_size, learner_path, run_dir, timeout_s,
                                   backend, kwargs, _rendezvous_env(store.port, env))
                 ranks.append(self._start(spec))
-            timed_out = _wait(ranks, started + timeout_s, grace_s)
+            timed_out = _wait(ranks, started + timeout_s, grace_s, self.limits)
         finally:
             _stop(ranks, run_dir)
             del store
         strays = reap_strays(self.marker)
-        outcomes = [_outcome(r, run_dir) for r in ranks]
+        outcomes = [_outcome(r, run_dir, self.limits) for r in ranks]
         return WorldOutcome(world_size, outcomes, timed_out, time.monotonic() - started, run_dir, strays)
 
     def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
@@ -245,21 +259,30 @@ class Worker:
         when the child ends without answering.
         """
         self.calls += 1
-        conn = self._rank.conn
+        r = self._rank
+        conn = r.conn
         try:
             conn.send_bytes(pickle.dumps((name, kwargs)))
         except (BrokenPipeError, OSError):
             raise WorkerDied(self._finish())
-        remaining = self.deadline - time.monotonic()
-        ready = multiprocessing.connection.wait([conn, self._rank.process.sentinel], timeout=max(0.0, remaining))
-        if conn in ready:
-            try:
-                return _load(conn.recv_bytes(MAX_MESSAGE_BYTES))
-            except (EOFError, OSError):
-                pass
-        if not ready:
-            raise WorkerTimeout(self._finish(kill=True))
-        raise WorkerDied(self._finish())
+        memory = self.session.limits.get("memory_bytes") or 0
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerTimeout(self._finish(kill=True))
+            step = min(remaining, _limits.MEMORY_POLL_S) if memory else remaining
+            ready = multiprocessing.connection.wait([conn, r.process.sentinel], timeout=step)
+            if conn in ready:
+                try:
+                    return _load(_recv(conn, self.deadline))
+                except TimeoutError:
+                    raise WorkerTimeout(self._finish(kill=True)) from None
+                except (EOFError, OSError):
+                    raise WorkerDied(self._finish()) from None
+            if ready:
+                raise WorkerDied(self._finish())
+            if memory and _over_memory(r, memory):
+                raise WorkerDied(self._finish())
 
     def close(self) -> None:
         if not self._rank.ended:
@@ -277,7 +300,7 @@ class Worker:
         self._rank.process.join(timeout=5)
         self._rank.ended = True
         reap_strays(self.session.marker)
-        return _outcome(self._rank, self.run_dir)
+        return _outcome(self._rank, self.run_dir, self.session.limits)
 
 
 class WorkerTimeout(Exception):
@@ -295,8 +318,9 @@ class WorkerDied(Exception):
 # --- waiting and stopping ---------------------------------------------------------
 
 
-def _wait(ranks: list[_Rank], deadline: float, grace_s: float) -> bool:
+def _wait(ranks: list[_Rank], deadline: float, grace_s: float, limits: dict | None = None) -> bool:
     """Collect messages and exits until every rank is done; True if the deadline hit first."""
+    memory = (limits or {}).get("memory_bytes") or 0
     grace_until = None  # set once a rank has failed: the others get grace_s more
     while True:
         live = [r for r in ranks if not r.ended]
@@ -313,17 +337,24 @@ def _wait(ranks: list[_Rank], deadline: float, grace_s: float) -> bool:
             if r.payload is None and not r.conn_closed:
                 waitables[r.conn] = r
             waitables[r.process.sentinel] = r
-        ready = multiprocessing.connection.wait(list(waitables), timeout=max(0.0, stop_at - now))
+        step = max(0.0, stop_at - now)
+        if memory:
+            step = min(step, _limits.MEMORY_POLL_S)
+        ready = multiprocessing.connection.wait(list(waitables), timeout=step)
         for handle in ready:
             r = waitables[handle]
             if handle is r.conn:
-                r.payload = _receive(r.conn)
+                r.payload = _receive(r.conn, deadline)
                 r.conn_closed = r.payload is None  # closed without a message
             else:
                 if r.payload is None and not r.conn_closed:  # it may have arrived with the exit
-                    r.payload = _receive(r.conn, block=False)
+                    r.payload = _receive(r.conn, min(deadline, time.monotonic() + 5), block=False)
                 r.ended = True
                 r.ended_at = time.monotonic()
+        if memory:
+            for r in ranks:
+                if not r.ended and _over_memory(r, memory):
+                    r.ended, r.ended_at = True, time.monotonic()
         if grace_until is None and any(_failed(r) for r in ranks):
             grace_until = time.monotonic() + grace_s
 
@@ -334,11 +365,72 @@ def _failed(r: _Rank) -> bool:
     return r.ended
 
 
-def _receive(conn, block: bool = True) -> dict | None:
+def _over_memory(r: _Rank, limit: int) -> bool:
+    """Stop rank ``r`` (and its process group) when its resident memory is over ``limit``."""
+    rss = resident_bytes(r.process.pid)
+    r.peak_rss = max(r.peak_rss, rss)
+    if rss <= limit:
+        return False
+    r.limit = "memory"
+    _kill(r.process)
+    r.process.join(timeout=5)
+    return True
+
+
+def resident_bytes(pid: int | None) -> int:
+    """Resident memory of a process (VmRSS), 0 when unknown. Linux only."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _recv(conn, deadline: float, maxsize: int = MAX_MESSAGE_BYTES) -> bytes:
+    """One message from ``conn`` (multiprocessing's framing), or TimeoutError past ``deadline``.
+
+    ``Connection.recv_bytes`` would block for ever on a message cut off half-way
+    by a sender that then stalls; this reads with a deadline instead.
+    """
+    import struct
+
+    fd = conn.fileno()
+    header = _read_exactly(fd, 4, deadline)
+    (size,) = struct.unpack("!i", header)
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exactly(fd, 8, deadline))
+    if size < 0 or size > maxsize:
+        raise ValueError(f"a message of {size} bytes (at most {maxsize} are read)")
+    return _read_exactly(fd, size, deadline)
+
+
+def _read_exactly(fd: int, n: int, deadline: float) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("message not complete by the deadline")
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if not readable:
+            continue
+        chunk = os.read(fd, min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _receive(conn, deadline: float, block: bool = True) -> dict | None:
     try:
         if not block and not conn.poll(0.2):
             return None
-        return _load(conn.recv_bytes(MAX_MESSAGE_BYTES))
+        return _load(_recv(conn, deadline))
     except (EOFError, OSError):
         return None
     except Exception as exc:  # an unreadable message counts as an error of that rank
@@ -391,13 +483,33 @@ def _kill(process) -> None:
         pass
 
 
-def reap_strays(marker: str) -> int:
-    """Kill processes that carry this session's marker but escaped their group. Linux only."""
-    if not os.path.isdir("/proc"):
-        return 0
-    needle = f"{RUN_MARKER}={marker}".encode()
-    me = os.getpid()
+def reap_strays(marker: str, variable: str = RUN_MARKER) -> int:
+    """Kill processes that carry this session's marker but escaped their group. Linux only.
+
+    Passes repeat (up to REAP_PASSES) until one finds nothing, so a process that
+    forks while it is being killed is caught too. Returns how many were killed.
+    """
     killed = 0
+    for _ in range(REAP_PASSES):
+        found = marked_processes(marker, variable)
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        if not found:
+            break
+    return killed
+
+
+def marked_processes(marker: str, variable: str = RUN_MARKER) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``variable=marker``. Linux only."""
+    if not os.path.isdir("/proc"):
+        return []
+    needle = f"{variable}={marker}".encode()
+    me = os.getpid()
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
@@ -405,16 +517,20 @@ def reap_strays(marker: str) -> int:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 if needle not in f.read().split(b"\0"):
                     continue
-            os.kill(int(entry), signal.SIGKILL)
-            killed += 1
-        except OSError:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[-1].split()[0]
+            if state in (b"Z", b"X"):  # already dead, waiting for its parent to collect it
+                continue
+            found.append(int(entry))
+        except (OSError, IndexError):
             continue
-    return killed
+    return found
 
 
-def _outcome(r: _Rank, run_dir: str) -> RankOutcome:
+def _outcome(r: _Rank, run_dir: str, limits: dict | None = None) -> RankOutcome:
     payload = r.payload
     ended_at = r.ended_at or time.monotonic()
+    limits = limits or {}
     common = dict(
         rank=r.rank,
         exitcode=r.process.exitcode,
@@ -424,11 +540,31 @@ def _outcome(r: _Rank, run_dir: str) -> RankOutcome:
     )
     if payload is not None and payload.get("status") == "ok":
         return RankOutcome(status="ok", result=payload.get("result"), **common)
+    limit = _which_limit(r, payload, limits)
+    if limit:
+        common.update(limit=limit, limit_detail=_limits.describe(limit, limits))
     if payload is not None:
         return RankOutcome(status="error", error=payload.get("error") or {}, **common)
-    if r.ended:
+    if r.ended or limit:
         return RankOutcome(status="exited", **common)
     return RankOutcome(status="killed", **common)
+
+
+def _which_limit(r: _Rank, payload: dict | None, limits: dict) -> str:
+    """"memory", "cpu", "output" or "": the limit this failed rank ran into, from what was seen."""
+    if r.limit:
+        return r.limit
+    if r.process.exitcode == -getattr(signal, "SIGXCPU", -1000) and limits.get("cpu_seconds"):
+        return "cpu"
+    err = (payload or {}).get("error") or {}
+    text = f"{err.get('type')}: {err.get('message')}"
+    if limits.get("memory_bytes") and (err.get("type") == "MemoryError" or "can't allocate memory" in text
+                                        or "std::bad_alloc" in text):
+        return "memory"
+    if limits.get("output_bytes") and ("File too large" in text or
+                                       r.process.exitcode == -getattr(signal, "SIGXFSZ", -1000)):
+        return "output"
+    return ""
 
 
 def _read(path: str, limit: int = 20000) -> str:
@@ -475,21 +611,26 @@ def _context(start_method: str | None, ddp: bool = True):
     return ctx
 
 
+_MAIN_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _hidden_main():
     """Start children without making them re-run this program's ``__main__``.
 
     multiprocessing re-imports the parent's main script in every child (to find
     functions defined there). Ours are all in the grader package, and the
-    caller's script may be anything: pytest, a console script, stdin.
+    caller's script may be anything: pytest, a console script, stdin. The lock
+    keeps sessions used from several threads from restoring each other's stand-in.
     """
-    real = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if real is not None:
-            sys.modules["__main__"] = real
+    with _MAIN_LOCK:
+        real = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if real is not None:
+                sys.modules["__main__"] = real
 
 
 def warm_up(ddp: bool = True) -> None:

@@ -1,0 +1,121 @@
+"""Limits for the learner's processes: memory, CPU time and output, with their defaults.
+
+Every rank (and every worker process) the grader starts runs under these limits.
+They are per process, and each can be changed on the command line of every
+command that grades (``ddp-grade grade``, ``ddp-grade batch``):
+
+====================  ==================  =========================================================
+option                default             how it is enforced
+====================  ==================  =========================================================
+``--memory-limit``    2048 (MiB)          the grader reads each rank's resident memory (VmRSS in
+                                          ``/proc/<pid>/status``) every 0.2 s and stops a rank that
+                                          goes over it; as a backstop against a burst between two
+                                          readings, the rank's address space (``RLIMIT_AS``) is
+                                          capped at the limit plus 4 GiB (importing torch alone
+                                          reserves about 1 GiB of address space it never touches)
+``--cpu-limit``       300 (seconds)       ``RLIMIT_CPU``: the kernel stops a process past that much
+                                          CPU time (``SIGXCPU``); the wall-clock ``--timeout``
+                                          usually ends a run first
+``--output-limit``    64 (MiB)            ``RLIMIT_FSIZE``: no file a rank writes (its printed
+                                          output, a checkpoint) can grow past it; writing further
+                                          fails with ``OSError: File too large``
+====================  ==================  =========================================================
+
+``0`` turns a limit off. A rank that hits a limit fails the run (exit 1) with a
+message that names the limit and the option that changes it, for example
+``rank 1 went over the memory limit (2048 MiB resident) and was stopped``.
+
+Only what is shown of a rank's output is bounded separately: the report keeps
+the last 3000 characters of each rank's output, whatever the limits.
+"""
+
+from __future__ import annotations
+
+import click
+
+MIB = 2**20
+
+DEFAULT_MEMORY_MIB = 2048
+DEFAULT_CPU_SECONDS = 300
+DEFAULT_OUTPUT_MIB = 64
+
+# Address space on top of the resident-memory limit (RLIMIT_AS backstop): torch maps about
+# 1 GiB it never touches, and gloo and the thread pools reserve stacks.
+ADDRESS_SPACE_HEADROOM_BYTES = 4 * 2**30
+
+# How often the grader reads the ranks' resident memory.
+MEMORY_POLL_S = 0.2
+
+OPTIONS = {
+    "memory": "--memory-limit",
+    "cpu": "--cpu-limit",
+    "output": "--output-limit",
+}
+
+
+def limits_dict(memory_mib: float | None = DEFAULT_MEMORY_MIB, cpu_seconds: float | None = DEFAULT_CPU_SECONDS,
+                output_mib: float | None = DEFAULT_OUTPUT_MIB) -> dict:
+    """The ``limits`` a :class:`grader.harness.Session` takes, from the CLI's units (0 or None: off)."""
+    return {
+        "memory_bytes": int((memory_mib or 0) * MIB),
+        "cpu_seconds": int(cpu_seconds or 0),
+        "output_bytes": int((output_mib or 0) * MIB),
+    }
+
+
+DEFAULT_LIMITS = limits_dict()
+
+
+def address_space_bytes(memory_bytes: int) -> int:
+    """The RLIMIT_AS backstop for a resident-memory limit (0: none)."""
+    return memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES if memory_bytes else 0
+
+
+def describe(limit: str, limits: dict) -> str:
+    """"the memory limit (2048 MiB resident; --memory-limit changes it)"."""
+    if limit == "memory":
+        amount = f"{limits.get('memory_bytes', 0) / MIB:g} MiB resident"
+    elif limit == "cpu":
+        amount = f"{limits.get('cpu_seconds', 0):g} s of CPU time"
+    else:
+        amount = f"{limits.get('output_bytes', 0) / MIB:g} MiB per file"
+    return f"the {limit} limit ({amount}; {OPTIONS[limit]} changes it)"
+
+
+# What the command line asked for; a Session made without explicit limits uses these.
+_current: dict = dict(DEFAULT_LIMITS)
+
+
+def current() -> dict:
+    """The limits in force: the defaults, or what --memory-limit / --cpu-limit / --output-limit said."""
+    return dict(_current)
+
+
+def set_current(**changes) -> None:
+    _current.update(changes)
+
+
+def _setter(key: str, scale: float):
+    def callback(ctx, param, value):
+        set_current(**{key: int((value or 0) * scale)})
+        return value
+
+    return callback
+
+
+def limit_options(f):
+    """--memory-limit, --cpu-limit, --output-limit for a command that grades.
+
+    The options set :func:`current` (they pass nothing to the command's function), so
+    every Session the command makes runs under them.
+    """
+    f = click.option("--output-limit", type=click.FloatRange(min=0), default=DEFAULT_OUTPUT_MIB,
+                     show_default=True, metavar="MIB", expose_value=False, callback=_setter("output_bytes", MIB),
+                     help="Largest file (printed output included) a rank may write, in MiB; 0: no limit.")(f)
+    f = click.option("--cpu-limit", type=click.FloatRange(min=0), default=DEFAULT_CPU_SECONDS,
+                     show_default=True, metavar="SECONDS", expose_value=False, callback=_setter("cpu_seconds", 1),
+                     help="CPU time per rank process, in seconds; 0: no limit.")(f)
+    f = click.option("--memory-limit", type=click.FloatRange(min=0), default=DEFAULT_MEMORY_MIB,
+                     show_default=True, metavar="MIB", expose_value=False, callback=_setter("memory_bytes", MIB),
+                     help="Resident memory per rank process, in MiB; 0: no limit.")(f)
+    return f
