@@ -113,29 +113,41 @@ def _nbytes(value) -> int:
     return 0
 
 
+_FIRST_ARGUMENT = ("tensor", "tensor_list", "output", "output_tensor", "object_list", "input_tensor")
+
+
 @contextlib.contextmanager
 def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
     """Record every collective and point-to-point call made through ``torch.distributed``.
 
-    Each event: ``{"op", "bytes", "peer", "async_op"}`` (``peer`` for send/recv).
-    Calls pass through unchanged. Names in ``forbid`` are recorded and then
-    refused with a RuntimeError, so a forbidden call cannot also hang.
+    Each event: ``{"op", "bytes", "peer", "async_op"}`` (``peer`` for send/recv,
+    a global rank). Only the outermost call is recorded (torch's ``send`` is
+    built on ``isend``, for instance). Calls pass through unchanged. Names in
+    ``forbid`` are recorded and then refused with a RuntimeError, so a
+    forbidden call cannot also hang.
     """
+    import inspect
+    import threading
+
     originals = {}
+    depth = threading.local()
 
     def wrap(name, original):
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
         def observed(*args, **kwargs):
-            tensor = args[0] if args else kwargs.get("tensor", kwargs.get("tensor_list", kwargs.get("output")))
-            peer = None
-            if name in POINT_TO_POINT:
-                peer = kwargs.get("dst", kwargs.get("src"))
-                if peer is None and len(args) > 1:
-                    peer = args[1]
-            events.append({"op": name, "bytes": _nbytes(tensor), "peer": None if peer is None else int(peer),
-                           "async_op": bool(kwargs.get("async_op", False)) or name in ("isend", "irecv")})
-            if name in forbid:
-                raise RuntimeError(f"torch.distributed.{name} is not allowed in this exercise")
-            return original(*args, **kwargs)
+            if getattr(depth, "value", 0) == 0:
+                events.append(_describe_call(name, signature, args, kwargs))
+                if name in forbid:
+                    raise RuntimeError(f"torch.distributed.{name} is not allowed in this exercise")
+            depth.value = getattr(depth, "value", 0) + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth.value -= 1
 
         observed.__name__ = name
         observed.__wrapped__ = original
@@ -153,3 +165,23 @@ def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
         for name, original in originals.items():
             setattr(c10d, name, original)
             setattr(dist, name, original)
+
+
+def _describe_call(name: str, signature, args, kwargs) -> dict:
+    bound = {}
+    if signature is not None:
+        try:
+            bound = dict(signature.bind_partial(*args, **kwargs).arguments)
+        except TypeError:
+            bound = dict(kwargs)
+    tensor = next((bound[k] for k in _FIRST_ARGUMENT if k in bound), args[0] if args else None)
+    peer = None
+    if name in POINT_TO_POINT:
+        for key in ("dst", "src", "group_dst", "group_src"):
+            if bound.get(key) is not None:
+                peer = int(bound[key])
+                if key.startswith("group_") and bound.get("group") is not None:
+                    peer = int(c10d.get_global_rank(bound["group"], peer))
+                break
+    return {"op": name, "bytes": _nbytes(tensor), "peer": peer,
+            "async_op": bool(bound.get("async_op", False)) or name in ("isend", "irecv")}

@@ -20,6 +20,7 @@ def _signatures(path) -> dict:
         if isinstance(node, ast.FunctionDef):
             out[node.name] = ast.unparse(node.args)
         elif isinstance(node, ast.ClassDef):
+            out[node.name] = "class"
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and not item.name.startswith("_") or \
                         isinstance(item, ast.FunctionDef) and item.name == "__init__":
