@@ -63,7 +63,10 @@ def main():
 
 
 def grading_options(f):
-    """--world-size, --backend, --timeout: shared by every command that grades."""
+    """--world-size, --backend, --timeout (and the limits): shared by every command that grades."""
+    from grader.limits import limit_options
+
+    f = limit_options(f)  # --memory-limit, --cpu-limit, --output-limit (see grader/limits.py)
     f = click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
                      help="Seconds for grading one file; a run past it is stopped (exit 3).")(f)
     f = click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
@@ -303,8 +306,12 @@ def solution(exercise_id, as_diff, yes):
     progress = _progress()
     ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     if not yes and not progress.passed(ex.id):
-        ok = click.confirm(f"Exercise {ex.id} has not passed yet. Show the reference solution anyway?",
-                           default=False, err=True)
+        try:
+            ok = click.confirm(f"Exercise {ex.id} has not passed yet. Show the reference solution anyway?",
+                               default=False, err=True)
+        except click.Abort:  # end of input or Ctrl-C: the answer is no
+            click.echo("", err=True)
+            ok = False
         if not ok:
             click.echo("Not shown. `ddp-grade hint " + ex.id + "` gives the next hint instead.")
             raise SystemExit(EXIT_OK)

@@ -1,0 +1,175 @@
+"""The learner's day through the CLI: list, hint, reset/restore, solution, grade with no argument.
+
+Every test works on a temporary copy of the kit (DDP_GRADE_ROOT) and a temporary state folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from grader import catalog, kit
+from grader.cli import main
+from grader.progress import Progress
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def kit_copy(tmp_path, monkeypatch):
+    """A fresh checkout-like folder: exercises/ as shipped (the packaged stubs) and solutions/."""
+    root = tmp_path / "kit"
+    (root / "exercises").mkdir(parents=True)
+    for ex in catalog.exercises():
+        stub = kit.stub_text(ex)
+        if stub is not None:
+            (root / "exercises" / ex.filename).write_text(stub, encoding="utf-8")
+    shutil.copytree(ROOT / "solutions", root / "solutions")
+    monkeypatch.setenv("DDP_GRADE_ROOT", str(root))
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    return root
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def test_list_shows_every_exercise_not_started_and_marks_the_first(kit_copy):
+    result = invoke("list")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[0].startswith("-> 01") and lines[0].endswith("not started")
+    shipped = [ex for ex in catalog.exercises() if (kit_copy / "exercises" / ex.filename).exists()]
+    assert sum("not started" in ln for ln in lines) == len(shipped)
+    assert "Next: 01" in result.output
+
+
+def test_list_shows_an_edited_file_in_progress_and_a_passed_one_passed(kit_copy):
+    path = kit_copy / "exercises" / "01_setup.py"
+    path.write_text(path.read_text() + "\n# only a comment\n")
+    assert "not started" in invoke("list").output.splitlines()[0]  # comments do not count
+    path.write_text(path.read_text() + "\nX = 1\n")
+    assert invoke("list").output.splitlines()[0].endswith("in progress")
+    Progress().record_grading("01", "passed")
+    lines = invoke("list").output.splitlines()
+    assert lines[0].startswith("   01") and lines[0].endswith("passed")
+    assert lines[1].startswith("-> 02")
+
+
+def test_hint_shows_the_next_level_each_time_and_remembers(kit_copy):
+    ex = catalog.by_id("01")
+    first = invoke("hint", "01")
+    assert first.exit_code == 0 and "hint 1/3" in first.output and ex.hints[0].split()[0] in first.output
+    assert "hint 2/3" in invoke("hint", "1").output
+    assert "hint 2/3" in invoke("hint", "01", "--again").output
+    last = invoke("hint", "01")
+    assert "hint 3/3" in last.output and "ddp-grade solution 01" in last.output
+    assert "hint 3/3" in invoke("hint", "01").output  # stays at the last level
+    assert "hints 3/3" in invoke("list").output
+
+
+def test_hint_for_one_check_and_unknown_names(kit_copy):
+    result = invoke("hint", "01", "--check", "timeout-set")
+    assert result.exit_code == 0 and "timedelta" in result.output
+    bad = invoke("hint", "01", "--check", "nope")
+    assert bad.exit_code == 2 and "no check 'nope'" in bad.output and "Traceback" not in bad.output
+    unknown = invoke("hint", "99")
+    assert unknown.exit_code == 2 and "unknown exercise '99'" in unknown.output
+
+
+def test_reset_saves_the_learners_file_then_restore_puts_it_back(kit_copy, tmp_path):
+    path = kit_copy / "exercises" / "01_setup.py"
+    stub = path.read_text()
+    work = stub.replace("raise NotImplementedError", "return None  # my attempt", 1)
+    path.write_text(work)
+    Progress().record_grading("01", "passed")
+
+    result = invoke("reset", "01")
+    assert result.exit_code == 0
+    assert path.read_text() == stub
+    saved = [p for p in (tmp_path / "state" / "backups").iterdir()]
+    assert len(saved) == 1 and saved[0].read_text() == work
+    assert str(saved[0]) in result.output
+    assert not Progress().passed("01")  # starts over ...
+    assert Progress().entry("01")["passed_before"]  # ... without forgetting it passed once
+
+    back = invoke("restore", "01")
+    assert back.exit_code == 0 and path.read_text() == work
+    assert len(list((tmp_path / "state" / "backups").iterdir())) == 2  # the stub was kept too
+
+
+def test_reset_of_an_untouched_file_makes_no_copy_and_restore_without_copies_says_so(kit_copy, tmp_path):
+    assert invoke("reset", "02").exit_code == 0
+    assert not (tmp_path / "state" / "backups").exists()
+    result = invoke("restore", "02")
+    assert result.exit_code == 2 and "no saved copy of exercise 02" in result.output
+
+
+def test_reset_brings_back_a_deleted_file(kit_copy):
+    path = kit_copy / "exercises" / "03_train.py"
+    path.unlink()
+    assert "missing" in invoke("list").output
+    assert invoke("reset", "03").exit_code == 0 and path.exists()
+
+
+def test_solution_asks_first_when_not_passed(kit_copy):
+    declined = invoke("solution", "01", input="n\n")
+    assert declined.exit_code == 0 and "Not shown" in declined.output and "def setup_ddp" not in declined.output
+    no_input = invoke("solution", "01", input="")
+    assert no_input.exit_code == 0 and "def setup_ddp" not in no_input.output
+    shown = invoke("solution", "01", input="y\n")
+    assert shown.exit_code == 0 and (kit_copy / "solutions" / "01_setup.py").read_text() in shown.output
+
+
+def test_solution_diff_without_asking_once_passed(kit_copy):
+    Progress().record_grading("01", "passed")
+    result = invoke("solution", "01", "--diff")
+    assert result.exit_code == 0
+    assert "+++ reference: solutions/01_setup.py" in result.output and "-    raise NotImplementedError" in result.output
+
+
+def test_a_corrupt_progress_file_is_kept_aside_with_a_message(kit_copy, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "progress.json").write_text("{ half a file")
+    result = invoke("list")
+    assert result.exit_code == 0
+    assert "could not be read" in result.output
+    kept = list(state.glob("progress.json.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_text() == "{ half a file"
+
+
+def test_a_missing_kit_root_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDP_GRADE_ROOT", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    result = invoke("list")
+    assert result.exit_code == 2
+    assert "has no exercises/ folder" in result.output and "Traceback" not in result.output
+
+
+def test_grade_with_no_argument_when_everything_passed(kit_copy):
+    p = Progress()
+    for ex in catalog.exercises():
+        p.record_grading(ex.id, "passed")
+    result = invoke()
+    assert result.exit_code == 0 and "Every exercise has passed" in result.output
+
+
+@pytest.mark.slow
+def test_grade_with_no_argument_grades_the_next_exercise_and_records_the_pass(kit_copy, tmp_path):
+    stub_report = invoke("--format", "json", "--quiet")
+    assert stub_report.exit_code == 1
+    assert json.loads(stub_report.stdout)["exercise"] == "01"
+    shutil.copy(kit_copy / "solutions" / "01_setup.py", kit_copy / "exercises" / "01_setup.py")
+    junit = tmp_path / "report.xml"
+    result = invoke("01", "--junit", str(junit))
+    assert result.exit_code == 0, result.output
+    assert "grading exercise 01: run 1" in result.stderr  # the live line, plain: not a terminal
+    assert "\x1b" not in result.stderr and "\r" not in result.stderr
+    assert Progress().passed("01")
+    assert "-> 02" in invoke("list").output
+    assert 'failures="0"' in junit.read_text()
