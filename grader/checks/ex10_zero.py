@@ -1,0 +1,283 @@
+"""Exercise 10: ShardedOptimizer (ZeRO stage 1).
+
+One run per world size. Each rank trains two copies of the same model, both
+wrapped in torch's DDP and fed the same batches: one with the learner's
+ShardedOptimizer over AdamW, one with a plain AdamW over every parameter (the
+reference). The rank returns both models' parameters, which parameters its
+``.local_optimizer`` holds, the bytes of every optimizer-state tensor reachable
+from the ShardedOptimizer, and what ``zero_grad`` left in ``.grad``. The grader
+computes the unsharded AdamW's state bytes itself and decides every check.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from grader.child import RankContext
+
+LAYERS = 6  # equal layers: the parameters split evenly over 2, 3 or 6 ranks
+WIDTH = 16
+STEPS = 3
+BATCH = 8
+MODEL_SEED = 0
+DATA_SEED = 10
+# Not AdamW's defaults, so that kwargs that do not reach optimizer_cls show.
+OPTIMIZER_KWARGS = {"lr": 0.02, "betas": (0.8, 0.95), "weight_decay": 0.05}
+ATOL, RTOL = 1e-6, 1e-5
+
+
+# --- shared by ranks and grader -----------------------------------------------------------
+
+
+def build_model() -> nn.Module:
+    torch.manual_seed(MODEL_SEED)
+    layers = []
+    for _ in range(LAYERS):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(DATA_SEED * 10_000 + step * 100 + rank)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+
+
+def state_bytes(optimizers: list, exclude: set) -> int:
+    """Bytes of the distinct storages of every tensor in the optimizers' ``state``, less ``exclude``."""
+    storages: dict[int, int] = {}
+
+    def walk(value, depth=0):
+        if depth > 6:
+            return
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            if storage.data_ptr() not in exclude:
+                storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, depth + 1)
+
+    for optimizer in optimizers:
+        walk(dict(getattr(optimizer, "state", None) or {}))
+    return sum(storages.values())
+
+
+# --- in each rank ---------------------------------------------------------------------------
+
+
+def _wrap(model: nn.Module, ctx: RankContext) -> DDP:
+    model.to(ctx.device)
+    return DDP(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
+
+
+def _train_step(ddp: DDP, optimizer, step: int, ctx: RankContext):
+    x, y = batch(step, ctx.rank)
+    optimizer.zero_grad()
+    loss = nn.functional.mse_loss(ddp(x.to(ctx.device)), y.to(ctx.device))
+    loss.backward()
+    optimizer.step()
+
+
+def _params(model: nn.Module) -> dict:
+    return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+
+
+def rank_main(ctx: RankContext) -> dict:
+    ctx.init_group()
+    try:
+        obs = _observe(ctx)
+    except NotImplementedError as exc:
+        _raise_from_qualified_frame(exc, ctx.learner_path)
+        raise
+    ctx.leave_group()
+    return obs
+
+
+def _raise_from_qualified_frame(exc: NotImplementedError, learner_path: str) -> None:
+    """Raise ``exc`` again from a frame named ``ShardedOptimizer.step`` (say) at the same line.
+
+    The report names the learner's innermost frame by its code name, "__init__" or
+    "step", which does not say of which class; a frame with the qualified name does.
+    """
+    target = os.path.abspath(learner_path)
+    where = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if os.path.abspath(code.co_filename) == target:
+            where = (code.co_qualname, tb.tb_lineno)
+        tb = tb.tb_next
+    if where is None or "." not in where[0]:
+        return
+    name, line = where
+    code = compile("\n" * (line - 1) + "raise error from None", target, "exec")
+    exec(code.replace(co_name=name, co_qualname=name), {"error": NotImplementedError(*exc.args)})
+
+
+def _observe(ctx: RankContext) -> dict:
+    ShardedOptimizer = ctx.function("ShardedOptimizer")
+
+    reference = build_model()
+    reference_ddp = _wrap(reference, ctx)
+    reference_optimizer = torch.optim.AdamW(reference_ddp.parameters(), **OPTIMIZER_KWARGS)
+
+    model = build_model()
+    ddp = _wrap(model, ctx)
+    sharded = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, **OPTIMIZER_KWARGS)
+
+    for step in range(STEPS):
+        _train_step(reference_ddp, reference_optimizer, step, ctx)
+        _train_step(ddp, sharded, step, ctx)
+
+    obs = {"reference": _params(reference), "sharded": _params(model)}
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    local = getattr(sharded, "local_optimizer", None)
+    obs["is_optimizer"] = isinstance(sharded, torch.optim.Optimizer)
+    obs["local_type"] = None if local is None else f"{type(local).__module__}.{type(local).__qualname__}"
+    obs["local_is_adamw"] = isinstance(local, torch.optim.AdamW)
+    obs["local_params"] = None if local is None else \
+        [index.get(id(p), -1) for group in local.param_groups for p in group["params"]]
+    parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    obs["state_bytes"] = state_bytes([sharded] + ([local] if local is not None else []), parameter_storages)
+
+    sharded.zero_grad()
+    obs["grads_after_zero_grad"] = [
+        "none" if p.grad is None else ("zero" if not p.grad.any() else "nonzero") for p in model.parameters()
+    ]
+    return obs
+
+
+# --- in the grader ----------------------------------------------------------------------------
+
+
+def unsharded_state_bytes() -> int:
+    """What plain AdamW over the whole model keeps, measured the same way as in the ranks."""
+    model = build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), **OPTIMIZER_KWARGS)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    return state_bytes([optimizer], {p.untyped_storage().data_ptr() for p in model.parameters()})
+
+
+def grade(g) -> None:
+    model = build_model()
+    names = [name for name, _ in model.named_parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    full_state = unsharded_state_bytes()
+    per_parameter_state = [full_state * s / sum(sizes) for s in sizes]
+    for world_size in g.world_sizes:
+        outcome = g.run("rank_main", world_size)
+        observations = outcome.results()
+        check_local_optimizer(g, observations, names, world_size)
+        check_balance(g, observations, sizes, world_size)
+        check_state(g, observations, full_state, max(per_parameter_state), world_size)
+        check_parameters(g, observations, world_size)
+        check_zero_grad(g, observations, names, world_size)
+
+
+def check_local_optimizer(g, observations: list[dict], names: list[str], world_size: int) -> None:
+    owners: dict[int, list[int]] = {}
+    for rank, obs in enumerate(observations):
+        if not obs["is_optimizer"]:
+            g.record("local-optimizer", False, f"rank {rank}: ShardedOptimizer is not a torch.optim.Optimizer "
+                     "subclass instance", rank=rank, world_size=world_size)
+        if obs["local_params"] is None:
+            g.record("local-optimizer", False, f"rank {rank}: the ShardedOptimizer has no .local_optimizer",
+                     rank=rank, world_size=world_size)
+            return
+        if not obs["local_is_adamw"]:
+            g.record("local-optimizer", False, f"rank {rank}: .local_optimizer is a {obs['local_type']}, not the "
+                     "optimizer_cls given (torch.optim.AdamW)", rank=rank, world_size=world_size)
+        for index in obs["local_params"]:
+            if index < 0:
+                g.record("local-optimizer", False, f"rank {rank}: .local_optimizer holds a tensor that is not one "
+                         "of the parameters given", rank=rank, world_size=world_size)
+                return
+            owners.setdefault(index, []).append(rank)
+    shared = {i: r for i, r in owners.items() if len(r) > 1}
+    if shared:
+        i, ranks = next(iter(sorted(shared.items())))
+        g.record("local-optimizer", False, f"{len(shared)} of {len(names)} parameters are in the .local_optimizer "
+                 f"of more than one rank (e.g. {names[i]!r} on ranks {ranks}): each parameter needs one owner",
+                 world_size=world_size)
+        return
+    missing = [names[i] for i in range(len(names)) if i not in owners]
+    g.record("local-optimizer", not missing, f"{len(missing)} of {len(names)} parameters are in no rank's "
+             f".local_optimizer (e.g. {missing[:1]}): nobody updates them", world_size=world_size)
+
+
+def _owned(observations: list[dict]) -> list[list[int]] | None:
+    if any(o["local_params"] is None for o in observations):
+        return None
+    return [[i for i in o["local_params"] if i >= 0] for o in observations]
+
+
+def check_balance(g, observations: list[dict], sizes: list[int], world_size: int) -> None:
+    owned = _owned(observations)
+    if owned is None:
+        g.record("balanced-by-size", False, "without .local_optimizer the assignment cannot be seen",
+                 world_size=world_size)
+        return
+    total, largest = sum(sizes), max(sizes)
+    limit = total / world_size + largest  # what any greedy "to the least loaded rank" stays within
+    loads = [sum(sizes[i] for i in set(indices)) for indices in owned]
+    for rank, load in enumerate(loads):
+        g.record("balanced-by-size", load <= limit,
+                 f"rank {rank} owns {load} of the model's {total} parameter elements ({len(set(owned[rank]))} "
+                 f"parameters); a split by size gives each rank about {total / world_size:.0f} (at most "
+                 f"{limit:.0f}). Elements per rank: {loads}", rank=rank, world_size=world_size)
+
+
+def check_state(g, observations: list[dict], full: int, largest: float, world_size: int) -> None:
+    limit = full / world_size + largest
+    for rank, obs in enumerate(observations):
+        held = obs["state_bytes"]
+        g.record("state-sharded", held <= limit,
+                 f"rank {rank} holds {held} bytes of optimizer state; the unsharded AdamW holds {full}, so a "
+                 f"1/{world_size} share is about {full / world_size:.0f} (at most {limit:.0f} allowed)",
+                 rank=rank, world_size=world_size)
+    total = sum(o["state_bytes"] for o in observations)
+    g.record("state-sharded", total >= full,
+             f"the ranks together hold {total} bytes of optimizer state, less than the {full} of the "
+             "unsharded AdamW: some parameters are never stepped", world_size=world_size)
+
+
+def check_parameters(g, observations: list[dict], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        for name, expected in obs["reference"].items():
+            got = obs["sharded"][name]
+            diff = (got.double() - expected.double()).abs()
+            if not torch.all(diff <= ATOL + RTOL * expected.double().abs()):
+                g.record("matches-unsharded", False,
+                         f"rank {rank}: after {STEPS} steps {name!r} differs from the unsharded AdamW's by up to "
+                         f"{diff.max().item():.3g}", rank=rank, world_size=world_size)
+                break
+    g.record("matches-unsharded", True)
+
+    first = observations[0]["sharded"]
+    for rank, obs in enumerate(observations[1:], start=1):
+        for name, value in obs["sharded"].items():
+            if not torch.equal(value, first[name]):
+                g.record("params-identical", False,
+                         f"after {STEPS} steps {name!r} on rank {rank} differs from rank 0's by up to "
+                         f"{(value - first[name]).abs().max().item():.3g}", rank=rank, world_size=world_size)
+                break
+    g.record("params-identical", True)
+
+
+def check_zero_grad(g, observations: list[dict], names: list[str], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        left = [names[i] for i, s in enumerate(obs["grads_after_zero_grad"]) if s == "nonzero"]
+        g.record("zero-grad", not left,
+                 f"rank {rank}: after zero_grad(), {len(left)} of {len(names)} parameters still have a nonzero "
+                 f".grad (e.g. {left[:1]}): zero_grad must clear every parameter, not only this rank's own",
+                 rank=rank, world_size=world_size)
