@@ -1,0 +1,95 @@
+"""`ddp-grade watch`: the polling loop (fast, with a scripted clock) and the command (slow, real grading)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from grader.cli import main
+from grader.commands.watch import fingerprint, watch_loop
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scripted_sleep(edits: dict):
+    """A sleep() that performs edits[k]() on its k-th call instead of waiting."""
+    calls = {"n": 0}
+
+    def sleep(_seconds):
+        calls["n"] += 1
+        action = edits.get(calls["n"])
+        if action:
+            action()
+
+    return sleep
+
+
+def test_grades_at_start_then_once_per_save(tmp_path):
+    f = tmp_path / "01_setup.py"
+    f.write_text("v1")
+    seen = []
+    sleep = scripted_sleep({2: lambda: f.write_text("v2"), 6: lambda: f.write_text("v3 longer")})
+    n = watch_loop(f, lambda k: seen.append(f.read_text()), poll_s=0, max_grades=3, sleep=sleep)
+    assert n == 3
+    assert seen == ["v1", "v2", "v3 longer"]
+
+
+def test_a_save_with_the_same_content_is_not_graded_again(tmp_path):
+    import os
+
+    f = tmp_path / "01_setup.py"
+    f.write_text("same")
+    seen = []
+    stop_after = {"polls": 0}
+
+    def sleep(_s):
+        stop_after["polls"] += 1
+        if stop_after["polls"] == 2:
+            os.utime(f, ns=(1, 1))  # touched: new mtime, same bytes
+        if stop_after["polls"] == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        watch_loop(f, seen.append, poll_s=0, sleep=sleep)
+    assert seen == [1]
+
+
+def test_a_file_still_being_written_is_graded_once_it_settles(tmp_path):
+    f = tmp_path / "01_setup.py"
+    f.write_text("old")
+    seen = []
+    # poll 2: a first half is written; the settle wait (call 3) sees the rest arrive
+    sleep = scripted_sleep({2: lambda: f.write_text("new, first half"), 3: lambda: f.write_text("new, complete")})
+    watch_loop(f, lambda k: seen.append(f.read_text()), poll_s=0, max_grades=2, sleep=sleep)
+    assert seen == ["old", "new, complete"]
+
+
+def test_a_deleted_file_and_its_return_are_changes(tmp_path):
+    f = tmp_path / "01_setup.py"
+    f.write_text("x")
+    assert fingerprint(tmp_path / "absent.py").digest == ""
+    seen = []
+    sleep = scripted_sleep({2: f.unlink, 5: lambda: f.write_text("back")})
+    watch_loop(f, lambda k: seen.append(f.exists()), poll_s=0, max_grades=3, sleep=sleep)
+    assert seen == [True, False, True]
+
+
+@pytest.mark.slow
+def test_watch_command_grades_the_file_in_one_warm_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    f = tmp_path / "01_setup.py"
+    shutil.copy(ROOT / "solutions" / "01_setup.py", f)
+    result = CliRunner().invoke(main, ["watch", str(f), "--max-grades", "1", "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "checks passed" in result.output and "save the file to grade again" in result.output
+
+
+def test_watch_of_an_unknown_exercise_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    result = CliRunner().invoke(main, ["watch", "99"])
+    assert result.exit_code == 2 and "unknown exercise '99'" in result.output
+    missing = CliRunner().invoke(main, ["watch", str(tmp_path / "nope.py")])
+    assert missing.exit_code == 2 and "no such file" in missing.output
