@@ -122,3 +122,10 @@ def test_torchrun(received, returncode, ok):
     g = grading()
     ex.check_torchrun(g, torchrun_run(received, returncode), WS)
     assert verdicts(g)["torchrun"][0] == ("pass" if ok else "fail")
+
+
+def test_no_records_at_all_pass_nothing():
+    empty = [dict(launch(i), records=[], error="RuntimeError: boom") for i in range(2)]
+    got = decide(empty)
+    assert all(got[c][0] == "fail" for c in ("spawns-processes", "passes-args", "waits-for-all", "free-port"))
+    assert "boom" in got["passes-args"][1]

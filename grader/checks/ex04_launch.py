@@ -31,8 +31,11 @@ ENV_DIR = "DDP_GRADE_EX04_DIR"
 ENV_CALLER = "DDP_GRADE_EX04_CALLER_PID"
 ENV_WORLD_SIZE = "DDP_GRADE_EX04_WORLD_SIZE"
 ENV_LAUNCH = "DDP_GRADE_EX04_LAUNCH"
-JOIN_TIMEOUT_S = 6.0  # a rank that cannot meet its peers gives up after this
-RECORD_WAIT_S = JOIN_TIMEOUT_S + 8.0  # how long a caller waits for records after launch returns
+# Fresh interpreters importing torch start seconds apart on a busy machine: the
+# ranks of one launch first wait for each other (through files in their own
+# folder, which no port mix-up can cross), then join with a short timeout.
+PEER_WAIT_S = 30.0
+JOIN_TIMEOUT_S = 8.0
 BARRIER_TIMEOUT_S = 20.0
 # launch_from_env called directly: an environment where RANK and LOCAL_RANK differ
 # (the second process of the second machine, two processes per machine).
@@ -81,6 +84,14 @@ def _meet_peers(received, record):
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         record["group_error"] = f"not tried: the first argument {rank!r} is not a rank"
         return None
+    folder = os.environ[ENV_DIR]
+    open(os.path.join(folder, f"started.{rank}"), "w").close()
+    deadline = time.monotonic() + PEER_WAIT_S
+    while not all(os.path.exists(os.path.join(folder, f"started.{r}")) for r in range(world_size)):
+        if time.monotonic() > deadline:
+            missing = [r for r in range(world_size) if not os.path.exists(os.path.join(folder, f"started.{r}"))]
+            raise RuntimeError(f"rank(s) {missing} of this launch did not start within {PEER_WAIT_S:g} s")
+        time.sleep(0.02)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=JOIN_TIMEOUT_S))
     try:
@@ -134,6 +145,7 @@ def main(ctx) -> dict:
     # The grader starts its ranks as daemon processes, and multiprocessing refuses
     # children to a daemon; a learner's caller is an ordinary process.
     multiprocessing.current_process()._config["daemon"] = False
+    ctx.kwargs["deadline"] = time.monotonic() + ctx.timeout_s - 5.0  # leave time to report
     world_size = ctx.kwargs["world_size"]
     obs = {"caller_pid": os.getpid()}
     if ctx.rank < 2:
@@ -178,7 +190,7 @@ def _launch(ctx, launch_distributed, fn, world_size: int, name: str) -> dict:
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:400]
     returned = time.monotonic()
     # A launcher that did not wait leaves processes running: let them finish and record.
-    deadline = returned + RECORD_WAIT_S
+    deadline = ctx.kwargs["deadline"]
     while len(glob.glob(os.path.join(folder, "*.json"))) < world_size and multiprocessing.active_children() \
             and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -288,6 +300,11 @@ def _raised(launch: dict) -> str:
 
 def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int) -> None:
     """spawns-processes, passes-args and waits-for-all, for every launch of record_rank."""
+    if not any(launch["records"] for _, _, launch in launches):
+        errors = "; ".join(f"{who}{_raised(launch)}" for who, _, launch in launches if launch["error"])
+        for check_id in ("passes-args", "waits-for-all"):
+            g.record(check_id, False, "fn never ran in any launch, so there is nothing to check"
+                     + (f" ({errors})" if errors else ""), world_size=world_size)
     for who, caller_pid, launch in launches:
         records = launch["records"]
         ranks = sorted(r["received"][0] if r["received"] else None for r in records)
