@@ -1,0 +1,79 @@
+"""The JSON report (schema 1) is what docs/results-schema.md says; JUnit XML parses and counts right."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from grader.report import render_json, render_junit, render_text
+from grader.results import ERROR, FAIL, PASS, SKIP, CheckResult, Report
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "results-schema.md"
+TYPES = {"int": int, "string": str, "number": (int, float), "object": dict, "null": type(None), "list": list}
+
+
+def documented_fields(heading: str) -> dict[str, str]:
+    """{field: type text} from the table under ``heading`` in the schema document."""
+    text = DOC.read_text(encoding="utf-8").split(heading, 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]+) \|", text, re.M)}
+
+
+def sample() -> Report:
+    return Report("03", "Train", "exercises/03_train.py", "failed", [
+        CheckResult("a", "first", PASS, seconds=0.5, points=2),
+        CheckResult("b", "second", FAIL, "rank 1 differs by 0.3 <&>", rank=1, world_size=3, hint="look"),
+        CheckResult("c", "third", ERROR, "not run"),
+        CheckResult("d", "fourth", SKIP, "nccl only"),
+    ], backend="gloo", world_sizes=[2, 3], seconds=4.2)
+
+
+def conforms(value, type_text: str) -> bool:
+    kinds = [k.strip().split()[0] for k in type_text.split(" or ")]
+    return any(isinstance(value, TYPES[k]) and not (k in ("int", "number") and isinstance(value, bool)) for k in kinds)
+
+
+def test_every_field_of_the_report_and_of_a_check_is_documented_with_its_type():
+    data = json.loads(render_json(sample()))
+    report_fields, check_fields = documented_fields("## The report object"), documented_fields("## A check object")
+    assert set(data) == set(report_fields)
+    for name, type_text in report_fields.items():
+        assert conforms(data[name], type_text), name
+    for check in data["checks"]:
+        assert set(check) == set(check_fields)
+        for name, type_text in check_fields.items():
+            assert conforms(check[name], type_text), (check["id"], name)
+
+
+def test_schema_1_values():
+    data = json.loads(render_json(sample()))
+    assert data["schema"] == 1 and data["exit_code"] == 1
+    assert data["score"] == {"points": 2.0, "max_points": 4.0}  # the skipped check does not count
+    assert data["counts"] == {"pass": 1, "fail": 1, "error": 1, "skip": 1}
+    assert [c["status"] for c in data["checks"]] == ["pass", "fail", "error", "skip"]
+
+
+def test_junit_xml_has_one_case_per_check_and_the_right_counts():
+    suite = ET.fromstring(render_junit(sample()))
+    assert suite.tag == "testsuite" and suite.get("name") == "ddp-grade.exercise-03"
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("4", "1", "1", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert list(cases) == ["a", "b", "c", "d"]
+    failure = cases["b"].find("failure")
+    assert failure.get("message") == "rank 1 differs by 0.3 <&>" and "hint: look" in failure.text
+    assert "rank 1" in failure.text and "world size 3" in failure.text
+
+
+def test_junit_for_a_file_that_could_not_be_graded():
+    report = Report("", "", "x.py", "unusable", problem="syntax error in x.py line 3\x00")
+    suite = ET.fromstring(render_junit(report))
+    case = suite.find("testcase")
+    assert case.get("name") == "grading" and case.find("error").get("type") == "unusable"
+
+
+def test_the_text_report_points_at_the_hint_command_for_a_failing_check():
+    text = render_text(sample())
+    assert "Stuck on b? `ddp-grade hint 03`" in text
+    passed = Report("03", "Train", "p.py", "passed", [CheckResult("a", "first", PASS)])
+    assert "ddp-grade hint" not in render_text(passed)
