@@ -94,7 +94,9 @@ class RankContext:
             init_method="env://",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=max(5.0, self.timeout_s)),
+            # Longer than the grader's own deadline, so a deadlock is reported by the grader (with
+            # stacks) rather than by gloo's timeout racing it.
+            timeout=timedelta(seconds=max(5.0, self.timeout_s) + 30),
         )
 
     def leave_group(self) -> None:
@@ -170,9 +172,15 @@ def describe_exception(exc: BaseException, learner_path: str | None = None, phas
     where = None
     if learner_path:
         target = os.path.abspath(learner_path)
-        for frame in traceback.extract_tb(exc.__traceback__):
-            if os.path.abspath(frame.filename) == target:
-                where = {"line": frame.lineno, "function": frame.name, "code": frame.line or ""}
+        link = exc.__traceback__
+        while link is not None:
+            code = link.tb_frame.f_code
+            if os.path.abspath(code.co_filename) == target:
+                # co_qualname (3.11+) names methods with their class: "SimpleDDP.__init__"
+                name = getattr(code, "co_qualname", code.co_name)
+                where = {"line": link.tb_lineno, "function": name,
+                         "code": _source_line(code.co_filename, link.tb_lineno)}
+            link = link.tb_next
     if isinstance(exc, SyntaxError) and learner_path and exc.filename and \
             os.path.abspath(exc.filename) == os.path.abspath(learner_path):
         where = {"line": exc.lineno or 0, "function": "<module>", "code": (exc.text or "").strip()}
@@ -186,6 +194,12 @@ def describe_exception(exc: BaseException, learner_path: str | None = None, phas
     if isinstance(exc, MissingName):
         info["missing"] = exc.name
     return info
+
+
+def _source_line(path: str, lineno: int) -> str:
+    import linecache
+
+    return linecache.getline(path, lineno).strip()
 
 
 def send(conn, payload: dict) -> None:
@@ -311,7 +325,11 @@ def main(spec: dict, conn) -> None:
         conn=conn,
     )
     try:
-        payload = run_driver(spec["driver"], ctx)
+        try:
+            payload = run_driver(spec["driver"], ctx)
+        except BaseException as exc:  # the grader's own code failed: still one message back
+            payload = {"status": "error", "error": {"type": type(exc).__name__, "message": str(exc)[:2000],
+                                                    "traceback": "", "where": None, "phase": "run"}}
         try:
             send(conn, payload)
         except BaseException as exc:  # e.g. a result that cannot be saved
