@@ -20,6 +20,7 @@ import io
 import os
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -185,6 +186,7 @@ def describe_exception(exc: BaseException, learner_path: str | None = None, phas
             os.path.abspath(exc.filename) == os.path.abspath(learner_path):
         where = {"line": exc.lineno or 0, "function": "<module>", "code": (exc.text or "").strip()}
     info = {
+        "at": time.monotonic(),  # the parent's clock too (CLOCK_MONOTONIC): which rank failed first
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": tb[-MAX_TRACEBACK_CHARS:],

@@ -85,6 +85,8 @@ class RankOutcome:
             return f"rank {self.rank} went over {self.limit_detail} and was stopped"
         if self.status == "exited":
             return f"rank {self.rank} {describe_exit(self.exitcode)} before it finished"
+        if self.error:
+            return f"rank {self.rank} lost a peer that had failed and was stopped"
         return f"rank {self.rank} was still running and was stopped"
 
 
@@ -200,7 +202,7 @@ class Session:
             _stop(ranks, run_dir)
             del store
         strays = reap_strays(self.marker)
-        outcomes = [_outcome(r, run_dir, self.limits) for r in ranks]
+        outcomes = _blame([_outcome(r, run_dir, self.limits) for r in ranks])
         return WorldOutcome(world_size, outcomes, timed_out, time.monotonic() - started, run_dir, strays)
 
     def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
@@ -540,6 +542,9 @@ def _outcome(r: _Rank, run_dir: str, limits: dict | None = None) -> RankOutcome:
     )
     if payload is not None and payload.get("status") == "ok":
         return RankOutcome(status="ok", result=payload.get("result"), **common)
+    failed_at = ((payload or {}).get("error") or {}).get("at")
+    if isinstance(failed_at, float) and r.started <= failed_at <= ended_at:
+        common["seconds"] = failed_at - r.started  # when it raised, not when we noticed
     limit = _which_limit(r, payload, limits)
     if limit:
         common.update(limit=limit, limit_detail=_limits.describe(limit, limits))
@@ -548,6 +553,29 @@ def _outcome(r: _Rank, run_dir: str, limits: dict | None = None) -> RankOutcome:
     if r.ended or limit:
         return RankOutcome(status="exited", **common)
     return RankOutcome(status="killed", **common)
+
+
+# What a rank raises when a peer it talks to has died: a consequence, not a cause.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _blame(outcomes: list[RankOutcome]) -> list[RankOutcome]:
+    """A rank that only lost a failed peer is marked stopped (``killed``), so the cause is named.
+
+    When rank 1 crashes, rank 0's next collective raises "Connection closed by
+    peer"; that error stays in ``error`` (and its details), but the rank that
+    crashed, exited or raised something else is the failure to report.
+    """
+    def peer_lost(o: RankOutcome) -> bool:
+        message = str((o.error or {}).get("message", ""))
+        return o.status == "error" and any(p in message for p in PEER_LOST)
+
+    causes = [o for o in outcomes if o.status in ("error", "exited") and not peer_lost(o)]
+    if causes:
+        for o in outcomes:
+            if peer_lost(o):
+                o.status = "killed"
+    return outcomes
 
 
 def _which_limit(r: _Rank, payload: dict | None, limits: dict) -> str:

@@ -1,0 +1,27 @@
+"""Starts a background process (double fork, new session) that would outlive the run; otherwise right."""
+# expect-status: passed
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import time
+
+
+def setup_ddp(rank: int, world_size: int, backend: str | None = None) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(3600)
+        os._exit(0)
+
+
+def cleanup_ddp() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

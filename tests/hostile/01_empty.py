@@ -1,0 +1,3 @@
+"""Nothing in it but this docstring."""
+# expect-status: unusable
+# expect-problem: does not define setup_ddp, cleanup_ddp

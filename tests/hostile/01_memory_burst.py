@@ -1,0 +1,25 @@
+"""Rank 1 asks for 16 GiB at once: refused by the address-space backstop, named as the memory limit."""
+# expect-status: failed
+# expect-problem: memory limit
+# grade-args: --timeout 30 --memory-limit 700
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def setup_ddp(rank: int, world_size: int, backend: str | None = None) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
+    if rank == 1:
+        torch.ones(4 * 2**30)
+
+
+def cleanup_ddp() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,24 @@
+"""Only rank 1 raises; rank 0 waits for it in the next collective."""
+# expect-status: failed
+# expect-problem: rank 1 raised RuntimeError: only on rank 1
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def setup_ddp(rank: int, world_size: int, backend: str | None = None) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
+    if rank == 1:
+        raise RuntimeError("only on rank 1")
+
+
+def cleanup_ddp() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
