@@ -1,0 +1,116 @@
+"""ddp-grade batch: what counts as a submission, the table, the rows, the exit code."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from grader import batch
+from grader.cli import main
+
+SOLUTIONS = ROOT / "solutions"
+HOSTILE = ROOT / "tests" / "hostile"
+
+
+def _report(status, checks=(), problem=None):
+    return {"exercise": "01", "status": status, "problem": problem, "seconds": 1.0,
+            "counts": {"pass": sum(1 for c in checks if c[1] == "pass"), "fail": sum(1 for c in checks if c[1] == "fail"),
+                       "error": 0, "skip": 0},
+            "checks": [{"id": i, "status": s, "message": m, "points": 1.0, "seconds": 0.5} for i, s, m in checks]}
+
+
+def _outcome(name, status, checks=(), problem=None):
+    return batch.Outcome(batch.Submission(name, name), _report(status, checks, problem))
+
+
+def test_a_folder_of_files_gives_one_submission_per_exercise_file(tmp_path):
+    for name in ("01_setup.py", "02_shard.py", "notes.txt", "helper.py"):
+        (tmp_path / name).write_text("")
+    names = [s.name for s in batch.collect([str(tmp_path)])]
+    assert names == [str(tmp_path / "01_setup.py"), str(tmp_path / "02_shard.py")]
+
+
+def test_a_folder_of_folders_gives_one_submission_per_learner_and_names_empty_ones(tmp_path):
+    for learner in ("alice", "bob"):
+        (tmp_path / learner).mkdir()
+        (tmp_path / learner / "01_setup.py").write_text("")
+    (tmp_path / "bob" / "02_shard.py").write_text("")
+    (tmp_path / "carol").mkdir()
+    subs = batch.collect([str(tmp_path)], exercise="01")
+    assert [s.name for s in subs] == ["alice/01_setup.py", "bob/01_setup.py", str(tmp_path / "carol")]
+    assert subs[2].problem and "no 01_*.py file" in subs[2].problem
+    assert all(s.exercise == "01" for s in subs)
+
+
+def test_a_missing_path_is_a_submission_that_cannot_be_graded_not_the_end_of_the_batch(tmp_path):
+    subs = batch.collect([str(tmp_path / "missing.py"), str(tmp_path)])
+    assert subs[0].path.endswith("missing.py") and subs[0].problem is None  # grading says "no such file"
+    assert subs[1].problem and "no exercise files" in subs[1].problem
+
+
+def test_the_exit_code_is_the_worst_result():
+    passed, failed = _outcome("a", "passed"), _outcome("b", "failed")
+    timeout, unusable = _outcome("c", "timeout"), _outcome("d", "unusable")
+    assert batch.worst_status([passed]) == "passed"
+    assert batch.worst_status([passed, failed]) == "failed"
+    assert batch.worst_status([failed, timeout, passed]) == "timeout"
+    assert batch.worst_status([timeout, unusable, failed]) == "unusable"
+    assert batch.EXIT_CODES[batch.worst_status([passed, failed, timeout])] == 3
+
+
+def test_rows_have_one_line_per_submission_and_check():
+    outcomes = [_outcome("alice", "failed", [("joins-group", "pass", ""), ("timeout-set", "fail", "no timeout")]),
+                _outcome("bob", "unusable", problem="no such file: bob.py")]
+    rows = batch.rows(outcomes)
+    assert [(r["submission"], r["check"], r["check_status"]) for r in rows] == [
+        ("alice", "joins-group", "pass"), ("alice", "timeout-set", "fail"), ("bob", "", "")]
+    assert rows[2]["message"] == "no such file: bob.py" and rows[2]["exit_code"] == 2
+    parsed = list(csv.DictReader(io.StringIO(batch.render_csv(outcomes))))
+    assert [r["check"] for r in parsed] == ["joins-group", "timeout-set", ""]
+    assert list(parsed[0]) == batch.ROW_FIELDS
+    data = json.loads(batch.render_json(outcomes))
+    assert data["exit_code"] == 2 and len(data["rows"]) == 3 and len(data["reports"]) == 2
+
+
+def test_the_table_names_each_submission_its_status_and_the_failed_checks():
+    table = batch.render_table([_outcome("alice", "failed", [("timeout-set", "fail", "no timeout")]),
+                                _outcome("bob", "passed", [("joins-group", "pass", "")])])
+    lines = table.splitlines()
+    assert lines[0].split() == ["submission", "ex", "status", "checks", "seconds", "problem"]
+    assert "alice" in lines[2] and "failed" in lines[2] and "timeout-set" in lines[2]
+    assert "bob" in lines[3] and "passed" in lines[3] and "1/1" in lines[3]
+    assert lines[-1] == "2 submissions: 1 passed, 1 failed, 0 timed out, 0 could not be graded (exit 1)."
+
+
+def test_an_unknown_exercise_is_refused_before_anything_starts(tmp_path):
+    result = CliRunner().invoke(main, ["batch", str(tmp_path), "--exercise", "77"])
+    assert result.exit_code == 2 and "unknown exercise '77'" in result.output
+
+
+@pytest.mark.slow
+def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    learners = tmp_path / "class"
+    for name, source in [("alice", SOLUTIONS / "01_setup.py"), ("bob", HOSTILE / "01_segfault.py"),
+                         ("carol", HOSTILE / "01_endless_loop.py"), ("dave", HOSTILE / "01_not_utf8.py")]:
+        (learners / name).mkdir(parents=True)
+        shutil.copy(source, learners / name / "01_setup.py")
+    shutil.copy(SOLUTIONS / "02_shard.py", learners / "alice" / "02_shard.py")
+    result = CliRunner().invoke(main, ["batch", str(learners), "--jobs", "2", "--timeout", "20", "--format", "json",
+                                       "-q"])
+    data = json.loads(result.output)
+    status = {r["submission"]: r["status"] for r in data["reports"]}
+    assert status == {"alice/01_setup.py": "passed", "alice/02_shard.py": "passed", "bob/01_setup.py": "failed",
+                      "carol/01_setup.py": "timeout", "dave/01_setup.py": "unusable"}
+    assert result.exit_code == data["exit_code"] == 2
+    bob = [r for r in data["rows"] if r["submission"] == "bob/01_setup.py"]
+    assert bob and all(r["check_status"] != "pass" for r in bob)
+    assert "SIGSEGV" in next(r["problem"] for r in data["reports"] if r["submission"] == "bob/01_setup.py")
+    carol = next(r for r in data["reports"] if r["submission"] == "carol/01_setup.py")
+    assert "rank 1" in carol["problem"]

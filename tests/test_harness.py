@@ -1,0 +1,121 @@
+"""The harness's own promises, unit by unit: bounded reads, reaping, blame, limits, bounded output."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from multiprocessing.connection import Connection
+
+import pytest
+from click.testing import CliRunner
+
+from grader import harness, limits
+from grader.cli import main
+from grader.harness import RankOutcome
+
+
+def _pair():
+    a, b = socket.socketpair()
+    return Connection(a.detach()), Connection(b.detach())
+
+
+def test_a_whole_message_is_read():
+    reader, writer = _pair()
+    writer.send_bytes(b"observations")
+    assert harness._recv(reader, time.monotonic() + 5) == b"observations"
+
+
+def test_a_message_cut_off_half_way_does_not_stall_the_grader():
+    reader, writer = _pair()
+    os.write(writer.fileno(), struct.pack("!i", 1000) + b"only part of it")
+    with pytest.raises(TimeoutError):
+        harness._recv(reader, time.monotonic() + 0.3)
+
+
+def test_an_oversized_message_is_refused_without_reading_it():
+    reader, writer = _pair()
+    os.write(writer.fileno(), struct.pack("!i", 2**30))
+    with pytest.raises(ValueError):
+        harness._recv(reader, time.monotonic() + 1, maxsize=1024)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc")
+def test_processes_carrying_the_marker_are_found_and_killed_even_in_their_own_session():
+    marker = uuid.uuid4().hex
+    env = {**os.environ, harness.RUN_MARKER: marker}
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while stray.pid not in harness.marked_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stray.pid in harness.marked_processes(marker)
+        assert harness.reap_strays(marker) >= 1
+        assert stray.wait(timeout=10) < 0  # killed by a signal
+        assert harness.marked_processes(marker) == []
+    finally:
+        stray.kill()
+
+
+def test_a_rank_that_only_lost_its_crashed_peer_is_not_named_as_the_cause():
+    victim = RankOutcome(0, "error", error={"type": "RuntimeError", "message": "pair.cc:553] Connection closed by peer"})
+    crashed = RankOutcome(1, "exited", exitcode=-11)
+    harness._blame([victim, crashed])
+    assert victim.status == "killed" and crashed.status == "exited"
+    assert "lost a peer" in victim.describe()
+    assert crashed.describe() == "rank 1 was killed by SIGSEGV before it finished"
+
+
+def test_a_peer_error_with_no_other_cause_stays_an_error():
+    only = RankOutcome(0, "error", error={"type": "RuntimeError", "message": "Connection reset by peer"})
+    harness._blame([only, RankOutcome(1, "ok")])
+    assert only.status == "error"
+
+
+def test_a_limit_is_named_with_the_option_that_changes_it():
+    detail = limits.describe("memory", limits.limits_dict(memory_mib=512))
+    assert detail == "the memory limit (512 MiB resident; --memory-limit changes it)"
+    rank = RankOutcome(1, "exited", exitcode=-9, limit="memory", limit_detail=detail)
+    assert rank.describe() == f"rank 1 went over {detail} and was stopped"
+    assert "--cpu-limit" in limits.describe("cpu", limits.DEFAULT_LIMITS)
+    assert "--output-limit" in limits.describe("output", limits.DEFAULT_LIMITS)
+
+
+def test_the_defaults_are_on_and_zero_turns_a_limit_off():
+    assert limits.DEFAULT_LIMITS == {"memory_bytes": 2048 * 2**20, "cpu_seconds": 300, "output_bytes": 64 * 2**20}
+    assert limits.limits_dict(0, 0, 0) == {"memory_bytes": 0, "cpu_seconds": 0, "output_bytes": 0}
+    assert limits.address_space_bytes(0) == 0
+    assert limits.address_space_bytes(2**30) > 2**30
+
+
+def test_limit_options_reach_the_sessions_the_command_makes(tmp_path, monkeypatch):
+    monkeypatch.setattr(limits, "_current", dict(limits.DEFAULT_LIMITS))
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path))
+    result = CliRunner().invoke(main, ["grade", str(tmp_path / "01_setup.py"), "-q", "--memory-limit", "100",
+                                       "--cpu-limit", "7", "--output-limit", "0"])
+    assert result.exit_code == 2  # no such file; the options were still read
+    assert limits.current() == {"memory_bytes": 100 * 2**20, "cpu_seconds": 7, "output_bytes": 0}
+    with harness.Session() as session:
+        assert session.limits == limits.current()
+    with harness.Session(limits={"cpu_seconds": 1}) as session:
+        assert session.limits["cpu_seconds"] == 1 and session.limits["memory_bytes"] == 100 * 2**20
+
+
+def test_only_the_end_of_a_huge_output_is_kept(tmp_path):
+    out = tmp_path / "rank0.out"
+    out.write_text("noise\n" * 500_000 + "the last line\n")
+    tail = harness._tail(str(out))
+    assert len(tail) < harness.OUTPUT_TAIL_CHARS + 100
+    assert tail.startswith("[... ") and tail.rstrip().endswith("the last line")
+
+
+def test_a_session_removes_its_temporary_folder(tmp_path):
+    with harness.Session() as session:
+        run_dir = session.new_run_dir()
+        open(os.path.join(run_dir, "rank0.out"), "w").write("x")
+    assert not os.path.exists(session.tmp)
