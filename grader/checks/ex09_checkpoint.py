@@ -437,7 +437,8 @@ def check_loads(g, observations: list[dict], reference: dict, world_size: int) -
                 g.record("map-location", False, f"rank {rank} called torch.load without map_location: tensors "
                          "come back on the device they were saved from (rank 0's)", rank=rank, world_size=world_size)
                 break
-            wrong = [d for d in call["devices"] if d != obs["device"]]
+            # The CPU is fine too: load_state_dict copies onto the parameters' device.
+            wrong = [d for d in call["devices"] if d not in (obs["device"], "cpu")]
             if wrong:
                 g.record("map-location", False, f"rank {rank}: torch.load(map_location={call['map_location']}) "
                          f"put tensors on {wrong}, this rank's device is {obs['device']}",

@@ -1,0 +1,66 @@
+"""Exercise 09's verdicts and comparisons, from hand-made records (no processes started)."""
+
+from __future__ import annotations
+
+import torch
+
+from grader import catalog
+from grader.checks import ex09_checkpoint as ex
+from grader.grading import Grading
+
+
+def grading() -> Grading:
+    return Grading(catalog.by_id("09"), "solutions/09_checkpoint.py", None, "gloo", [2], 60)
+
+
+def verdicts(g: Grading) -> dict:
+    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+
+
+def save_record(returned: float, size: int | None, done=(), saves=()) -> dict:
+    return {"returned": returned, "size_at_return": size, "write_done": list(done), "saves": list(saves)}
+
+
+def test_a_rank_returning_before_the_write_ends_fails(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"x" * 100)
+    g = grading()
+    ex.check_barrier(g, [save_record(5.0, 100, done=[4.9]), save_record(4.4, None)], str(path), 2)
+    status, message = verdicts(g)["barrier-after-save"]
+    assert status == "fail" and "rank 1" in message and "0.50 s" in message and "no file" in message
+
+
+def test_every_rank_returning_after_the_write_passes(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"x" * 100)
+    g = grading()
+    ex.check_barrier(g, [save_record(5.0, 100, done=[4.9]), save_record(5.01, 100)], str(path), 2)
+    assert verdicts(g)["barrier-after-save"][0] == "pass"
+
+
+def test_a_save_on_another_rank_fails():
+    g = grading()
+    ex.check_writers(g, [save_record(1, 1, saves=[{"path": "/x/ckpt.pt", "keys": []}]),
+                         save_record(1, 1, saves=[{"path": "/x/ckpt.pt", "keys": []}])], 2)
+    status, message = verdicts(g)["rank0-writes-only"]
+    assert status == "fail" and "rank 1 called torch.save 1 time(s) (to ckpt.pt)" in message
+
+
+def test_state_difference_names_the_tensor_and_the_gap():
+    a = {"w": torch.zeros(3), "b": torch.zeros(1)}
+    assert ex._state_difference(dict(a), a) is None
+    b = {"w": torch.tensor([0.0, 0.5, 0.0]), "b": torch.zeros(1)}
+    assert "'w' differs by up to 0.5" in ex._state_difference(b, a)
+    assert "missing ['b']" in ex._state_difference({"w": torch.zeros(3)}, a)
+
+
+def test_optimizer_difference_sees_missing_state():
+    model = ex.build_model(0)
+    opt = ex.build_optimizer(model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    full = opt.state_dict()
+    assert ex._optimizer_difference(full, full) is None
+    fresh = ex.build_optimizer(ex.build_model(0)).state_dict()
+    assert "state for 0 parameter(s), expected state for 4" in ex._optimizer_difference(fresh, full)

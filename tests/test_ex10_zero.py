@@ -1,0 +1,80 @@
+"""Exercise 10's measures and verdicts, from hand-made records (no processes started)."""
+
+from __future__ import annotations
+
+import torch
+
+from grader import catalog
+from grader.checks import ex10_zero as ex
+from grader.grading import Grading
+
+
+def grading(world_size: int = 2) -> Grading:
+    return Grading(catalog.by_id("10"), "solutions/10_zero.py", None, "gloo", [world_size], 60)
+
+
+def verdicts(g: Grading) -> dict:
+    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+
+
+def test_state_bytes_counts_each_storage_once_and_skips_parameters():
+    p = torch.zeros(10)
+    shared = torch.zeros(4)
+
+    class Holder:
+        def __init__(self, state):
+            self.state = state
+
+    a = Holder({0: {"exp_avg": shared, "view": shared[:2], "param": p}})
+    b = Holder({1: {"exp_avg": shared, "other": torch.zeros(2, dtype=torch.float64)}})
+    assert ex.state_bytes([a, b], {p.untyped_storage().data_ptr()}) == 4 * 4 + 2 * 8
+
+
+def test_unsharded_adamw_state_is_two_averages_and_a_step_per_parameter():
+    params = list(ex.build_model().parameters())
+    expected = sum(2 * p.numel() * 4 + 4 for p in params)
+    assert ex.unsharded_state_bytes() == expected
+
+
+def sizes_and_names():
+    model = ex.build_model()
+    return [p.numel() for p in model.parameters()], [n for n, _ in model.named_parameters()]
+
+
+def test_round_robin_is_unbalanced_and_largest_first_is_balanced():
+    sizes, _ = sizes_and_names()
+    n = len(sizes)
+    g = grading()
+    ex.check_balance(g, [{"local_params": list(range(0, n, 2))}, {"local_params": list(range(1, n, 2))}], sizes, 2)
+    status, message = verdicts(g)["balanced-by-size"]
+    assert status == "fail" and "rank 0 owns 1536" in message
+
+    g = grading()
+    half = n // 2  # (weight, bias) pairs of equal layers: the first half is half the elements
+    ex.check_balance(g, [{"local_params": list(range(half))}, {"local_params": list(range(half, n))}], sizes, 2)
+    assert verdicts(g)["balanced-by-size"][0] == "pass"
+
+
+def test_overlapping_or_missing_owners_fail():
+    _, names = sizes_and_names()
+    n = len(names)
+    base = {"is_optimizer": True, "local_is_adamw": True, "local_type": "torch.optim.adamw.AdamW"}
+    g = grading()
+    ex.check_local_optimizer(g, [{**base, "local_params": list(range(n))}, {**base, "local_params": [0]}], names, 2)
+    status, message = verdicts(g)["local-optimizer"]
+    assert status == "fail" and "more than one rank" in message and "'0.weight' on ranks [0, 1]" in message
+
+    g = grading()
+    ex.check_local_optimizer(g, [{**base, "local_params": [0]}, {**base, "local_params": [1]}], names, 2)
+    status, message = verdicts(g)["local-optimizer"]
+    assert status == "fail" and f"{n - 2} of {n} parameters are in no rank's" in message
+
+
+def test_replicated_state_fails_and_a_half_share_passes():
+    full = ex.unsharded_state_bytes()
+    g = grading()
+    ex.check_state(g, [{"state_bytes": full}, {"state_bytes": full}], full, 2052, 2)
+    assert verdicts(g)["state-sharded"][0] == "fail"
+    g = grading()
+    ex.check_state(g, [{"state_bytes": full // 2}, {"state_bytes": full - full // 2}], full, 2052, 2)
+    assert verdicts(g)["state-sharded"][0] == "pass"
