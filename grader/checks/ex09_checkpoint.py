@@ -33,6 +33,7 @@ EPOCHS_BEFORE_SAVE = 2
 TOTAL_EPOCHS = 3
 REFERENCE_EPOCH = 4  # the epoch written in the grader's own checkpoint: load must return 5
 SAVE_WAIT_S = 0.5  # how long rank 0's torch.save waits for the other ranks to return first
+SYNC_WAIT_S = 3.0  # how long a rank back from save_checkpoint waits for the others before it leaves
 MODEL_SEED = 0
 FRESH_SEED = 1234  # a different initialization: a load that restores nothing is visible
 DATA_SEED = 9
@@ -132,18 +133,28 @@ def save_main(ctx: RankContext) -> dict:
         obs["module_state"] = _cpu_state(model)
         obs["optimizer_state"] = _cpu(optimizer.state_dict())
         obs["called"] = time.monotonic()
-        save_checkpoint(ddp, optimizer, EPOCHS_BEFORE_SAVE - 1, path)
+        obs["save_error"] = None
+        try:
+            save_checkpoint(ddp, optimizer, EPOCHS_BEFORE_SAVE - 1, path)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # e.g. a barrier that only some ranks reach, broken when the others leave
+            obs["save_error"] = _error(exc)
         obs["returned"] = time.monotonic()
         obs["size_at_return"] = os.path.getsize(path) if os.path.exists(path) else None
-        if ctx.rank != 0:
-            open(os.path.join(ctx.run_dir, f"returned{ctx.rank}"), "w").close()
+        open(os.path.join(ctx.run_dir, f"returned{ctx.rank}"), "w").close()
     obs["saves"] = saves
     obs["write_done"] = write_done
-    dist.barrier()  # every rank has returned: rank 0 can write the grader's own checkpoint
-    if ctx.rank == 0:
+    if ctx.rank == 0:  # the grader's own checkpoint, for judging load_checkpoint apart from save_checkpoint
         real_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": REFERENCE_EPOCH},
                   os.path.join(ctx.run_dir, REFERENCE))
-    dist.barrier()
+    # No collective of the grader's own after the learner's save: one would pair with a barrier that only
+    # some ranks call. Wait (bounded) for every rank to be back instead; a rank left inside such a barrier
+    # sees it fail once the others have left.
+    markers = [os.path.join(ctx.run_dir, f"returned{r}") for r in range(ctx.world_size)]
+    until = time.monotonic() + SYNC_WAIT_S
+    while time.monotonic() < until and not all(os.path.exists(m) for m in markers):
+        time.sleep(0.01)
     ctx.leave_group()
     return obs
 
@@ -256,6 +267,7 @@ def grade(g) -> None:
         observations = saved.results()
         checkpoint_path = os.path.join(saved.run_dir, CHECKPOINT)
         reference_path = os.path.join(saved.run_dir, REFERENCE)
+        stop_on_save_error(observations)
         check_writers(g, observations, world_size)
         check_barrier(g, observations, checkpoint_path, world_size)
         check_payload(g, observations[0], checkpoint_path, world_size)
@@ -264,6 +276,27 @@ def grade(g) -> None:
         reference = torch.load(reference_path, map_location="cpu", weights_only=True)
         check_loads(g, loaded.results(), reference, world_size)
         check_resume(g, loaded.results(), world_size)
+
+
+def stop_on_save_error(observations: list[dict]) -> None:
+    """Stop grading on an error in save_checkpoint, unless a rank that left early explains it.
+
+    A barrier only rank 0 reaches fails in rank 0 once the others, back early, have
+    left: barrier-after-save reports that. Any other error is the submission's own,
+    and the first rank that raised names it.
+    """
+    errors = sorted((o["returned"], r, o["save_error"]) for r, o in enumerate(observations) if o["save_error"])
+    if not errors:
+        return
+    done = observations[0]["write_done"]
+    left_early = bool(done) and any(not o["save_error"] and o["returned"] < done[-1] for o in observations)
+    if left_early:
+        return
+    from grader.grading import Abort
+    from grader.results import FAILED
+
+    _, rank, error = errors[0]
+    raise Abort(FAILED, f"rank {rank}: save_checkpoint raised {error}")
 
 
 def _name(path: str | None) -> str:
@@ -284,26 +317,30 @@ def check_writers(g, observations: list[dict], world_size: int) -> None:
     g.record("rank0-writes-only", True)
 
 
-def check_barrier(g, observations: list[dict], path: str, world_size: int) -> None:
+def check_barrier(g, observations: list[dict], path: str, world_size: int) -> bool:
+    """Record barrier-after-save; False when it failed (the message names any error save_checkpoint raised)."""
+    errors = "".join(f"; rank {r}'s save_checkpoint raised {o['save_error']}"
+                     for r, o in enumerate(observations) if o["save_error"])
     done = observations[0]["write_done"]
     if not done or not os.path.exists(path):
-        g.record("barrier-after-save", False, f"no checkpoint was written to {_name(path)}, so no rank can wait "
-                 "for it", world_size=world_size)
-        return
+        return g.record("barrier-after-save", False, f"no checkpoint was written to {_name(path)}, so no rank "
+                        f"can wait for it{errors}", world_size=world_size)
     complete_at, size = done[-1], os.path.getsize(path)
+    ok = True
     for rank, obs in enumerate(observations):
         early = complete_at - obs["returned"]
+        had = obs["size_at_return"]
         if early > 0:
-            had = obs["size_at_return"]
-            g.record("barrier-after-save", False,
-                     f"rank {rank} returned from save_checkpoint {early:.2f} s before rank 0 had finished "
-                     f"writing the file (it had {'no file' if had is None else f'{had} of {size} bytes'} then)",
-                     rank=rank, world_size=world_size)
-        elif obs["size_at_return"] != size:
-            g.record("barrier-after-save", False,
-                     f"when rank {rank} returned from save_checkpoint the file had {obs['size_at_return']} bytes; "
-                     f"the complete file has {size}", rank=rank, world_size=world_size)
-    g.record("barrier-after-save", True)
+            ok = g.record("barrier-after-save", False,
+                          f"rank {rank} returned from save_checkpoint while rank 0 was still writing the file "
+                          f"({early * 1000:.0f} ms before it was complete; it had "
+                          f"{'no file' if had is None else f'{had} of {size} bytes'} then){errors}",
+                          rank=rank, world_size=world_size)
+        elif had != size:
+            ok = g.record("barrier-after-save", False,
+                          f"when rank {rank} returned from save_checkpoint the file had {had} bytes; the complete "
+                          f"file has {size}{errors}", rank=rank, world_size=world_size)
+    return g.record("barrier-after-save", True) and ok
 
 
 def _read_checkpoint(path: str):
