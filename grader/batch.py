@@ -9,7 +9,8 @@ one submission to the next: the cost of starting Python and importing torch is
 paid once per worker, not once per submission.
 
 Every worker and everything it starts carries an environment variable with
-the worker's own marker; a worker that stops answering (its submission's
+the worker's own marker, and its temporary files live in a folder the batch
+removes; a worker that stops answering (its submission's
 timeout plus a margin) is killed with everything carrying its marker, its
 submission is reported as timed out, and a fresh worker takes the next one.
 
@@ -25,9 +26,11 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -120,7 +123,10 @@ class WorkerProcess:
     def __init__(self, settings: dict):
         self.settings = settings
         self.marker = uuid.uuid4().hex
-        env = {**os.environ, BATCH_MARKER: self.marker}
+        # The worker's temporary files (its sessions', its pool's) go in a folder this process
+        # removes, so they are gone even when the worker has to be killed.
+        self.tmp = tempfile.mkdtemp(prefix="ddp-grade-batch-", dir=_short_temp_root())
+        env = {**os.environ, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "grader.batch", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1, start_new_session=True)
@@ -142,7 +148,11 @@ class WorkerProcess:
         except (OSError, ValueError, queue.Empty):
             line = None
         if line is None:
+            died = self.proc.poll()
             self.stop()
+            if died is not None:  # it ended by itself: the grader's own failure, said as such
+                return _unusable(submission.path, f"the grading worker ended with exit code {died} while "
+                                 f"grading this file; try `ddp-grade grade {submission.path}`")
             return None
         try:
             return json.loads(line)
@@ -168,6 +178,15 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait()
         reap_strays(self.marker, BATCH_MARKER)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _short_temp_root() -> str:
+    """The temp folder, or /tmp when its path is too long for the pool's socket (108 bytes on Linux)."""
+    root = tempfile.gettempdir()
+    if len(root) > 48 and os.path.isdir("/tmp") and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    return root
 
 
 def serve() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -93,9 +96,23 @@ def test_an_unknown_exercise_is_refused_before_anything_starts(tmp_path):
     assert result.exit_code == 2 and "unknown exercise '77'" in result.output
 
 
+def _processes_with(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 @pytest.mark.slow
 def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, monkeypatch):
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    scratch = Path(tempfile.mkdtemp(prefix="bt-"))  # short: the workers' pools keep a socket in it
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the workers' folders go
     learners = tmp_path / "class"
     for name, source in [("alice", SOLUTIONS / "01_setup.py"), ("bob", HOSTILE / "01_segfault.py"),
                          ("carol", HOSTILE / "01_endless_loop.py"), ("dave", HOSTILE / "01_not_utf8.py")]:
@@ -114,3 +131,8 @@ def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, m
     assert "SIGSEGV" in next(r["problem"] for r in data["reports"] if r["submission"] == "bob/01_setup.py")
     carol = next(r for r in data["reports"] if r["submission"] == "carol/01_setup.py")
     assert "rank 1" in carol["problem"]
+    left = list(scratch.iterdir())
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert left == [], "a worker's temporary folder was left behind"
+    if os.path.isdir("/proc"):
+        assert _processes_with(f"TMPDIR={scratch}") == [], "a worker or one of its ranks is still alive"
