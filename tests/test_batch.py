@@ -7,7 +7,12 @@ import io
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -136,3 +141,22 @@ def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, m
     assert left == [], "a worker's temporary folder was left behind"
     if os.path.isdir("/proc"):
         assert _processes_with(f"TMPDIR={scratch}") == [], "a worker or one of its ranks is still alive"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path):
+    tag = uuid.uuid4().hex  # every process the batch starts inherits it
+    env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path / "state"), "BATCH_TEST_TAG": tag}
+    proc = subprocess.Popen([sys.executable, "-c", "from grader.cli import main; main()", "batch",
+                             str(HOSTILE / "01_endless_loop.py"), "--timeout", "60", "-q"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(_processes_with(f"BATCH_TEST_TAG={tag}")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the batch, a worker and its pool at least
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted" in err
+    time.sleep(0.5)
+    assert _processes_with(f"BATCH_TEST_TAG={tag}") == []
