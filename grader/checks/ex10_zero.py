@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
