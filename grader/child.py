@@ -255,7 +255,9 @@ def _apply_limits(limits: dict) -> None:
             pass
 
     memory = address_space_bytes(limits.get("memory_bytes") or 0)
-    if memory:
+    if memory and torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        # Not with a GPU build of torch: the GPU driver reserves far more address space
+        # than any cap could allow. There the resident-memory watch is the limit.
         lower(resource.RLIMIT_AS, memory)
     cpu = limits.get("cpu_seconds")
     if cpu:

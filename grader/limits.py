@@ -12,7 +12,9 @@ option                default             how it is enforced
                                           goes over it; as a backstop against a burst between two
                                           readings, the rank's address space (``RLIMIT_AS``) is
                                           capped at the limit plus 4 GiB (importing torch alone
-                                          reserves about 1 GiB of address space it never touches)
+                                          reserves about 1 GiB of address space it never touches;
+                                          not with a CUDA or ROCm build of torch, whose driver
+                                          reserves far more)
 ``--cpu-limit``       300 (seconds)       ``RLIMIT_CPU``: the kernel stops a process past that much
                                           CPU time (``SIGXCPU``); the wall-clock ``--timeout``
                                           usually ends a run first
