@@ -86,7 +86,7 @@ def test_args_without_world_size_fail_passes_args():
 @pytest.mark.parametrize("error, ok", [(None, False), ("ProcessRaisedException: boom", True)])
 def test_raises_on_failure(error, ok):
     g = grading()
-    ex.check_raises(g, launch(0, error=error))
+    ex.check_raises(g, launch(0, error=error), WS)
     assert verdicts(g)["raises-on-failure"][0] == ("pass" if ok else "fail")
 
 

@@ -6,7 +6,7 @@ in every process it runs in, what it received and saw (args, pid,
 MASTER_ADDR / MASTER_PORT, start and end time) and whom it met in a gloo group
 joined through those variables. Caller 2 calls launch_from_env in its own
 process with RANK != LOCAL_RANK, starts a real torchrun on a script that calls
-launch_from_env, and meanwhile launches a fn that fails in rank 1 with
+launch_from_env, and meanwhile launches a fn that fails in its last rank with
 MASTER_ADDR / MASTER_PORT already set. Grader side: every verdict is decided
 from those records.
 """
@@ -114,13 +114,14 @@ def _meet_peers(received, record):
 
 
 def record_then_fail(*received) -> None:
-    """The fn of the failing launch: record what arrived and saw; then rank 1 raises, the others return."""
+    """The fn of the failing launch: record what arrived and saw; then the last rank raises, the others return."""
     now = time.monotonic()
     _write_record(os.environ[ENV_DIR], {"received": [_plain(a) for a in received], "pid": os.getpid(),
                                         "master_addr": os.environ.get("MASTER_ADDR"),
                                         "master_port": os.environ.get("MASTER_PORT"), "start": now, "end": now})
-    if received and received[0] == 1:
-        raise RuntimeError("rank 1 fails on purpose (the grader's test of raises-on-failure)")
+    last = int(os.environ[ENV_WORLD_SIZE]) - 1
+    if received and received[0] == last:
+        raise RuntimeError(f"rank {last} fails on purpose (the grader's test of raises-on-failure)")
     _exit_now(os.getpid() != int(os.environ.get(ENV_CALLER, "-1")))
 
 
@@ -284,7 +285,7 @@ def grade(g) -> None:
     concurrent, pids, last = [c["concurrent"] for c in callers[:2]], [c["caller_pid"] for c in callers[:2]], callers[2]
     check_launches(g, [(f"caller {i}", pids[i], launch) for i, launch in enumerate(concurrent)], world_size)
     check_free_port(g, concurrent, pids, world_size)
-    check_raises(g, last["failing"])
+    check_raises(g, last["failing"], world_size)
     check_preset(g, last["failing"], preset_port, world_size)
     if last["direct"].get("not_implemented"):
         from grader.grading import Abort
@@ -413,14 +414,15 @@ def _meeting_problem(launch: dict, caller_pid: int, world_size: int) -> str | No
     return None
 
 
-def check_raises(g, launch: dict) -> None:
+def check_raises(g, launch: dict, world_size: int) -> None:
+    last = world_size - 1
     ranks = sorted(str(r["received"][0]) for r in launch["records"] if r["received"])
-    if "1" not in ranks:
-        g.record("raises-on-failure", False, "the launch of a fn that raises in rank 1 never ran rank 1 (ranks "
-                 f"that ran: {', '.join(ranks) or 'none'}){_raised(launch)}")
+    if str(last) not in ranks:
+        g.record("raises-on-failure", False, f"the launch of a fn that raises in rank {last} never ran rank "
+                 f"{last} (ranks that ran: {', '.join(ranks) or 'none'}){_raised(launch)}", world_size=world_size)
     elif launch["error"] is None:
-        g.record("raises-on-failure", False, "rank 1 raised RuntimeError, but launch_distributed returned "
-                 "normally: the caller never learns that the job failed")
+        g.record("raises-on-failure", False, f"rank {last} raised RuntimeError, but launch_distributed returned "
+                 "normally: the caller never learns that the job failed", world_size=world_size)
     else:
         g.record("raises-on-failure", True)
 
