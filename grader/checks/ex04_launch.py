@@ -134,7 +134,8 @@ def _plain(value):
 
 
 def _write_record(folder: str, record: dict) -> None:
-    name = f"rank{record['received'][0] if record['received'] else 'none'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    first = record["received"][0] if record["received"] else None
+    name = f"rank{first if isinstance(first, int) else 'x'}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp = os.path.join(folder, f".{name}.tmp")
     with open(tmp, "w") as f:
         json.dump(record, f)
