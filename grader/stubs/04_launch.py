@@ -4,6 +4,8 @@ A DDP job is one process per rank. Either your code starts them itself, or a
 launcher (torchrun) starts them and tells each one who it is through the
 environment. Write both entry points:
 
+    find_free_port() -> int
+        A helper: a TCP port that nothing on this machine is using now.
     launch_distributed(fn, world_size, *args)
         Run fn(rank, world_size, *args) for every rank 0 .. world_size - 1, each
         in a new process, with torch.multiprocessing.spawn.
@@ -20,7 +22,8 @@ environment. Write both entry points:
         global rank.
 
 `fn` joins the process group itself (as in exercise 01), reading MASTER_ADDR
-and MASTER_PORT from the environment the processes inherit.
+and MASTER_PORT from the environment the processes inherit. It is defined at
+the top level of a module: spawn sends it to the new processes by name.
 
 Replace each `raise NotImplementedError` below; keep the names and signatures.
 Grade it with:  ddp-grade exercises/04_launch.py      (stuck? ddp-grade hint 04)
