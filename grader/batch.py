@@ -361,8 +361,14 @@ def _clip(text: str, width: int) -> str:
 
 
 def default_jobs() -> int:
-    """Two workers overlap one submission's waiting (startup, rendezvous, timeouts) with another's work."""
-    return max(2, (os.cpu_count() or 2) // 2)
+    """A quarter of the cores, at least 2.
+
+    A submission runs two or three ranks at once, so a quarter of the cores keeps
+    the machine busy without ranks queueing for it; on two cores, two workers still
+    overlap one submission's waiting (startup, rendezvous, timeouts) with another's
+    work. Measured with benchmarks/bench_batch.py (see docs/guarantees.md).
+    """
+    return max(2, (os.cpu_count() or 2) // 4)
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -373,7 +379,7 @@ def default_jobs() -> int:
 @click.option("--exercise", "exercise_id", metavar="NN",
               help="Grade only exercise NN (files in folders: NN_*.py; a file named directly is graded as NN).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1, max=64), default=None,
-              help="Submissions graded at the same time (default: half the CPU cores, at least 2).")
+              help="Submissions graded at the same time (default: a quarter of the CPU cores, at least 2).")
 @click.option("--world-size", "world_size", type=click.IntRange(min=1, max=64), default=None,
               help="Ranks per run (default: each exercise's).")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
