@@ -1,0 +1,52 @@
+"""Exercise 10: shard the optimizer state (ZeRO stage 1).
+
+With DistributedDataParallel every rank keeps a full copy of the optimizer
+state: for AdamW two running averages per parameter, twice the model's size,
+on every rank. Yet after the all-reduce every rank computes the very same
+update. ZeRO stage 1 splits that work: each parameter gets one owner rank,
+only the owner keeps the parameter's optimizer state and updates it, then it
+sends the new values to the other ranks.
+
+The grader starts the processes and the process group (gloo on CPU) and uses
+your class inside it, on a model wrapped in DistributedDataParallel (so the
+gradients are already averaged when step() is called).
+
+    class ShardedOptimizer(torch.optim.Optimizer)
+        __init__(self, params, optimizer_cls, **kwargs)
+            `params`: an iterable of parameters, the same on every rank.
+            - Assign each parameter to one rank, balanced by size (number of
+              elements), the same assignment on every rank.
+            - Build `optimizer_cls(<this rank's parameters>, **kwargs)` and
+              keep it as `self.local_optimizer`.
+            - Every parameter stays in `self.param_groups` (so that
+              zero_grad, learning-rate schedulers, ... see all of them).
+        step(self, closure=None)
+            Step the local optimizer, then broadcast each parameter from its
+            owner, so that every rank ends with the same, updated parameters.
+            Return what the local step returned.
+        zero_grad(...)
+            Clears the gradients of every parameter, as usual.
+
+The result must equal optimizer_cls over all the parameters (unsharded),
+while each rank holds only about 1/world_size of its state.
+
+Replace each `raise NotImplementedError` below; keep the names and signatures.
+Grade it with:  ddp-grade exercises/10_zero.py      (stuck? ddp-grade hint 10)
+"""
+
+import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        # TODO: keep every parameter in self.param_groups (the base class's
+        # __init__), give each parameter an owner rank (balanced by size, the
+        # same on every rank), and build self.local_optimizer over this rank's
+        # own parameters only.
+        raise NotImplementedError
+
+    def step(self, closure=None):
+        # TODO: step the local optimizer, then broadcast every parameter from
+        # its owner; return the local step's result.
+        raise NotImplementedError
