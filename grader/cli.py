@@ -2,7 +2,7 @@
 
 Exit codes (every command):
   0  everything passed / the command did what was asked
-  1  a check failed (or a quiz answer was wrong, for scripted quizzes)
+  1  a check failed
   2  the input could not be used: missing path, syntax error, missing function,
      unknown exercise or topic, bad option value, unreadable answers file
   3  grading timed out (a deadlock or an endless loop in the submission)
@@ -120,8 +120,12 @@ def grade(path, exercise_id, world_size, backend, timeout_s, fmt, junit_path, qu
         path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
     harness.warm_up(ddp=_builds_ddp(path, exercise_id))
     options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
-    with harness.Session() as session:
-        report = grade_and_record(path, session, options, exercise_id, progress, quiet)
+    try:
+        with harness.Session() as session:
+            report = grade_and_record(path, session, options, exercise_id, progress, quiet)
+    except KeyboardInterrupt:  # the ranks are already stopped and the temp folder removed
+        click.echo("ddp-grade: interrupted", err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     if fmt == "json":
         click.echo(render_json(report))
     else:

@@ -121,6 +121,11 @@ class Grading:
         problem = first.describe()
         if single:  # one worker process: "rank 0" would only confuse
             problem = "your code " + problem.split(" ", 2)[2]
+        finished = [r for r in outcome.ranks if r.ok]
+        if finished and "by peer" in str(err.get("message", "")):
+            problem += ("\n(" + ", ".join(f"rank {r.rank}" for r in finished) + " had already finished: rank "
+                        f"{first.rank} was left in a collective the others never called. Do all ranks make the "
+                        "same collective calls in the same order?)")
         others = [r for r in outcome.ranks if r.status == "killed"]
         if others:
             problem += "; " + ", ".join(f"rank {r.rank}" for r in others) + \

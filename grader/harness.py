@@ -38,7 +38,7 @@ import threading
 import time
 import types
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from grader import limits as _limits
 
@@ -230,7 +230,9 @@ class Session:
         from grader import child
 
         parent_end, child_end = self.ctx.Pipe(duplex=True)
-        process = self.ctx.Process(target=child.main, args=(spec, child_end), daemon=True,
+        # Not a daemon: a rank may start processes of its own (exercise 04 spawns);
+        # every rank is killed with its process group at the end of the run anyway.
+        process = self.ctx.Process(target=child.main, args=(spec, child_end), daemon=False,
                                    name=f"ddp-grade-rank{spec['rank']}")
         with _hidden_main():
             process.start()

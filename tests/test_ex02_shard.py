@@ -7,7 +7,6 @@ import textwrap
 import pytest
 import torch
 
-from conftest import statuses
 from grader.checks import ex02_shard
 
 HEADER = """\

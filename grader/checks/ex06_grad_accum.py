@@ -13,7 +13,6 @@ together and the expected loss, and decide.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 

@@ -5,7 +5,7 @@ ends, rank 0's wait fails instead of hanging.
 """
 # expect-status: failed
 # expect-problem: rank 0 raised RuntimeError
-# expect-problem: Connection closed by peer
+# expect-problem: by peer
 # expect-problem: in all_reduce
 # grade-args: --timeout 8
 
