@@ -79,7 +79,7 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, {args.saves} saves per exercise")
     print(f"{'exercise':<10} {'watch: save->verdict median':>28} {'(min-max)':>14} {'cold ddp-grade FILE':>20}")
     for ex in wanted:
-        harness.warm_up(ddp=ex.builds_ddp)  # as `ddp-grade watch` does, once at start
+        harness.warm_up(dynamo=ex.preload_dynamo)  # as `ddp-grade watch` does, once at start
         with harness.Session() as session:
             times, status = warm(ex, args.saves, session)
         cold_s, rc = cold(ex)

@@ -196,7 +196,7 @@ def serve() -> None:
     from grader import harness
     from grader.grading import GradeOptions, grade_file
 
-    harness.warm_up(ddp=True)
+    harness.warm_up(dynamo=True)
     session = None
     try:
         for line in sys.stdin:

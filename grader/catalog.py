@@ -35,7 +35,7 @@ class Exercise:
     world_sizes: tuple[int, ...]  # graded by default
     minutes: int  # time budget in interview mode
     hints: tuple[str, ...]  # in levels: nudge, API, code shape
-    builds_ddp: bool = False  # its ranks construct torch's DistributedDataParallel (preload what it imports)
+    preload_dynamo: bool = False  # its ranks build a DDP or torch optimizer: preload torch._dynamo, which they import
     checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
 
     @property
@@ -75,7 +75,7 @@ def _exercise(entry: dict) -> Exercise:
         world_sizes=tuple(entry.get("world_sizes", [2])),
         minutes=int(entry.get("minutes", 20)),
         hints=tuple(entry.get("hints", [])),
-        builds_ddp=bool(entry.get("builds_ddp", False)),
+        preload_dynamo=bool(entry.get("preload_dynamo", False)),
         checks=checks,
     )
 

@@ -118,7 +118,7 @@ def grade(path, exercise_id, world_size, backend, timeout_s, fmt, junit_path, qu
             raise SystemExit(EXIT_OK)
     elif not os.path.exists(path) and re.fullmatch(r"\d{1,2}", path):
         path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
-    harness.warm_up(ddp=_builds_ddp(path, exercise_id))
+    harness.warm_up(dynamo=_preload_dynamo(path, exercise_id))
     options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     try:
         with harness.Session() as session:
@@ -156,11 +156,11 @@ def grade_and_record(path, session, options, exercise_id, progress, quiet):
     return report
 
 
-def _builds_ddp(path: str, exercise_id: str | None) -> bool:
+def _preload_dynamo(path: str, exercise_id: str | None) -> bool:
     from grader import catalog
 
     exercise = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
-    return exercise is None or exercise.builds_ddp
+    return exercise is None or exercise.preload_dynamo
 
 
 def _color() -> bool:
@@ -274,7 +274,7 @@ def watch(target, exercise_id, world_size, backend, timeout_s, quiet, poll_s, ma
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     tty = _color()
-    harness.warm_up(ddp=ex.builds_ddp if ex else True)
+    harness.warm_up(dynamo=ex.preload_dynamo if ex else True)
 
     with harness.Session() as session:
         def once(n: int) -> None:
@@ -401,7 +401,7 @@ def interview(exercise_id, minutes, n_questions, seed, world_size, backend, time
     questions = iv.pick_questions(ex, n_questions, seed if seed is not None else iv.default_seed(),
                                   clean_progress(quiz_state.load()))
     options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
-    harness.warm_up(ddp=ex.builds_ddp)
+    harness.warm_up(dynamo=ex.preload_dynamo)
 
     def read_line(prompt: str) -> str:
         click.echo(prompt, nl=False)

@@ -629,15 +629,15 @@ def _default_method() -> str:
 PRELOAD = ["grader.child", "grader.checks"]
 # DistributedDataParallel's constructor imports torch._dynamo (1-2 s); preloading it
 # once in the forkserver saves that in every rank of the exercises that build a DDP.
-PRELOAD_FOR_DDP = ["torch._dynamo"]
+PRELOAD_DYNAMO = ["torch._dynamo"]
 
 
-def _context(start_method: str | None, ddp: bool = True):
+def _context(start_method: str | None, dynamo: bool = True):
     """A forkserver with the grader (and so torch) preloaded, where the platform has one."""
     method = start_method or _default_method()
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD + (PRELOAD_FOR_DDP if ddp else []))
+        ctx.set_forkserver_preload(PRELOAD + (PRELOAD_DYNAMO if dynamo else []))
     return ctx
 
 
@@ -663,12 +663,13 @@ def _hidden_main():
                 sys.modules["__main__"] = real
 
 
-def warm_up(ddp: bool = True) -> None:
+def warm_up(dynamo: bool = True) -> None:
     """Start the forkserver now so it imports torch while this process does other work.
 
-    ``ddp=False`` skips what only exercises that build a DistributedDataParallel need.
+    ``dynamo=False`` skips torch._dynamo, which only ranks that build a
+    DistributedDataParallel or a torch.optim optimizer import.
     """
-    ctx = _context(None, ddp)
+    ctx = _context(None, dynamo)
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 

@@ -365,11 +365,10 @@ def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr
     """Train one model on the union of the ranks' batches, step by step: what DDP should equal."""
     model = TinyNet()
     model.load_state_dict(initial)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     x_all, y_all = dataset.tensors
     for step in range(len(steps[0])):
-        optimizer.zero_grad()
+        model.zero_grad()
         # DDP averages per-rank mean losses' gradients: the mean over ranks of each rank's loss.
         losses = []
         for rank_steps in steps:
@@ -378,7 +377,11 @@ def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr
                 losses.append(loss_fn(model(x_all[idx]), y_all[idx]))
         if losses:
             (sum(losses) / len(steps)).backward()
-        optimizer.step()
+        # Plain SGD, written out: torch.optim would import torch._dynamo here (1-2 s).
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-lr)
     return _cpu_state(model)
 
 

@@ -77,7 +77,7 @@ def process_group(timeout_s: float) -> Finding:
 
     started = time.monotonic()
     try:
-        harness.warm_up(ddp=False)
+        harness.warm_up(dynamo=False)
         with harness.Session() as session:
             t0 = time.monotonic()
             outcome = session.run("grader.commands.doctor:rank_main", 2, learner_path=os.devnull,
