@@ -17,6 +17,7 @@ kit files not found); `doctor` exits 0 when grading can work here, 1 when someth
 from __future__ import annotations
 
 import os
+import sys
 import re
 
 import click
@@ -145,7 +146,7 @@ def grade_and_record(path, session, options, exercise_id, progress, quiet):
     from grader.grading import grade_file
 
     ex = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
-    stream = click.get_text_stream("stderr")
+    stream = sys.stderr
     line = live.LiveLine(f"exercise {ex.id}" if ex else os.path.basename(path), live.mode_for(stream, quiet), stream)
     try:
         report = grade_file(path, session, options, exercise_id, on_event=line.event)
@@ -164,8 +165,6 @@ def _preload_dynamo(path: str, exercise_id: str | None) -> bool:
 
 
 def _color() -> bool:
-    import sys
-
     return sys.stdout.isatty()
 
 
@@ -377,8 +376,6 @@ def interview(exercise_id, minutes, n_questions, seed, world_size, backend, time
     grade, h for a hint (counted in the summary), q to finish. It ends with a final
     grading, the questions, the time used and a summary.
     """
-    import sys
-
     from grader import harness
     from grader.commands import interview as iv
     from grader.grading import GradeOptions

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 
 import torch
 import torch.distributed as dist
@@ -144,7 +143,7 @@ def watch_calls(events: list):
 def _state(model: torch.nn.Module) -> dict:
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
-    return {name: t.detach().clone() for name, t in tensors.items()}
+    return {name: t.detach().cpu().clone() for name, t in tensors.items()}
 
 
 def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
@@ -160,34 +159,9 @@ def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
 
 def bucket_main(ctx: RankContext) -> dict:
     ctx.init_group()
-    try:
-        obs = _observe(ctx)
-    except NotImplementedError as exc:
-        _name_the_method(exc, ctx.learner_path)
-        raise
+    obs = _observe(ctx)
     ctx.leave_group()
     return obs
-
-
-def _name_the_method(exc: NotImplementedError, learner_path: str) -> None:
-    """Raise ``exc`` again from a frame named like ``BucketedDDP.__init__``.
-
-    The report names the innermost frame of the learner's file by its plain
-    name ("__init__"), which does not say which class; a frame compiled at the
-    same line and named with the qualified name does.
-    """
-    target = os.path.abspath(learner_path)
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename) == target:
-            found = (tb.tb_frame.f_code.co_qualname, tb.tb_lineno)
-        tb = tb.tb_next
-    if found is None or "." not in found[0]:
-        return
-    name, line = found
-    code = compile("\n" * (line - 1) + "raise error from None", target, "exec").replace(co_name=name, co_qualname=name)
-    exec(code, {"error": NotImplementedError(*exc.args)})
 
 
 def _observe(ctx: RankContext) -> dict:
@@ -197,11 +171,11 @@ def _observe(ctx: RankContext) -> dict:
 
         layouts = []
         for cap_bytes in LAYOUT_CAPS_BYTES:
-            model = build_model(ctx.rank)
+            model = build_model(ctx.rank).to(ctx.device)
             wrapper = BucketedDDP(model, cap_bytes / MIB)
             layouts.append(_bucket_names(getattr(wrapper, "buckets", []), model))
 
-        model = build_model(ctx.rank)
+        model = build_model(ctx.rank).to(ctx.device)
         first_layer = dict(model.named_parameters())[FIRST_LAYER]
         # Registered before the learner's hooks, so it runs before theirs on this parameter.
         first_layer.register_post_accumulate_grad_hook(lambda p: events.append({"op": "first-layer-grad-ready"}))
@@ -211,14 +185,14 @@ def _observe(ctx: RankContext) -> dict:
 
         steps = []
         for step in range(STEPS):
-            x, y = make_batch(step, ctx.rank)
+            x, y = (t.to(ctx.device) for t in make_batch(step, ctx.rank))
             first = len(events)
             loss = F.mse_loss(ddp(x, **forward_kwargs(step)), y)
             loss.backward()
             events.append({"op": "backward-returned"})
             ddp.finish_gradient_synchronization()
             events.append({"op": "finish-returned"})
-            grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+            grads = {n: None if p.grad is None else p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
             step_events = [dict(e) for e in events[first:]]
             optimizer.step()
             optimizer.zero_grad()

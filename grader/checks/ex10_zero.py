@@ -11,7 +11,6 @@ computes the unsharded AdamW's state bytes itself and decides every check.
 
 from __future__ import annotations
 
-import os
 
 import torch
 from torch import nn
@@ -91,34 +90,9 @@ def _params(model: nn.Module) -> dict:
 
 def rank_main(ctx: RankContext) -> dict:
     ctx.init_group()
-    try:
-        obs = _observe(ctx)
-    except NotImplementedError as exc:
-        _raise_from_qualified_frame(exc, ctx.learner_path)
-        raise
+    obs = _observe(ctx)
     ctx.leave_group()
     return obs
-
-
-def _raise_from_qualified_frame(exc: NotImplementedError, learner_path: str) -> None:
-    """Raise ``exc`` again from a frame named ``ShardedOptimizer.step`` (say) at the same line.
-
-    The report names the learner's innermost frame by its code name, "__init__" or
-    "step", which does not say of which class; a frame with the qualified name does.
-    """
-    target = os.path.abspath(learner_path)
-    where = None
-    tb = exc.__traceback__
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if os.path.abspath(code.co_filename) == target:
-            where = (code.co_qualname, tb.tb_lineno)
-        tb = tb.tb_next
-    if where is None or "." not in where[0]:
-        return
-    name, line = where
-    code = compile("\n" * (line - 1) + "raise error from None", target, "exec")
-    exec(code.replace(co_name=name, co_qualname=name), {"error": NotImplementedError(*exc.args)})
 
 
 def _observe(ctx: RankContext) -> dict:
