@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
 import re
 import time
 from dataclasses import dataclass
@@ -351,7 +353,8 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
     module = importlib.import_module(exercise.module)
     not_run = None
     try:
-        module.grade(g)
+        with _hypothesis_files_in(session.tmp):
+            module.grade(g)
     except Abort as abort:
         report.status, report.problem, report.details = abort.status, abort.problem, abort.details
         not_run = abort.problem.splitlines()[0]
@@ -360,6 +363,25 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.status = overall_status(report.checks)
     report.seconds = time.monotonic() - started
     return report
+
+
+@contextlib.contextmanager
+def _hypothesis_files_in(folder: str):
+    """Keep Hypothesis's cache (it writes ./.hypothesis even without a database) in the
+    session's temp folder, never in the learner's working directory."""
+    key = "HYPOTHESIS_STORAGE_DIRECTORY"
+    before = os.environ.get(key)
+    os.environ[key] = os.path.join(folder, "hypothesis")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        configuration = sys.modules.get("hypothesis.configuration")
+        if configuration is not None:
+            configuration.set_hypothesis_home_dir(None)  # read the variable again next time
 
 
 def _gpu_count() -> int:

@@ -9,9 +9,6 @@ process. Every verdict is decided here, from the indices the worker returned.
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 from torch.utils.data import Dataset
 
@@ -275,14 +272,13 @@ def grade_shards(g, worker) -> None:
                 search["best"] = (size, violation)
             raise
 
-    with _private_hypothesis_home(worker.run_dir):
-        while active:
-            search.update(best=None, tried=0)
-            violation = _falsify(shard_property, search)
-            if violation is None:
-                break
-            g.record(violation.check_id, False, violation.message)
-            active.remove(violation.check_id)
+    while active:
+        search.update(best=None, tried=0)
+        violation = _falsify(shard_property, search)
+        if violation is None:
+            break
+        g.record(violation.check_id, False, violation.message)
+        active.remove(violation.check_id)
     for check_id in active:
         g.record(check_id, True)
 
@@ -307,21 +303,6 @@ def _unpack(reply: dict, names: list, world_size: int) -> dict:
         shards.append({"kind": kind, "items": flat[start:start + size], "bad": bad})
         start += size
     return {name: shards[i * world_size:(i + 1) * world_size] for i, name in enumerate(names)}
-
-
-@contextlib.contextmanager
-def _private_hypothesis_home(folder: str):
-    """Hypothesis caches what it learns under ./.hypothesis even without a database:
-    keep that in the run's temp folder, not in the learner's working directory."""
-    from hypothesis import configuration
-
-    name = "__hypothesis_home_directory"
-    before = getattr(configuration, name, None)
-    configuration.set_hypothesis_home_dir(os.path.join(folder, "hypothesis"))
-    try:
-        yield
-    finally:
-        configuration.set_hypothesis_home_dir(before)
 
 
 def _falsify(prop, search: dict) -> Violation | None:
