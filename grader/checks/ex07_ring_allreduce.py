@@ -9,12 +9,8 @@ each rank sent and whom it talked to.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from grader import probes
 from grader.child import RankContext
@@ -81,75 +77,12 @@ def cases_for(world_size: int, drawn: list[dict]) -> list[dict]:
 # --- in each rank ---------------------------------------------------------------------
 
 
-def _peer(name: str, bound: inspect.BoundArguments) -> int | None:
-    """The global rank a send/recv talks to (dst/src, or group_dst/group_src mapped back)."""
-    args = bound.arguments
-    key = "dst" if name in SEND_OPS else "src"
-    if args.get(key) is not None:
-        return int(args[key])
-    group_peer = args.get(f"group_{key}")
-    if group_peer is None:
-        return None  # a receive from any source
-    group = args.get("group")
-    return int(group_peer) if group is None else int(dist.get_global_rank(group, group_peer))
-
-
-@contextlib.contextmanager
-def watch_calls(events: list):
-    """Record each torch.distributed call the learner makes, once.
-
-    Unlike the generic probe, a call made by torch itself inside another one
-    (dist.send is isend + wait) is not counted again, and group_dst/group_src
-    are understood.
-    """
-    depth = [0]
-    saved = {}
-
-    def wrap(name, original):
-        signature = inspect.signature(original)
-
-        def observed(*args, **kwargs):
-            if depth[0] == 0:
-                event = {"op": name, "bytes": 0, "peer": None}
-                if name in SEND_OPS + RECV_OPS:
-                    try:
-                        bound = signature.bind(*args, **kwargs)
-                        tensor = bound.arguments.get("tensor")
-                        event["bytes"] = probes._nbytes(tensor)
-                        event["peer"] = _peer(name, bound)
-                    except (TypeError, ValueError):
-                        pass  # torch will raise its own error below
-                events.append(event)
-            depth[0] += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-
-        observed.__name__ = name
-        observed.__wrapped__ = original
-        return observed
-
-    names = [n for n in probes.COLLECTIVES + probes.POINT_TO_POINT if hasattr(c10d, n)]
-    for name in names:
-        saved[name] = getattr(c10d, name)
-        replacement = wrap(name, saved[name])
-        setattr(c10d, name, replacement)
-        setattr(dist, name, replacement)
-    try:
-        yield events
-    finally:
-        for name, original in saved.items():
-            setattr(c10d, name, original)
-            setattr(dist, name, original)
-
-
 def ring_main(ctx: RankContext) -> dict:
     """Run ring_all_reduce on every case; return the tensors after it and the calls it made."""
     ctx.init_group()
     events: list = []
     out = []
-    with watch_calls(events):
+    with probes.watch_collectives(events):
         ring_all_reduce = ctx.function("ring_all_reduce")
         for case in ctx.kwargs["cases"]:
             tensor = make_tensor(case, ctx.rank)

@@ -11,12 +11,8 @@ gradients and the parameters after each step itself, and compare.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 import torch.nn.functional as F
 
 from grader import probes
@@ -93,53 +89,6 @@ def expected_buckets(cap_bytes: float) -> list[list[str]]:
 # --- in each rank ---------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def watch_calls(events: list):
-    """Record each torch.distributed call made from outside torch.distributed, in order.
-
-    An event is ``{"op", "async_op", "bytes"}``; calls torch makes inside another
-    call are not counted again, and a positional async_op is understood.
-    """
-    depth = [0]
-    saved = {}
-
-    def wrap(name, original):
-        signature = inspect.signature(original)
-
-        def observed(*args, **kwargs):
-            if depth[0] == 0:
-                event = {"op": name, "async_op": name in ("isend", "irecv"), "bytes": 0}
-                try:
-                    bound = signature.bind(*args, **kwargs)
-                    event["async_op"] = event["async_op"] or bool(bound.arguments.get("async_op", False))
-                    first = next(iter(bound.arguments.values()), None)
-                    event["bytes"] = probes._nbytes(first)
-                except (TypeError, ValueError):
-                    pass  # torch raises its own error below
-                events.append(event)
-            depth[0] += 1
-            try:
-                return original(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-
-        observed.__name__ = name
-        observed.__wrapped__ = original
-        return observed
-
-    for name in [n for n in probes.COLLECTIVES + probes.POINT_TO_POINT if hasattr(c10d, n)]:
-        saved[name] = getattr(c10d, name)
-        replacement = wrap(name, saved[name])
-        setattr(c10d, name, replacement)
-        setattr(dist, name, replacement)
-    try:
-        yield events
-    finally:
-        for name, original in saved.items():
-            setattr(c10d, name, original)
-            setattr(dist, name, original)
-
-
 def _state(model: torch.nn.Module) -> dict:
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
@@ -166,7 +115,7 @@ def bucket_main(ctx: RankContext) -> dict:
 
 def _observe(ctx: RankContext) -> dict:
     events: list = []
-    with watch_calls(events):
+    with probes.watch_collectives(events):
         BucketedDDP = ctx.function("BucketedDDP")
 
         layouts = []
