@@ -1,0 +1,80 @@
+"""Exercise 01's verdicts from hand-made records: the checks that only a GPU machine could
+show failing with a real submission (backend, nccl-device) or that no realistic CPU bug reaches."""
+
+from __future__ import annotations
+
+import pytest
+
+from grader import catalog
+from grader.checks import ex01_setup
+from grader.grading import Abort, Grading
+
+
+class _Session:
+    """Grading never starts a process in these tests."""
+
+
+def _grading(backend: str = "gloo", world_size: int = 2) -> Grading:
+    return Grading(catalog.by_id("01"), "01_setup.py", _Session(), backend, [world_size], 30)
+
+
+def _observation(rank: int, world_size: int = 2, **changes) -> dict:
+    obs = {
+        "grader_port": "41000", "aborted": None,
+        "calls": [{"backend": None, "init_method": None, "timeout_s": 300.0, "world_size": world_size,
+                   "rank": rank, "uses_store": False, "master_addr": "127.0.0.1", "master_port": "41000"}],
+        "initialized": True, "rank": rank, "world_size": world_size, "backend": "gloo",
+        "all_reduce": world_size * (world_size + 1) / 2, "initialized_after_cleanup": False,
+        "second_cleanup_error": None,
+    }
+    obs.update(changes)
+    return obs
+
+
+def _verdicts(g: Grading) -> dict:
+    return {c.id: c for c in g.results(None)}
+
+
+def test_a_correct_record_passes_every_check_it_covers():
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1)], 2)
+    verdicts = _verdicts(g)
+    for check_id in ("joins-group", "backend", "collective-works", "port-from-env", "timeout-set",
+                     "cleanup-destroys", "cleanup-twice"):
+        assert verdicts[check_id].status == "pass", check_id
+    assert verdicts["nccl-device"].status == "skip"
+
+
+def test_gloo_on_a_machine_with_a_gpu_per_rank_fails_backend(monkeypatch):
+    monkeypatch.setattr(ex01_setup.torch.cuda, "device_count", lambda: 2)
+    g = _grading(backend="nccl")
+    records = [_observation(r, cuda_device=r) for r in range(2)]
+    ex01_setup.check_run(g, records, 2)
+    verdict = _verdicts(g)["backend"]
+    assert verdict.status == "fail" and "joined with gloo, expected nccl" in verdict.message
+
+
+def test_every_rank_on_gpu_0_fails_nccl_device(monkeypatch):
+    monkeypatch.setattr(ex01_setup.torch.cuda, "device_count", lambda: 2)
+    g = _grading(backend="nccl")
+    records = [_observation(r, backend="nccl", cuda_device=0) for r in range(2)]
+    ex01_setup.check_run(g, records, 2)
+    verdict = _verdicts(g)["nccl-device"]
+    assert verdict.status == "fail" and verdict.rank == 1 and "cuda:0, expected cuda:1" in verdict.message
+
+
+def test_a_wrong_all_reduce_result_fails_collective_works():
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1, all_reduce=2.0)], 2)
+    verdict = _verdicts(g)["collective-works"]
+    assert verdict.status == "fail" and "gave 2, expected 3" in verdict.message
+
+
+def test_a_hard_coded_port_stops_grading_after_failing_port_from_env():
+    g = _grading()
+    calls = [{**_observation(0)["calls"][0], "master_port": "29500"}]
+    records = [_observation(r, calls=calls, aborted="would meet at port 29500") for r in range(2)]
+    with pytest.raises(Abort):
+        ex01_setup.check_run(g, records, 2)
+    verdict = _verdicts(g)["port-from-env"]
+    assert verdict.status == "fail" and "29500" in verdict.message
