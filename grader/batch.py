@@ -39,13 +39,12 @@ from pathlib import Path
 
 import click
 
-from grader import limits as limits_mod
-from grader.results import FAILED, PASSED, TIMEOUT, UNUSABLE
+from grader.options import EXIT_INTERRUPTED, format_option, grading_options, quiet_option
+from grader.results import EXIT_CODES, FAILED, PASSED, TIMEOUT, UNUSABLE, Report
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
 WORKER_MARGIN_S = 60.0  # a worker silent for timeout + this long is stopped
 SEVERITY = [PASSED, FAILED, TIMEOUT, UNUSABLE]  # worst last
-EXIT_CODES = {PASSED: 0, FAILED: 1, UNUSABLE: 2, TIMEOUT: 3}
 EXERCISE_FILE = re.compile(r"^(\d\d)_\w+\.py$")
 ROW_FIELDS = ["submission", "file", "exercise", "status", "exit_code", "check", "check_status", "message",
               "points", "seconds"]
@@ -194,7 +193,8 @@ def serve() -> None:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes where stderr goes, never into the replies
     from grader import harness
-    from grader.grading import GradeOptions, grade_file
+    from grader.grading import grade_file
+    from grader.options import GradeOptions
 
     harness.warm_up(dynamo=True)
     session = None
@@ -205,7 +205,7 @@ def serve() -> None:
                 if session is not None:
                     session.close()
                 session = harness.Session(limits=job["limits"])
-            options = GradeOptions(world_size=job["world_size"], backend=job["backend"], timeout_s=job["timeout_s"])
+            options = GradeOptions.from_dict(job)
             try:
                 report = grade_file(job["path"], session, options, job["exercise"]).to_dict()
             except Exception as exc:  # the grader's own failure on this file: reported, the batch goes on
@@ -219,9 +219,7 @@ def serve() -> None:
 
 
 def _unusable(path: str, problem: str, status: str = UNUSABLE) -> dict:
-    return {"schema": 1, "exercise": "", "title": "", "path": path, "status": status,
-            "exit_code": EXIT_CODES[status], "problem": problem, "details": "", "backend": "", "world_sizes": [],
-            "seconds": 0.0, "score": {"points": 0, "max_points": 0}, "counts": {}, "checks": []}
+    return Report("", "", path, status, problem=problem).to_dict()
 
 
 def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=None) -> list[Outcome]:
@@ -380,17 +378,10 @@ def default_jobs() -> int:
               help="Grade only exercise NN (files in folders: NN_*.py; a file named directly is graded as NN).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1, max=64), default=None,
               help="Submissions graded at the same time (default: a quarter of the CPU cores, at least 2).")
-@click.option("--world-size", "world_size", type=click.IntRange(min=1, max=64), default=None,
-              help="Ranks per run (default: each exercise's).")
-@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
-              help="auto: nccl when there is one GPU per rank, else gloo.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
-              help="Seconds for grading one submission; past it, it is stopped (status timeout).")
-@limits_mod.limit_options
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "csv"]), default="text", show_default=True,
-              help="text: a summary table; json and csv: one row per submission and check.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
-def batch(paths, exercise_id, jobs, world_size, backend, timeout_s, fmt, quiet):
+@grading_options
+@format_option("text", "json", "csv")
+@quiet_option
+def batch(paths, exercise_id, jobs, options, fmt, quiet):
     """Grade many submissions: files, folders of NN_*.py files, or folders of learners' folders.
 
     One bad submission (a crash, a hang, a missing file) never stops the rest;
@@ -409,8 +400,7 @@ def batch(paths, exercise_id, jobs, world_size, backend, timeout_s, fmt, quiet):
             known = ", ".join(e.id for e in catalog.exercises())
             raise click.UsageError(f"unknown exercise {exercise_id!r}: choose one of {known}")
     submissions = collect(list(paths), exercise_id)
-    settings = {"world_size": world_size, "backend": backend, "timeout_s": timeout_s,
-                "limits": limits_mod.current()}
+    settings = options.to_dict()
     total = len(submissions)
     done = [0]
 
@@ -423,7 +413,7 @@ def batch(paths, exercise_id, jobs, world_size, backend, timeout_s, fmt, quiet):
         outcomes = run_batch(submissions, jobs or default_jobs(), settings, progress)
     except KeyboardInterrupt:
         click.echo("interrupted: the workers were stopped", err=True)
-        raise SystemExit(130)
+        raise SystemExit(EXIT_INTERRUPTED)
     if fmt == "json":
         click.echo(render_json(outcomes))
     elif fmt == "csv":

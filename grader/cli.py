@@ -25,11 +25,8 @@ import click
 from grader import __version__, kit
 from grader import progress as prog
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_UNUSABLE = 2
-EXIT_TIMEOUT = 3
-EXIT_INTERRUPTED = 130
+from grader.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE, format_option,
+                            grading_options, quiet_option)
 
 
 class DefaultGroup(click.Group):
@@ -63,40 +60,16 @@ def main():
     """
 
 
-def grading_options(f):
-    """--world-size, --backend, --timeout (and the limits): shared by every command that grades."""
-    from grader.limits import limit_options
-
-    f = limit_options(f)  # --memory-limit, --cpu-limit, --output-limit (see grader/limits.py)
-    f = click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=60, show_default=True,
-                     help="Seconds for grading one file; a run past it is stopped (exit 3).")(f)
-    f = click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
-                     help="auto: nccl when there is one GPU per rank, else gloo.")(f)
-    f = click.option("--world-size", "world_size", type=click.IntRange(min=1, max=64), default=None,
-                     help="Ranks per run (default: the exercise's, 2; an odd size is tried too where it matters).")(f)
-    return f
-
-
-def format_option(f):
-    return click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-                        help="json: the machine-readable report described in the README.")(f)
-
-
-def quiet_option(f):
-    return click.option("-q", "--quiet", is_flag=True,
-                        help="No live progress line on stderr while grading.")(f)
-
-
 @main.command()
 @click.argument("path", required=False, type=click.Path(dir_okay=True, file_okay=True, path_type=str))
 @click.option("--exercise", "exercise_id", metavar="NN", help="Grade PATH as exercise NN (default: from the file name).")
 @grading_options
-@format_option
+@format_option()
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, writable=True), metavar="FILE",
               help="Also write the report as JUnit XML to FILE (for CI dashboards).")
 @quiet_option
 @click.option("-v", "--verbose", is_flag=True, help="Show every detail, also of passing runs.")
-def grade(path, exercise_id, world_size, backend, timeout_s, fmt, junit_path, quiet, verbose):
+def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
     """Grade one exercise file (this is also what `ddp-grade PATH` does).
 
     Without PATH, grades the next unfinished exercise of the kit (see `ddp-grade list`);
@@ -108,7 +81,6 @@ def grade(path, exercise_id, world_size, backend, timeout_s, fmt, junit_path, qu
       ddp-grade 01 --format json --junit report.xml
     """
     from grader import harness
-    from grader.grading import GradeOptions
     from grader.report import render_json, render_junit, render_text
 
     progress = _progress()
@@ -120,9 +92,8 @@ def grade(path, exercise_id, world_size, backend, timeout_s, fmt, junit_path, qu
     elif not os.path.exists(path) and re.fullmatch(r"\d{1,2}", path):
         path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
     harness.warm_up(dynamo=_preload_dynamo(path, exercise_id))
-    options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     try:
-        with harness.Session() as session:
+        with harness.Session(limits=options.limits) as session:
             report = grade_and_record(path, session, options, exercise_id, progress, quiet)
     except KeyboardInterrupt:  # the ranks are already stopped and the temp folder removed
         click.echo("ddp-grade: interrupted", err=True)
@@ -252,7 +223,7 @@ def hint(exercise_id, again, check_id):
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.05, max=10), default=0.3, show_default=True,
               help="Seconds between looks at the file.")
 @click.option("--max-grades", type=click.IntRange(min=1), default=None, hidden=True)
-def watch(target, exercise_id, world_size, backend, timeout_s, quiet, poll_s, max_grades):
+def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     """Re-grade an exercise file every time it is saved; stop with Ctrl-C (exit 0).
 
     Without NN: the next unfinished exercise. The file is polled, which works in
@@ -261,7 +232,6 @@ def watch(target, exercise_id, world_size, backend, timeout_s, quiet, poll_s, ma
     """
     from grader import catalog, harness
     from grader.commands.watch import watch_loop
-    from grader.grading import GradeOptions
     from grader.report import render_text
 
     progress = _progress()
@@ -271,11 +241,10 @@ def watch(target, exercise_id, world_size, backend, timeout_s, quiet, poll_s, ma
     ex, path = _exercise_arg(target, progress)
     if exercise_id:
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
-    options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     tty = _color()
     harness.warm_up(dynamo=ex.preload_dynamo if ex else True)
 
-    with harness.Session() as session:
+    with harness.Session(limits=options.limits) as session:
         def once(n: int) -> None:
             report = grade_and_record(path, session, options, exercise_id, progress, quiet)
             if tty:
@@ -369,7 +338,7 @@ def restore(exercise_id, source, list_copies):
               help="Quiz questions after the code.")
 @click.option("--seed", type=int, default=None, help="Seed for choosing the questions.")
 @grading_options
-def interview(exercise_id, minutes, n_questions, seed, world_size, backend, timeout_s):
+def interview(exercise_id, minutes, n_questions, seed, options):
     """A timed mock interview: one exercise not yet passed, then a few quiz questions.
 
     The clock starts at once. Edit the exercise file in your editor; press Enter to
@@ -378,7 +347,6 @@ def interview(exercise_id, minutes, n_questions, seed, world_size, backend, time
     """
     from grader import harness
     from grader.commands import interview as iv
-    from grader.grading import GradeOptions
     from grader.report import render_text
     from grader.state import StateFile
 
@@ -397,7 +365,6 @@ def interview(exercise_id, minutes, n_questions, seed, world_size, backend, time
 
     questions = iv.pick_questions(ex, n_questions, seed if seed is not None else iv.default_seed(),
                                   clean_progress(quiz_state.load()))
-    options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s)
     harness.warm_up(dynamo=ex.preload_dynamo)
 
     def read_line(prompt: str) -> str:
@@ -407,7 +374,7 @@ def interview(exercise_id, minutes, n_questions, seed, world_size, backend, time
             raise EOFError
         return line
 
-    with harness.Session() as session:
+    with harness.Session(limits=options.limits) as session:
         run = iv.Interview(
             ex, path, minutes if minutes is not None else ex.minutes, questions,
             grade=lambda: grade_and_record(path, session, options, None, progress, quiet=False),

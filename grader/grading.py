@@ -12,19 +12,10 @@ from dataclasses import dataclass
 
 from grader import catalog, learner
 from grader.harness import RankOutcome, Session, WorldOutcome, Worker, WorkerDied, WorkerTimeout
+from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (GradeOptions: re-exported)
 from grader.results import ERROR, FAIL, FAILED, PASS, SKIP, TIMEOUT, UNUSABLE, CheckResult, Report, overall_status
 
-DEFAULT_TIMEOUT_S = 60.0
 STACK_LINES_PER_RANK = 25
-
-
-@dataclass
-class GradeOptions:
-    """How to grade: the CLI's options."""
-
-    world_size: int | None = None  # None: the exercise's default
-    backend: str = "auto"  # auto, gloo or nccl
-    timeout_s: float = DEFAULT_TIMEOUT_S  # for the whole grading of one file
 
 
 class Abort(Exception):

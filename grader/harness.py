@@ -48,7 +48,7 @@ OUTPUT_TAIL_CHARS = 3000
 MAX_MESSAGE_BYTES = 256 * 2**20
 RUN_MARKER = "DDP_GRADE_RUN"  # environment variable carried by every process of a run
 
-DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.limits; a Session takes grader.limits.current()
+DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.limits; a Session takes GradeOptions.limits
 REAP_PASSES = 5  # a process forking in a loop is caught within a few passes
 
 
@@ -149,7 +149,7 @@ class Session:
     """
 
     def __init__(self, limits: dict | None = None, start_method: str | None = None):
-        self.limits = {**_limits.current(), **(limits or {})}
+        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self.ctx = _context(start_method)
         self.tmp = tempfile.mkdtemp(prefix="ddp-grade-")
         self.marker = uuid.uuid4().hex

@@ -84,40 +84,19 @@ def describe(limit: str, limits: dict) -> str:
     return f"the {limit} limit ({amount}; {OPTIONS[limit]} changes it)"
 
 
-# What the command line asked for; a Session made without explicit limits uses these.
-_current: dict = dict(DEFAULT_LIMITS)
-
-
-def current() -> dict:
-    """The limits in force: the defaults, or what --memory-limit / --cpu-limit / --output-limit said."""
-    return dict(_current)
-
-
-def set_current(**changes) -> None:
-    _current.update(changes)
-
-
-def _setter(key: str, scale: float):
-    def callback(ctx, param, value):
-        set_current(**{key: int((value or 0) * scale)})
-        return value
-
-    return callback
-
-
 def limit_options(f):
     """--memory-limit, --cpu-limit, --output-limit for a command that grades.
 
-    The options set :func:`current` (they pass nothing to the command's function), so
-    every Session the command makes runs under them.
+    They reach the command as ``memory_limit`` (MiB), ``cpu_limit`` (s) and ``output_limit``
+    (MiB); :func:`grader.options.grading_options` turns them into one ``GradeOptions``.
     """
-    f = click.option("--output-limit", type=click.FloatRange(min=0), default=DEFAULT_OUTPUT_MIB,
-                     show_default=True, metavar="MIB", expose_value=False, callback=_setter("output_bytes", MIB),
+    f = click.option("--output-limit", "output_limit", type=click.FloatRange(min=0), default=DEFAULT_OUTPUT_MIB,
+                     show_default=True, metavar="MIB",
                      help="Largest file (printed output included) a rank may write, in MiB; 0: no limit.")(f)
-    f = click.option("--cpu-limit", type=click.FloatRange(min=0), default=DEFAULT_CPU_SECONDS,
-                     show_default=True, metavar="SECONDS", expose_value=False, callback=_setter("cpu_seconds", 1),
+    f = click.option("--cpu-limit", "cpu_limit", type=click.FloatRange(min=0), default=DEFAULT_CPU_SECONDS,
+                     show_default=True, metavar="SECONDS",
                      help="CPU time per rank process, in seconds; 0: no limit.")(f)
-    f = click.option("--memory-limit", type=click.FloatRange(min=0), default=DEFAULT_MEMORY_MIB,
-                     show_default=True, metavar="MIB", expose_value=False, callback=_setter("memory_bytes", MIB),
+    f = click.option("--memory-limit", "memory_limit", type=click.FloatRange(min=0), default=DEFAULT_MEMORY_MIB,
+                     show_default=True, metavar="MIB",
                      help="Resident memory per rank process, in MiB; 0: no limit.")(f)
     return f

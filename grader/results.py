@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from grader.options import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNUSABLE
+
 PASS = "pass"
 FAIL = "fail"
 ERROR = "error"  # the check could not be evaluated (not run, or the grader could not decide)
@@ -14,7 +16,7 @@ PASSED = "passed"
 FAILED = "failed"
 UNUSABLE = "unusable"  # the file could not be graded
 TIMEOUT = "timeout"
-EXIT_CODES = {PASSED: 0, FAILED: 1, UNUSABLE: 2, TIMEOUT: 3}
+EXIT_CODES = {PASSED: EXIT_OK, FAILED: EXIT_FAILED, UNUSABLE: EXIT_UNUSABLE, TIMEOUT: EXIT_TIMEOUT}
 
 
 @dataclass

@@ -94,16 +94,21 @@ def test_the_defaults_are_on_and_zero_turns_a_limit_off():
 
 
 def test_limit_options_reach_the_sessions_the_command_makes(tmp_path, monkeypatch):
-    monkeypatch.setattr(limits, "_current", dict(limits.DEFAULT_LIMITS))
+    seen = []
+
+    class RecordingSession(harness.Session):
+        def __init__(self, limits=None, **kwargs):
+            seen.append(limits)
+            super().__init__(limits=limits, **kwargs)
+
+    monkeypatch.setattr(harness, "Session", RecordingSession)
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path))
     result = CliRunner().invoke(main, ["grade", str(tmp_path / "01_setup.py"), "-q", "--memory-limit", "100",
                                        "--cpu-limit", "7", "--output-limit", "0"])
     assert result.exit_code == 2  # no such file; the options were still read
-    assert limits.current() == {"memory_bytes": 100 * 2**20, "cpu_seconds": 7, "output_bytes": 0}
-    with harness.Session() as session:
-        assert session.limits == limits.current()
+    assert seen == [{"memory_bytes": 100 * 2**20, "cpu_seconds": 7, "output_bytes": 0}]
     with harness.Session(limits={"cpu_seconds": 1}) as session:
-        assert session.limits["cpu_seconds"] == 1 and session.limits["memory_bytes"] == 100 * 2**20
+        assert session.limits == {**limits.DEFAULT_LIMITS, "cpu_seconds": 1}
 
 
 def test_only_the_end_of_a_huge_output_is_kept(tmp_path):
