@@ -13,6 +13,8 @@ submission puts in them can run code in the parent.
 
 from __future__ import annotations
 
+import contextlib
+
 import faulthandler
 import importlib
 import importlib.util
@@ -103,6 +105,17 @@ class RankContext:
     def leave_group(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+    @contextlib.contextmanager
+    def group(self):
+        """``with ctx.group():`` the grader's own process group around a driver's work.
+
+        Left only when the work returns: after an exception the process ends without tearing
+        the group down (a peer may already be gone, and gloo's teardown can block on it).
+        """
+        self.init_group()
+        yield
+        self.leave_group()
 
     def serve(self, handlers: dict) -> None:
         """Answer the parent's calls until it says stop (used for pure functions)."""

@@ -6,47 +6,67 @@ import contextlib
 import importlib
 import os
 import sys
-import re
 import time
 from dataclasses import dataclass
 
-from grader import catalog, learner
+from grader import catalog, diagnose, learner
 from grader.harness import RankOutcome, Session, WorldOutcome, Worker, WorkerDied, WorkerTimeout
-from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (GradeOptions: re-exported)
-from grader.results import ERROR, FAIL, FAILED, PASS, SKIP, TIMEOUT, UNUSABLE, CheckResult, Report, overall_status
+from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (re-exported for callers)
+from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, PASS, SKIP, UNUSABLE, UNUSABLE_FILE,
+                            CheckResult, Report, RunProblem, overall_status)
 
-STACK_LINES_PER_RANK = 25
 
+class Abort(BaseException):
+    """Stop grading this file: carries the :class:`RunProblem` that says why.
 
-class Abort(Exception):
-    """Stop grading this file: the run timed out, crashed or could not start."""
+    A BaseException, so that nothing between a check and :func:`grade_file` swallows it: not a
+    check's ``except Exception``, and not Hypothesis, which only catches Exception.
+    """
 
-    def __init__(self, status: str, problem: str, details: str = ""):
-        super().__init__(problem)
-        self.status = status
+    def __init__(self, problem: RunProblem):
+        super().__init__(problem.kind)
         self.problem = problem
-        self.details = details
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a grading runs: the backend and the world sizes, settled once from the options."""
+
+    backend: str  # gloo or nccl
+    world_sizes: list[int]
+    backend_requested: str = "auto"  # what --backend said
 
 
 class Grading:
     """What an exercise's ``grade`` function works with: runs to start, verdicts to record."""
 
-    def __init__(self, exercise: catalog.Exercise, path: str, session: Session, backend: str,
-                 world_sizes: list[int], timeout_s: float, backend_requested: str = "auto",
-                 on_event=None):
+    Stopped = Abort  # what ``stop`` raises, for checks that must let it pass (e.g. through Hypothesis)
+
+    def __init__(self, exercise: catalog.Exercise, path: str, session: Session, plan: Plan, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, on_event=None):
         self.exercise = exercise
+        self.path = os.path.abspath(path)
+        self.session = session
+        self.plan = plan
+        self.timeout_s = timeout_s
         # on_event(kind, **info), for a live progress line: ("run", driver=, world_size=) before each
         # run, ("worker", driver=) before each worker, ("check", check_id=, status=) after each verdict.
         self.on_event = on_event
-        self.backend_requested = backend_requested  # what --backend said: auto, gloo or nccl
-        self.path = os.path.abspath(path)
-        self.session = session
-        self.backend = backend
-        self.world_sizes = world_sizes
-        self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self._verdicts: dict[str, CheckResult] = {}
         self._clock = time.monotonic()
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
+
+    @property
+    def backend_requested(self) -> str:
+        return self.plan.backend_requested
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return self.plan.world_sizes
 
     # --- starting processes -------------------------------------------------------
 
@@ -58,7 +78,7 @@ class Grading:
         """Run ``driver`` (a function of this exercise's module) on ``world_size`` ranks.
 
         A timeout always stops the grading. With ``expect_ok`` a rank that raises
-        or ends early stops it too, with a message naming the rank and the cause.
+        or ends early stops it too, with the rank and the cause.
         """
         self._notify("run", driver=driver, world_size=world_size)
         outcome = self.session.run(
@@ -66,8 +86,7 @@ class Grading:
             backend=backend or self.backend, kwargs=kwargs, env=env,
         )
         if outcome.timed_out:
-            raise Abort(TIMEOUT, timeout_problem(outcome, self.timeout_s, self.path),
-                        rank_details(outcome.ranks, self.path))
+            raise Abort(diagnose.timeout_problem(outcome, self.timeout_s, self.path))
         if expect_ok:
             self.stop_on_failures(outcome)
         return outcome
@@ -78,52 +97,44 @@ class Grading:
                                    kwargs=kwargs, backend=self.backend)
 
     def call(self, worker: Worker, name: str, **kwargs):
-        """Call handler ``name`` in ``worker``; its result, or Abort on a timeout or crash."""
+        """Call handler ``name`` in ``worker``; its result, or stop on a timeout or crash."""
         try:
             reply = worker.call(name, **kwargs)
         except WorkerTimeout as exc:
             exc.outcome.status = "killed"
-            raise Abort(TIMEOUT, f"timed out after {self.timeout_s:g} s: the call to the learner's code "
-                        f"did not return (an endless loop?){learner_location(exc.outcome.stack, self.path)}",
-                        rank_details([exc.outcome], self.path)) from None
+            raise Abort(diagnose.timeout_problem(WorldOutcome(1, [exc.outcome], timed_out=True), self.timeout_s,
+                                                 self.path, single=True)) from None
         except WorkerDied as exc:
-            raise Abort(FAILED, "the process running your code " + exc.outcome.describe().split(" ", 2)[2],
-                        rank_details([exc.outcome], self.path)) from None
+            raise Abort(diagnose.failure_problem(WorldOutcome(1, [exc.outcome]), self.path, single=True)) from None
         if reply.get("status") != "ok":
             rank = RankOutcome(0, "error", error=reply.get("error") or {})
             self.stop_on_failures(WorldOutcome(1, [rank]), single=True)
         return reply.get("result")
 
     def stop_on_failures(self, outcome: WorldOutcome, single: bool = False) -> None:
-        """Abort when any rank raised or ended early; the message names the first cause."""
-        failures = outcome.failures()
-        if not failures:
-            if outcome.still_running():  # stopped after another rank failed: cannot happen alone
-                raise Abort(FAILED, "a rank was stopped before it finished", rank_details(outcome.ranks, self.path))
-            return
-        first = _first_cause(failures)
-        err = first.error or {}
-        if err.get("phase") == "import":
-            if err.get("missing"):
-                raise Abort(UNUSABLE, f"{os.path.basename(self.path)} does not define {err['missing']}")
-            raise Abort(UNUSABLE, f"importing {os.path.basename(self.path)} failed: "
-                        f"{err.get('type')}: {err.get('message')}{_at(err)}", err.get("traceback", ""))
-        if err.get("type") == "NotImplementedError":
-            name = (err.get("where") or {}).get("function") or "a function"
-            raise Abort(FAILED, f"not implemented yet: {name}")
-        problem = first.describe()
-        if single:  # one worker process: "rank 0" would only confuse
-            problem = "your code " + problem.split(" ", 2)[2]
-        finished = [r for r in outcome.ranks if r.ok]
-        if finished and "by peer" in str(err.get("message", "")):
-            problem += ("\n(" + ", ".join(f"rank {r.rank}" for r in finished) + " had already finished: rank "
-                        f"{first.rank} was left in a collective the others never called. Do all ranks make the "
-                        "same collective calls in the same order?)")
-        others = [r for r in outcome.ranks if r.status == "killed"]
-        if others:
-            problem += "; " + ", ".join(f"rank {r.rank}" for r in others) + \
-                " could not finish without it and " + ("was" if len(others) == 1 else "were") + " stopped"
-        raise Abort(FAILED, problem, rank_details(outcome.ranks, self.path))
+        """Stop the grading when any rank raised or ended early; the problem names the first cause."""
+        problem = diagnose.failure_problem(outcome, self.path, single=single)
+        if problem is not None:
+            raise Abort(problem)
+
+    def stop(self, message: str, *, status: str = FAILED, world_size: int | None = None,
+             rank: int | None = None) -> None:
+        """Stop the grading: nothing after this can be checked (``message`` says why, to the learner)."""
+        raise Abort(RunProblem(CHECK_STOPPED, status, rank=rank, world_size=world_size, message=message,
+                               file=os.path.basename(self.path)))
+
+    def not_implemented(self, name: str) -> None:
+        """Stop the grading: the learner's ``name`` still raises NotImplementedError."""
+        from grader.results import NOT_IMPLEMENTED
+
+        raise Abort(RunProblem(NOT_IMPLEMENTED, FAILED, name=name, file=os.path.basename(self.path)))
+
+    @staticmethod
+    def with_context(exc: BaseException, context: str) -> BaseException:
+        """A stop with ``context`` (what the grader was doing) added; any other exception unchanged."""
+        if isinstance(exc, Abort):
+            exc.problem.context = context
+        return exc
 
     def _notify(self, kind: str, **info) -> None:
         if self.on_event is not None:
@@ -168,132 +179,44 @@ class Grading:
         return out
 
 
-def _first_cause(failures: list[RankOutcome]) -> RankOutcome:
-    """Prefer a rank that raised over one that only exited, and the earliest one."""
-    raised = [r for r in failures if r.status == "error"]
-    pool = raised or failures
-    return min(pool, key=lambda r: r.seconds)
-
-
-def _at(err: dict) -> str:
-    where = err.get("where")
-    return f" (line {where['line']})" if where else ""
-
-
-# --- messages about stuck or crashed ranks --------------------------------------------
-
-
-def learner_location(stack: str, learner_path: str) -> str:
-    """", at line 14 in setup_ddp, in all_reduce" from a faulthandler dump, or ""."""
-    frames = _main_thread_frames(stack)
-    if not frames:
-        return ""
-    base = os.path.basename(learner_path)
-    mine = [f for f in frames if os.path.abspath(f[0]) == os.path.abspath(learner_path)]
-    innermost = frames[0]
-    parts = []
-    if mine:
-        parts.append(f"at {base} line {mine[0][1]} in {mine[0][2]}")
-    if innermost not in mine:
-        parts.append(f"inside {innermost[2]} ({_short(innermost[0])})")
-    return ": " + ", ".join(parts) if parts else ""
-
-
-def _main_thread_frames(stack: str) -> list[tuple[str, int, str]]:
-    """(file, line, function) of the thread that looks like the main one, innermost first."""
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack.strip())
-    chosen = None
-    for block in blocks:
-        if "Current thread" in block.splitlines()[0] if block else False:
-            chosen = block
-    for block in blocks:  # the main thread is the one that entered through grader/child.py
-        if "grader/child.py" in block or "grader\\child.py" in block:
-            chosen = block
-    if chosen is None and blocks:
-        chosen = blocks[-1]
-    frames = []
-    for m in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', chosen or ""):
-        frames.append((m.group(1), int(m.group(2)), m.group(3)))
-    return frames
-
-
-def _short(path: str) -> str:
-    marker = f"{os.sep}site-packages{os.sep}"
-    if marker in path:
-        return path.split(marker, 1)[1]
-    return os.path.basename(path)
-
-
-def timeout_problem(outcome: WorldOutcome, timeout_s: float, learner_path: str) -> str:
-    stuck = outcome.still_running()
-    lines = [f"timed out after {timeout_s:g} s: "
-             + (", ".join(f"rank {r.rank}" for r in stuck) or "no rank")
-             + (" was" if len(stuck) == 1 else " were") + " still running (a deadlock or an endless loop?)"]
-    for r in stuck:
-        where = learner_location(r.stack, learner_path)
-        lines.append(f"  rank {r.rank}{where or ': no stack was captured'}")
-    for r in outcome.failures():
-        lines.append(f"  {r.describe()}")
-    return "\n".join(lines)
-
-
-def rank_details(ranks: list[RankOutcome], learner_path: str) -> str:
-    """Per-rank tracebacks, stacks and output tails, bounded, for the report's details."""
-    parts = []
-    for r in ranks:
-        chunk = []
-        if r.error and r.error.get("traceback"):
-            chunk.append(_trim_traceback(r.error["traceback"]))
-        if r.stack.strip():
-            chunk.append("stack when stopped:\n" + _trim_stack(r.stack))
-        if r.output.strip():
-            chunk.append("output (last lines):\n" + "\n".join(r.output.rstrip().splitlines()[-15:]))
-        if chunk:
-            parts.append(f"--- rank {r.rank} ({r.status}) ---\n" + "\n".join(chunk))
-    return "\n".join(parts)
-
-
-def _trim_traceback(tb: str) -> str:
-    """Drop the grader's own frames from the top of a traceback."""
-    lines = tb.rstrip().splitlines()
-    kept, skipping = [], False
-    for line in lines:
-        if line.startswith('  File "') and ("/grader/" in line or "\\grader\\" in line):
-            skipping = True
-            continue
-        if skipping and line.startswith("    ") and not line.startswith('  File "'):
-            continue
-        skipping = False
-        kept.append(line)
-    return "\n".join(kept[-40:])
-
-
-_PLUMBING = ("/multiprocessing/", "\\multiprocessing\\", "grader/child.py", "grader\\child.py", 'File "<string>"')
-
-
-def _trim_stack(stack: str) -> str:
-    """faulthandler's dump without the process plumbing below the driver."""
-    lines = [ln for ln in stack.rstrip().splitlines() if ln.strip() and not any(p in ln for p in _PLUMBING)]
-    return "\n".join(lines[:STACK_LINES_PER_RANK]) + ("\n  ..." if len(lines) > STACK_LINES_PER_RANK else "")
+def _bad_option(message: str) -> Abort:
+    return Abort(RunProblem(BAD_OPTION, UNUSABLE, message=message))
 
 
 # --- the whole grading of one file ----------------------------------------------------
 
 
-def resolve_backend(requested: str, world_sizes: list[int]) -> str:
-    """auto -> nccl when there is one GPU per rank, else gloo; Abort when nccl cannot work."""
-    import torch
+def plan(exercise: catalog.Exercise, options: GradeOptions, gpus: int | None = None,
+         nccl: bool | None = None) -> Plan:
+    """The backend and world sizes for grading ``exercise`` under ``options`` (Abort when they cannot work).
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    auto -> nccl when there is one GPU per rank and NCCL is built in, else gloo. The exercise's
+    sizes are used unless --world-size names one; on gloo an even size is joined by the next odd
+    one (code that assumes two ranks shows there). NCCL runs only the sizes that have a GPU per rank.
+    """
+    if options.world_size is not None and options.world_size < 1:
+        raise _bad_option(f"--world-size must be at least 1, not {options.world_size}")
+    gpus = _gpu_count() if gpus is None else gpus
+    nccl = _nccl_available() if nccl is None else nccl
+    wanted = [options.world_size] if options.world_size else list(exercise.world_sizes)
+    requested = options.backend
     if requested == "auto":
-        return "nccl" if gpus >= max(world_sizes) and _nccl_available() else "gloo"
-    if requested == "nccl":
-        if not _nccl_available():
-            raise Abort(UNUSABLE, "NCCL is not available in this torch build; use --backend gloo")
-        if gpus < max(world_sizes):
-            raise Abort(UNUSABLE, f"NCCL needs one GPU per rank: {gpus} GPU(s) here, world size "
-                        f"{max(world_sizes)}; use --world-size {max(gpus, 1)} or --backend gloo")
-    return requested
+        backend = "nccl" if nccl and gpus >= max(wanted) else "gloo"
+    elif requested == "nccl" and not nccl:
+        raise _bad_option("NCCL is not available in this torch build; use --backend gloo")
+    elif requested == "nccl" and gpus < max(wanted):
+        raise _bad_option(f"NCCL needs one GPU per rank: {gpus} GPU(s) here, world size {max(wanted)}; "
+                          f"use --world-size {max(gpus, 1)} or --backend gloo")
+    else:
+        backend = requested
+    sizes = list(exercise.world_sizes)
+    if options.world_size is not None:
+        sizes = [options.world_size]
+        if backend != "nccl" and len(exercise.world_sizes) > 1 and options.world_size % 2 == 0:
+            sizes.append(options.world_size + 1)  # an odd size catches code that assumes two ranks
+    if backend == "nccl":
+        sizes = [s for s in sizes if s <= gpus] or sizes[:1]
+    return Plan(backend, sizes, requested)
 
 
 def _nccl_available() -> bool:
@@ -302,17 +225,10 @@ def _nccl_available() -> bool:
     return dist.is_available() and dist.is_nccl_available()
 
 
-def world_sizes_for(exercise: catalog.Exercise, requested: int | None, backend: str) -> list[int]:
-    """The exercise's sizes, with the first replaced by --world-size and an odd one added on CPU."""
-    sizes = list(exercise.world_sizes)
-    if requested is None:
-        return sizes
-    if requested < 1:
-        raise Abort(UNUSABLE, f"--world-size must be at least 1, not {requested}")
-    out = [requested]
-    if backend != "nccl" and len(sizes) > 1 and requested % 2 == 0:
-        out.append(requested + 1)  # an odd size catches code that assumes two ranks
-    return out
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: str | None = None,
@@ -326,31 +242,29 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         exercise = learner.check_file(path, exercise_id)
     except learner.Unusable as exc:
         ex = _guess(path, exercise_id)
-        return Report(ex.id if ex else "", ex.title if ex else "", str(path), UNUSABLE, problem=str(exc),
+        return Report(ex.id if ex else "", ex.title if ex else "", str(path), UNUSABLE,
+                      run_problem=RunProblem(UNUSABLE_FILE, UNUSABLE, message=str(exc),
+                                             file=os.path.basename(str(path))),
                       seconds=time.monotonic() - started)
     report = Report(exercise.id, exercise.title, str(path), FAILED)
     try:
-        probe_sizes = [options.world_size] if options.world_size else list(exercise.world_sizes)
-        backend = resolve_backend(options.backend, probe_sizes)
-        sizes = world_sizes_for(exercise, options.world_size, backend)
-        if backend == "nccl":
-            sizes = [s for s in sizes if s <= _gpu_count()] or sizes[:1]
-        report.backend, report.world_sizes = backend, sizes
-        g = Grading(exercise, path, session, backend, sizes, options.timeout_s, options.backend, on_event)
+        settled = plan(exercise, options)
     except Abort as abort:
-        report.status, report.problem = abort.status, abort.problem
+        report.status, report.run_problem = abort.problem.status, abort.problem
         report.seconds = time.monotonic() - started
         return report
+    report.backend, report.world_sizes = settled.backend, list(settled.world_sizes)
+    g = Grading(exercise, path, session, settled, timeout_s=options.timeout_s, on_event=on_event)
     module = importlib.import_module(exercise.module)
     not_run = None
     try:
         with _hypothesis_files_in(session.tmp):
             module.grade(g)
     except Abort as abort:
-        report.status, report.problem, report.details = abort.status, abort.problem, abort.details
-        not_run = abort.problem.splitlines()[0]
+        report.status, report.run_problem = abort.problem.status, abort.problem
+        not_run = report.problem.splitlines()[0]
     report.checks = g.results(not_run)
-    if report.problem is None:
+    if report.run_problem is None:
         report.status = overall_status(report.checks)
     report.seconds = time.monotonic() - started
     return report
@@ -373,12 +287,6 @@ def _hypothesis_files_in(folder: str):
         configuration = sys.modules.get("hypothesis.configuration")
         if configuration is not None:
             configuration.set_hypothesis_home_dir(None)  # read the variable again next time
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _guess(path: str, exercise_id: str | None) -> catalog.Exercise | None:

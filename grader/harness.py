@@ -71,24 +71,6 @@ class RankOutcome:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def describe(self) -> str:
-        """One line for a learner: what went wrong in this rank."""
-        if self.status == "ok":
-            return f"rank {self.rank} finished"
-        if self.status == "error":
-            err = self.error or {}
-            where = err.get("where")
-            at = f" (line {where['line']}, in {where['function']})" if where else ""
-            over = f": it went over {self.limit_detail}" if self.limit else ""
-            return f"rank {self.rank} raised {err.get('type')}: {err.get('message')}{at}{over}"
-        if self.limit:
-            return f"rank {self.rank} went over {self.limit_detail} and was stopped"
-        if self.status == "exited":
-            return f"rank {self.rank} {describe_exit(self.exitcode)} before it finished"
-        if self.error:
-            return f"rank {self.rank} lost a peer that had failed and was stopped"
-        return f"rank {self.rank} was still running and was stopped"
-
 
 @dataclass
 class WorldOutcome:
@@ -114,18 +96,6 @@ class WorldOutcome:
 
     def still_running(self) -> list[RankOutcome]:
         return [r for r in self.ranks if r.status == "killed"]
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "ended"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
 
 
 @dataclass

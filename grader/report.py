@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import click
 
-from grader.results import ERROR, FAIL, FAILED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, Report
+from grader import results as R
+from grader.results import ERROR, FAIL, FAILED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report, RunProblem
 
 _LABELS = {PASS: ("PASS", "green"), FAIL: ("FAIL", "red"), ERROR: ("----", "yellow"), SKIP: ("SKIP", "blue")}
 
@@ -142,3 +144,150 @@ def _xml_text(text: str) -> str:
     """Drop the characters XML 1.0 cannot hold (a rank's output may contain any byte)."""
     return "".join(ch for ch in str(text) if ch in "\t\n\r" or (ord(ch) >= 0x20 and ch not in "\ufffe\uffff"
                                                                   and not 0xD800 <= ord(ch) <= 0xDFFF))
+
+
+# --- a run problem in words -------------------------------------------------------------------
+
+
+def problem_text(p: RunProblem) -> str:
+    """What stopped the grading, for a learner: the first line says it, later lines say where."""
+    words = _PROBLEM_WORDS.get(p.kind, _raised)(p)
+    if p.context:
+        first, _, rest = words.partition("\n")
+        words = f"{first} ({p.context})" + (f"\n{rest}" if rest else "")
+    return words
+
+
+def _ranks(numbers: list[int]) -> str:
+    return ", ".join(f"rank {n}" for n in numbers)
+
+
+def _subject(p: RunProblem) -> str:
+    if p.evidence.get("single_process"):
+        return "your code" if p.kind == R.RAISED else "the process running your code"
+    return f"rank {p.rank}"
+
+
+def _at(where, with_function: bool = True) -> str:
+    if where is None:
+        return ""
+    return f" (line {where.line}, in {where.function})" if with_function else f" (line {where.line})"
+
+
+def _raised(p: RunProblem) -> str:
+    first = _rank_of(p)
+    over = f": it went over {first.limit_detail}" if first is not None and first.limit else ""
+    text = f"{_subject(p)} raised {p.exception}: {p.message}{_at(p.where)}{over}"
+    return text + _aftermath(p)
+
+
+def _exited(p: RunProblem) -> str:
+    if p.kind == R.LIMIT and not p.exception:
+        text = f"{_subject(p)} went over {p.evidence.get('limit_detail', 'a limit')} and was stopped"
+    elif p.kind == R.LIMIT:
+        return _raised(p)
+    else:
+        text = f"{_subject(p)} {describe_exit(p.evidence.get('exitcode'))} before it finished"
+    return text + _aftermath(p)
+
+
+def _aftermath(p: RunProblem) -> str:
+    text = ""
+    if p.kind == R.MISMATCHED_COLLECTIVE:
+        text += (f"\n({_ranks(p.finished)} had already finished: rank {p.rank} was left in a collective the others "
+                 "never called. Do all ranks make the same collective calls in the same order?)")
+    if p.stopped:
+        text += f"; {_ranks(p.stopped)} could not finish without it and " + \
+            ("was" if len(p.stopped) == 1 else "were") + " stopped"
+    return text
+
+
+def _rank_of(p: RunProblem) -> RankRecord | None:
+    return next((r for r in p.ranks if r.rank == p.rank), p.ranks[0] if p.ranks else None)
+
+
+def _timeout(p: RunProblem) -> str:
+    if p.evidence.get("single_process"):
+        record = p.ranks[0] if p.ranks else None
+        return (f"timed out after {p.timeout_s:g} s: the call to the learner's code did not return "
+                f"(an endless loop?){_location(record) if record else ''}")
+    stuck = [r for r in p.ranks if r.rank in p.stopped]
+    lines = [f"timed out after {p.timeout_s:g} s: " + (_ranks(p.stopped) or "no rank")
+             + (" was" if len(stuck) == 1 else " were") + " still running (a deadlock or an endless loop?)"]
+    for r in stuck:
+        lines.append(f"  rank {r.rank}{_location(r) or ': no stack was captured'}")
+    for r in p.ranks:
+        if r.status in ("error", "exited"):
+            lines.append(f"  {rank_line(r)}")
+    return "\n".join(lines)
+
+
+def _location(r: RankRecord) -> str:
+    """", at 03_train.py line 14 in setup_ddp, inside all_reduce (torch/...)" from a rank's stack."""
+    parts = []
+    if r.where is not None and r.stack:
+        parts.append(f"at {r.where.file} line {r.where.line} in {r.where.function}")
+    if r.inside:
+        parts.append(f"inside {r.inside}")
+    return ": " + ", ".join(parts) if parts else ""
+
+
+_PROBLEM_WORDS = {
+    R.UNUSABLE_FILE: lambda p: p.message,
+    R.BAD_OPTION: lambda p: p.message,
+    R.CHECK_STOPPED: lambda p: p.message,
+    R.GRADER_ERROR: lambda p: f"the grader failed on this file: {p.exception}: {p.message}",
+    R.IMPORT_ERROR: lambda p: f"importing {p.file} failed: {p.exception}: {p.message}{_at(p.where, False)}",
+    R.MISSING_NAME: lambda p: f"{p.file} does not define {p.name}",
+    R.NOT_IMPLEMENTED: lambda p: f"not implemented yet: {p.name}",
+    R.STOPPED: lambda p: "a rank was stopped before it finished",
+    R.RAISED: _raised,
+    R.MISMATCHED_COLLECTIVE: _raised,
+    R.EXITED: _exited,
+    R.LIMIT: _exited,
+    R.TIMEOUT_KIND: _timeout,
+}
+
+
+def rank_line(r: RankRecord) -> str:
+    """One line for a learner: what went wrong in this rank."""
+    if r.status == "ok":
+        return f"rank {r.rank} finished"
+    if r.status == "error":
+        over = f": it went over {r.limit_detail}" if r.limit else ""
+        return f"rank {r.rank} raised {r.exception}: {r.message}{_at(r.where)}{over}"
+    if r.limit:
+        return f"rank {r.rank} went over {r.limit_detail} and was stopped"
+    if r.status == "exited":
+        return f"rank {r.rank} {describe_exit(r.exitcode)} before it finished"
+    if r.lost_peer:
+        return f"rank {r.rank} lost a peer that had failed and was stopped"
+    return f"rank {r.rank} was still running and was stopped"
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def rank_details(ranks: list[RankRecord]) -> str:
+    """Per-rank tracebacks, stacks and output tails, for the report's details."""
+    parts = []
+    for r in ranks:
+        chunk = []
+        if r.traceback:
+            chunk.append(r.traceback)
+        if r.stack:
+            chunk.append("stack when stopped:\n" + r.stack)
+        if r.output:
+            chunk.append("output (last lines):\n" + r.output)
+        if chunk:
+            parts.append(f"--- rank {r.rank} ({r.status}) ---\n" + "\n".join(chunk))
+    return "\n".join(parts)

@@ -16,6 +16,8 @@ PASSED = "passed"
 FAILED = "failed"
 UNUSABLE = "unusable"  # the file could not be graded
 TIMEOUT = "timeout"
+SCHEMA = 2  # of Report.to_dict(): 2 added run_problem
+
 EXIT_CODES = {PASSED: EXIT_OK, FAILED: EXIT_FAILED, UNUSABLE: EXIT_UNUSABLE, TIMEOUT: EXIT_TIMEOUT}
 
 
@@ -37,6 +39,86 @@ class CheckResult:
         return asdict(self)
 
 
+# Kinds of run problem (RunProblem.kind): what stopped a grading before every check was decided.
+UNUSABLE_FILE = "unusable-file"  # the file could not be read or parsed, or holds another exercise
+IMPORT_ERROR = "import-error"  # importing the learner's file raised
+MISSING_NAME = "missing-name"  # the file does not define a name the grader imports
+NOT_IMPLEMENTED = "not-implemented"  # a function still raises NotImplementedError
+RAISED = "raised"  # a rank (or the worker) raised an exception
+EXITED = "exited"  # a rank ended without a result: an exit code or a signal
+LIMIT = "limit"  # a rank went over the memory, CPU or output limit
+STOPPED = "stopped"  # a rank was stopped although none failed (cannot happen alone)
+MISMATCHED_COLLECTIVE = "mismatched-collective"  # a rank was left in a collective the others never called
+TIMEOUT_KIND = "timeout"  # ranks were still running at the deadline
+STUCK_RENDEZVOUS = "stuck-in-rendezvous"  # ranks never met: init_process_group waited for peers
+STUCK_COLLECTIVE = "stuck-in-collective"  # ranks wait in collectives that do not match
+STUCK_SEND_RECV = "stuck-in-send-recv"  # ranks wait in blocking point-to-point calls
+STUCK_DEBUGGER = "stuck-in-debugger"  # a rank waits at a debugger prompt (breakpoint, pdb)
+STUCK_LEARNER_LOOP = "stuck-in-learner-code"  # a rank runs the learner's own code (a loop?)
+CHECK_STOPPED = "check-stopped"  # an exercise's checks stopped the grading, with a message
+BAD_OPTION = "bad-option"  # the options cannot work here (e.g. nccl without GPUs)
+GRADER_ERROR = "grader-error"  # the grader itself failed on this file
+
+
+@dataclass
+class Location:
+    """A place in the learner's file."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass
+class RankRecord:
+    """What one rank of a failed run did, as data."""
+
+    rank: int
+    status: str  # ok, error (raised), exited (ended without a result), killed (stopped by the grader)
+    exception: str = ""  # the exception's type, when it raised
+    message: str = ""  # the exception's message
+    where: Location | None = None  # where in the learner's file it raised or was stopped
+    inside: str = ""  # the innermost function it was in when stopped, e.g. "all_reduce (torch/...)"
+    exitcode: int | None = None  # its exit code (negative: killed by that signal)
+    limit: str = ""  # memory, cpu or output, when it went over that limit
+    limit_detail: str = ""  # "the memory limit (2048 MiB resident; --memory-limit changes it)"
+    lost_peer: bool = False  # it was stopped after a peer failed, with an error of its own
+    seconds: float = 0.0  # how long it ran
+    traceback: str = ""  # the traceback, the grader's own frames dropped
+    stack: str = ""  # its stack when stopped, the process plumbing dropped
+    output: str = ""  # the last lines it printed
+
+
+@dataclass
+class RunProblem:
+    """Why a grading stopped before every check was decided: plain data, rendered by the report."""
+
+    kind: str  # one of the kinds above
+    status: str  # the grading's status: failed, unusable or timeout
+    rank: int | None = None  # the rank that shows the cause first
+    world_size: int | None = None  # of the run that shows it
+    name: str = ""  # missing-name / not-implemented: the name; check-stopped: the check module's words
+    exception: str = ""  # raised / import-error: the exception type
+    message: str = ""  # the exception's message, or the words for unusable-file / check-stopped / bad-option
+    where: Location | None = None  # where in the learner's file
+    timeout_s: float | None = None  # timeout kinds: the deadline that passed
+    context: str = ""  # what the grader was doing, e.g. "shard_indices(num_samples=0, ...)"
+    finished: list[int] = field(default_factory=list)  # ranks that had finished when the cause struck
+    stopped: list[int] = field(default_factory=list)  # ranks stopped because of it
+    file: str = ""  # the learner's file name, as the messages show it
+    evidence: dict = field(default_factory=dict)  # kind-specific facts (e.g. the rendezvous address)
+    ranks: list[RankRecord] = field(default_factory=list)  # every rank of that run
+
+    @property
+    def first_line(self) -> str:
+        from grader.report import problem_text
+
+        return problem_text(self).splitlines()[0]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class Report:
     """Everything one grading of one file found."""
@@ -46,11 +128,24 @@ class Report:
     path: str
     status: str  # passed, failed, unusable or timeout
     checks: list[CheckResult] = field(default_factory=list)
-    problem: str | None = None  # a run-level problem: timeout, not implemented, import error
-    details: str = ""  # per-rank stacks or output that explain the problem
+    run_problem: RunProblem | None = None  # why the grading stopped early, if it did
     backend: str = ""
     world_sizes: list[int] = field(default_factory=list)
     seconds: float = 0.0
+
+    @property
+    def problem(self) -> str | None:
+        """The run problem in words (None when there was none)."""
+        from grader.report import problem_text
+
+        return problem_text(self.run_problem) if self.run_problem else None
+
+    @property
+    def details(self) -> str:
+        """Per-rank tracebacks, stacks and output that explain the run problem ("" when none)."""
+        from grader.report import rank_details
+
+        return rank_details(self.run_problem.ranks) if self.run_problem else ""
 
     @property
     def exit_code(self) -> int:
@@ -71,15 +166,16 @@ class Report:
         return out
 
     def to_dict(self) -> dict:
-        """The stable JSON shape (``schema`` 1), documented in the README."""
+        """The stable JSON shape (``schema`` 2), documented in docs/results-schema.md."""
         return {
-            "schema": 1,
+            "schema": SCHEMA,
             "exercise": self.exercise,
             "title": self.title,
             "path": self.path,
             "status": self.status,
             "exit_code": self.exit_code,
             "problem": self.problem,
+            "run_problem": self.run_problem.to_dict() if self.run_problem else None,
             "details": self.details,
             "backend": self.backend,
             "world_sizes": list(self.world_sizes),

@@ -7,7 +7,7 @@ import pytest
 
 from grader import catalog
 from grader.checks import ex01_setup
-from grader.grading import Abort, Grading
+from grader.grading import Abort, Grading, Plan
 
 
 class _Session:
@@ -15,7 +15,7 @@ class _Session:
 
 
 def _grading(backend: str = "gloo", world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("01"), "01_setup.py", _Session(), backend, [world_size], 30)
+    return Grading(catalog.by_id("01"), "01_setup.py", _Session(), Plan(backend, [world_size]), timeout_s=30)
 
 
 def _observation(rank: int, world_size: int = 2, **changes) -> dict:

@@ -6,14 +6,14 @@ import pytest
 
 from grader import catalog
 from grader.checks import ex04_launch as ex
-from grader.grading import Grading
+from grader.grading import Grading, Plan
 
 WS = 2
 CALLER_PIDS = [100, 200]
 
 
 def grading() -> Grading:
-    return Grading(catalog.by_id("04"), "solutions/04_launch.py", None, "gloo", [WS], 60)
+    return Grading(catalog.by_id("04"), "solutions/04_launch.py", None, Plan("gloo", [WS]))
 
 
 def verdicts(g: Grading) -> dict:

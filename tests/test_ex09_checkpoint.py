@@ -6,11 +6,11 @@ import torch
 
 from grader import catalog
 from grader.checks import ex09_checkpoint as ex
-from grader.grading import Grading
+from grader.grading import Grading, Plan
 
 
 def grading() -> Grading:
-    return Grading(catalog.by_id("09"), "solutions/09_checkpoint.py", None, "gloo", [2], 60)
+    return Grading(catalog.by_id("09"), "solutions/09_checkpoint.py", None, Plan("gloo", [2]))
 
 
 def verdicts(g: Grading) -> dict:

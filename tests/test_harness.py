@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from grader.diagnose import rank_record
+from grader.report import rank_line
+
 import os
 import socket
 import struct
@@ -67,8 +70,8 @@ def test_a_rank_that_only_lost_its_crashed_peer_is_not_named_as_the_cause():
     crashed = RankOutcome(1, "exited", exitcode=-11)
     harness._blame([victim, crashed])
     assert victim.status == "killed" and crashed.status == "exited"
-    assert "lost a peer" in victim.describe()
-    assert crashed.describe() == "rank 1 was killed by SIGSEGV before it finished"
+    assert "lost a peer" in rank_line(rank_record(victim, ""))
+    assert rank_line(rank_record(crashed, "")) == "rank 1 was killed by SIGSEGV before it finished"
 
 
 def test_a_peer_error_with_no_other_cause_stays_an_error():
@@ -81,7 +84,7 @@ def test_a_limit_is_named_with_the_option_that_changes_it():
     detail = limits.describe("memory", limits.limits_dict(memory_mib=512))
     assert detail == "the memory limit (512 MiB resident; --memory-limit changes it)"
     rank = RankOutcome(1, "exited", exitcode=-9, limit="memory", limit_detail=detail)
-    assert rank.describe() == f"rank 1 went over {detail} and was stopped"
+    assert rank_line(rank_record(rank, "")) == f"rank 1 went over {detail} and was stopped"
     assert "--cpu-limit" in limits.describe("cpu", limits.DEFAULT_LIMITS)
     assert "--output-limit" in limits.describe("output", limits.DEFAULT_LIMITS)
 

@@ -7,11 +7,14 @@ import re
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from grader import diagnose, results
+from grader.harness import RankOutcome, WorldOutcome
 from grader.report import render_json, render_junit, render_text
-from grader.results import ERROR, FAIL, PASS, SKIP, CheckResult, Report
+from grader.results import ERROR, FAIL, PASS, SKIP, UNUSABLE_FILE, CheckResult, Report, RunProblem
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "results-schema.md"
-TYPES = {"int": int, "string": str, "number": (int, float), "object": dict, "null": type(None), "list": list}
+TYPES = {"int": int, "string": str, "number": (int, float), "object": dict, "null": type(None), "list": list,
+         "bool": bool}
 
 
 def documented_fields(heading: str) -> dict[str, str]:
@@ -46,9 +49,44 @@ def test_every_field_of_the_report_and_of_a_check_is_documented_with_its_type():
             assert conforms(check[name], type_text), (check["id"], name)
 
 
-def test_schema_1_values():
+def timed_out() -> Report:
+    """A report whose run timed out: rank 1 stuck in the learner's file, rank 0 finished."""
+    stuck = RankOutcome(1, "killed", stack='Current thread 0x1 (most recent call first):\n'
+                        '  File "/x/torch/distributed/c10d.py", line 9 in all_reduce\n'
+                        '  File "/work/03_train.py", line 14 in train_ddp\n', output="epoch 0\n")
+    outcome = WorldOutcome(2, [RankOutcome(0, "ok"), stuck], timed_out=True)
+    problem = diagnose.timeout_problem(outcome, 60.0, "/work/03_train.py")
+    return Report("03", "Train", "/work/03_train.py", "timeout", run_problem=problem)
+
+
+def test_a_run_problem_is_carried_as_documented_fields():
+    data = json.loads(render_json(timed_out()))
+    problem_fields, rank_fields = documented_fields("## A run problem object"), documented_fields("## A rank object")
+    problem = data["run_problem"]
+    assert set(problem) == set(problem_fields)
+    for name, type_text in problem_fields.items():
+        assert conforms(problem[name], type_text), name
+    for rank in problem["ranks"]:
+        assert set(rank) == set(rank_fields)
+        for name, type_text in rank_fields.items():
+            assert conforms(rank[name], type_text), (rank["rank"], name)
+    assert (problem["kind"], problem["status"], problem["rank"], problem["timeout_s"]) == ("timeout", "timeout", 1, 60.0)
+    assert problem["where"] == {"file": "03_train.py", "line": 14, "function": "train_ddp"}
+    assert problem["ranks"][1]["inside"].startswith("all_reduce")
+    assert data["problem"].startswith("timed out after 60 s: rank 1 was still running")
+    assert "03_train.py line 14 in train_ddp" in data["problem"] and "epoch 0" in data["details"]
+
+
+def test_every_kind_of_run_problem_is_documented():
+    text = DOC.read_text(encoding="utf-8").split("## A run problem object", 1)[1]
+    kinds = {value for name, value in vars(results).items() if name.isupper() and isinstance(value, str)
+             and name not in ("PASS", "FAIL", "ERROR", "SKIP", "PASSED", "FAILED", "UNUSABLE", "TIMEOUT")}
+    assert kinds and all(f"`{kind}`" in text for kind in kinds)
+
+
+def test_schema_2_values():
     data = json.loads(render_json(sample()))
-    assert data["schema"] == 1 and data["exit_code"] == 1
+    assert data["schema"] == 2 and data["exit_code"] == 1 and data["run_problem"] is None
     assert data["score"] == {"points": 2.0, "max_points": 4.0}  # the skipped check does not count
     assert data["counts"] == {"pass": 1, "fail": 1, "error": 1, "skip": 1}
     assert [c["status"] for c in data["checks"]] == ["pass", "fail", "error", "skip"]
@@ -66,7 +104,7 @@ def test_junit_xml_has_one_case_per_check_and_the_right_counts():
 
 
 def test_junit_for_a_file_that_could_not_be_graded():
-    report = Report("", "", "x.py", "unusable", problem="syntax error in x.py line 3\x00")
+    report = Report("", "", "x.py", "unusable", run_problem=RunProblem(UNUSABLE_FILE, "unusable", message="syntax error in x.py line 3\x00"))
     suite = ET.fromstring(render_junit(report))
     case = suite.find("testcase")
     assert case.get("name") == "grading" and case.find("error").get("type") == "unusable"

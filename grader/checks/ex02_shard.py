@@ -197,14 +197,6 @@ class Violation(Exception):
         self.message = message
 
 
-class _Stop(BaseException):
-    """Carries the grader's Abort out through Hypothesis untouched (it only catches Exception)."""
-
-    def __init__(self, abort):
-        super().__init__(str(abort))
-        self.abort = abort
-
-
 class _Enough(BaseException):
     """Ends the shrinking early: the smallest violation seen so far will do."""
 
@@ -250,10 +242,10 @@ def grade_shards(g, worker) -> None:
             try:
                 replies[example] = g.call(worker, "shards", num_samples=num_samples, world_size=world_size,
                                           configs=[list(c) for c in named.values()], catch=True)
-            except Exception as exc:  # the grader's Abort: a timeout or a crash of the worker
-                raise _Stop(_with_context(exc, f"shard_indices was called for every rank with "
-                                          f"num_samples={num_samples}, world_size={world_size}, around "
-                                          f"seed={seed}, epoch={epoch}")) from None
+            except g.Stopped as stop:  # a timeout or a crash of the worker; Hypothesis lets it through
+                raise g.with_context(stop, f"shard_indices was called for every rank with "
+                                     f"num_samples={num_samples}, world_size={world_size}, around "
+                                     f"seed={seed}, epoch={epoch}") from None
         reply = replies[example]
         try:
             if "raised" in reply:
@@ -283,16 +275,6 @@ def grade_shards(g, worker) -> None:
         g.record(check_id, True)
 
 
-def _with_context(exc: Exception, context: str) -> Exception:
-    """The grader's Abort, its first line saying which call was running."""
-    from grader.grading import Abort
-
-    if not isinstance(exc, Abort):
-        return exc
-    first, _, rest = exc.problem.partition("\n")
-    return Abort(exc.status, f"{first} ({context})" + (f"\n{rest}" if rest else ""), exc.details)
-
-
 def _unpack(reply: dict, names: list, world_size: int) -> dict:
     """The worker's reply as {config name: [{"kind", "items", "bad"} for each rank]}."""
     flat = reply["items"].tolist()
@@ -313,8 +295,6 @@ def _falsify(prop, search: dict) -> Violation | None:
         return violation
     except _Enough:
         return search["best"][1]
-    except _Stop as stop:
-        raise stop.abort from None
     except BaseException as exc:  # e.g. a Flaky error wrapping a violation that did not repeat
         found = _find_violation(exc)
         if found is None:
@@ -326,8 +306,6 @@ def _falsify(prop, search: dict) -> Violation | None:
 def _find_violation(exc: BaseException) -> Violation | None:
     if isinstance(exc, Violation):
         return exc
-    if isinstance(exc, _Stop):
-        raise exc.abort from None
     for inner in getattr(exc, "exceptions", ()) or ():
         found = _find_violation(inner)
         if found is not None:

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from grader import probes
+from grader.compare import first_difference, largest_difference
 from grader.child import RankContext
 
 IN_FEATURES, HIDDEN, CLASSES = 8, 16, 4
@@ -322,15 +323,11 @@ def check_parameters(g, ranks, steps, dataset, world_size) -> None:
     finals = [r["final"] for r in ranks]
     identical = True
     for rank in range(1, world_size):
-        for name, value in finals[0].items():
-            other = finals[rank][name]
-            if not torch.equal(value, other):
-                diff = (value.float() - other.float()).abs().max().item()
-                g.record("params-identical", False, f"parameter {name} differs between rank 0 and rank {rank} "
-                         f"(by up to {diff:.3g})", rank=rank, world_size=world_size)
-                identical = False
-                break
-        if not identical:
+        found = first_difference(finals[rank], finals[0])
+        if found is not None:
+            g.record("params-identical", False, f"parameter {found.name} differs between rank 0 and rank {rank} "
+                     f"(by up to {found.max_abs:.3g})", rank=rank, world_size=world_size)
+            identical = False
             break
     if identical:
         g.record("params-identical", True)
@@ -386,12 +383,8 @@ def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr
 
 
 def _largest_difference(a: dict, b: dict) -> tuple[str, float]:
-    worst, worst_name = -1.0, ""
-    for name in a:
-        diff = (a[name].float() - b[name].float()).abs().max().item()
-        if diff > worst:
-            worst, worst_name = diff, name
-    return worst_name, worst
+    found = largest_difference(a, b)
+    return (found.name, found.max_abs) if found is not None else ("", 0.0)
 
 
 def check_checkpoint(g, ranks, world_size) -> None:

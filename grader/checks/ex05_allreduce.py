@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grader import probes
+from grader.compare import first_difference, tensor_difference
 from grader.child import RankContext
 
 SEED = 5
@@ -65,10 +66,8 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rank_main(ctx: RankContext) -> dict:
-    ctx.init_group()
-    obs = _observe(ctx)
-    ctx.leave_group()
-    return obs
+    with ctx.group():
+        return _observe(ctx)
 
 
 def _observe(ctx: RankContext) -> dict:
@@ -270,10 +269,22 @@ def grade(g) -> None:
 
 
 def check_world(g, observations: list[dict], world_size: int) -> None:
+    """Every check of one run, from the ranks' observations."""
+
     def record(check_id, ok, message="", rank=None):
         return g.record(check_id, ok, message, rank=rank, world_size=world_size)
 
-    # 1. construction on identical weights
+    check_construction(g, record, observations)
+    check_api(record, observations)
+    check_steps(record, observations, world_size)
+    check_final_params(record, observations)
+    check_no_sync(record, observations)
+    check_frozen(record, observations, world_size)
+    check_mismatch(record, observations, world_size)
+
+
+def check_construction(g, record, observations: list[dict]) -> None:
+    """Construction on identical weights: no error, no torch DDP inside; stop if it raised."""
     for rank, obs in enumerate(observations):
         err = obs["init_error"]
         record("init-accepts-identical", err is None,
@@ -285,14 +296,13 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
                "inside SimpleDDP; average the gradients yourself", rank)
     failed = next((r for r, o in enumerate(observations) if o["init_error"]), None)
     if failed is not None:
-        from grader.grading import Abort
-        from grader.results import FAILED
-
-        raise Abort(FAILED, f"SimpleDDP(model) raised {_describe(observations[failed]['init_error'])} on rank "
-                    f"{failed} with identical weights on every rank; nothing after construction could be checked")
+        g.stop(f"SimpleDDP(model) raised {_describe(observations[failed]['init_error'])} on rank "
+               f"{failed} with identical weights on every rank; nothing after construction could be checked")
     _check_init_ops(record, observations, "init_ops", "with identical weights")
 
-    # 2. the API
+
+def check_api(record, observations: list[dict]) -> None:
+    """.module, calling the wrapper, train() and eval()."""
     for rank, obs in enumerate(observations):
         problems = []
         if not obs["module_is_model"]:
@@ -309,7 +319,9 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
                             "modules are not in training mode")
         record("wraps-module", not problems, f"rank {rank}: " + "; ".join(problems), rank)
 
-    # 3. the training steps, against gradients computed here
+
+def check_steps(record, observations: list[dict], world_size: int) -> None:
+    """Each training step's gradients, against the local and mean gradients computed here."""
     for step in range(STEPS):
         records = [obs["steps"][step] for obs in observations]
         expected = [local_gradients(rec["params"], rank, step) for rank, rec in enumerate(records)]
@@ -319,6 +331,9 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
             record("grads-averaged", *_averaged_verdict(rec["synced"], mean, world_size, rank,
                                                         f"step {step}, rank {rank}"), rank)
 
+
+def check_final_params(record, observations: list[dict]) -> None:
+    """After the steps: the same parameters on every rank, and torch DDP's."""
     final0 = observations[0]["final"]
     for rank, obs in enumerate(observations[1:], start=1):
         name, diff = _first_difference(obs["final"], final0, exact=True)
@@ -331,7 +346,9 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
                f"after {STEPS} steps of SGD(lr={LR}) on the same data, rank {rank}'s {name} differs from "
                f"torch DistributedDataParallel's by up to {diff:.3g}", rank)
 
-    # 4. no_sync
+
+def check_no_sync(record, observations: list[dict]) -> None:
+    """no_sync(): silent inside, syncing again after it, after an exception and after nesting."""
     for rank, obs in enumerate(observations):
         ns = obs["no_sync"]
         ops = ns["inside_ops"]
@@ -357,7 +374,9 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
             problems.append("after nested no_sync() blocks, sync_gradients() stayed off")
         record("no-sync-restores", not problems, f"rank {rank}: " + "; ".join(problems), rank)
 
-    # 5. frozen layer
+
+def check_frozen(record, observations: list[dict], world_size: int) -> None:
+    """A frozen layer keeps .grad None; the others are still averaged."""
     expected = [local_gradients(build_model().state_dict(), rank, FROZEN_STEP) for rank in range(world_size)]
     mean = {name: sum(e[name] for e in expected) / world_size for name in expected[0]}
     for rank, obs in enumerate(observations):
@@ -375,7 +394,9 @@ def check_world(g, observations: list[dict], world_size: int) -> None:
         record("frozen-params", *_averaged_verdict(head, mean, world_size, rank,
                                                    f"with a frozen layer, rank {rank}"), rank)
 
-    # 6. weights that differ on the last rank
+
+def check_mismatch(record, observations: list[dict], world_size: int) -> None:
+    """Weights that differ on the last rank: a ValueError naming the first one, and no rank left waiting."""
     last = world_size - 1
     if world_size < 2:
         _check_init_ops(record, observations, "mismatch_ops", "on one rank")
@@ -461,18 +482,13 @@ def local_gradients(params: dict, rank: int, step: int) -> dict:
 
 
 def _first_difference(got: dict, want: dict, exact: bool = False) -> tuple[str | None, float]:
-    for name, w in want.items():
-        t = got.get(name)
-        if t is None or t.shape != w.shape:
-            return name, float("inf")
-        same = torch.equal(t, w) if exact else torch.allclose(t, w, rtol=RTOL, atol=ATOL)
-        if not same:
-            return name, _max_diff(t, w)
-    return None, 0.0
+    found = first_difference(got, want, rtol=0.0 if exact else RTOL, atol=0.0 if exact else ATOL, extra_ok=True)
+    return (found.name, found.max_abs) if found is not None else (None, 0.0)
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
+    found = tensor_difference(a, b)
+    return found.max_abs if found is not None else 0.0
 
 
 def _summary(ops: list[str]) -> str:

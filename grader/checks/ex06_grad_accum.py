@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grader import probes
+from grader.compare import tensor_difference
 from grader.child import RankContext
 
 SEED = 6
@@ -45,10 +46,14 @@ def micro_batch(rank: int, call: int, index: int) -> tuple[torch.Tensor, torch.T
 
 
 def rank_main(ctx: RankContext) -> dict:
+    with ctx.group():
+        return _observe(ctx)
+
+
+def _observe(ctx: RankContext) -> dict:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
-    ctx.init_group()
     device = ctx.device
     events: list = []
     with probes.watch_collectives(events):
@@ -96,7 +101,6 @@ def rank_main(ctx: RankContext) -> dict:
                 "grads_after": {n: None if p.grad is None else p.grad.detach().cpu().clone()
                                 for n, p in model.named_parameters()},
             })
-    ctx.leave_group()
     return {"calls": calls}
 
 
@@ -205,7 +209,7 @@ def _step_verdict(rec: dict, want: dict, unscaled: dict, at: str) -> tuple[bool,
             why = f" (it is the step of the summed losses, {rec['count']}x too large: divide each loss by the number of micro-batches)"
         elif torch.equal(got, rec["before"][name]):
             why = " (the parameter did not change: was optimizer.step() called?)"
-        diff = float((got.double() - w.double()).abs().max())
+        diff = tensor_difference(got, w).max_abs
         return False, (f"{at}: after the step, {name} differs from one SGD step on all ranks' micro-batches "
                        f"together by up to {diff:.3g}{why}")
     return True, ""

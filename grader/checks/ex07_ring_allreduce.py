@@ -79,7 +79,11 @@ def cases_for(world_size: int, drawn: list[dict]) -> list[dict]:
 
 def ring_main(ctx: RankContext) -> dict:
     """Run ring_all_reduce on every case; return the tensors after it and the calls it made."""
-    ctx.init_group()
+    with ctx.group():
+        return _observe(ctx)
+
+
+def _observe(ctx: RankContext) -> dict:
     events: list = []
     out = []
     with probes.watch_collectives(events):
@@ -93,7 +97,6 @@ def ring_main(ctx: RankContext) -> dict:
                 "returned": type(returned).__name__,
                 "events": [dict(e) for e in events[first:]],
             })
-    ctx.leave_group()
     return {"cases": out}
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from grader import probes
+from grader.compare import tensor_difference
 from grader.child import RankContext
 
 MIB = 2**20
@@ -107,10 +108,8 @@ def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
 
 
 def bucket_main(ctx: RankContext) -> dict:
-    ctx.init_group()
-    obs = _observe(ctx)
-    ctx.leave_group()
-    return obs
+    with ctx.group():
+        return _observe(ctx)
 
 
 def _observe(ctx: RankContext) -> dict:
@@ -205,9 +204,12 @@ def check_broadcast(g, observations: list[dict], world_size: int) -> None:
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> str:
-    if a.shape != b.shape:
+    found = tensor_difference(a, b)
+    if found is None:
+        return "0"
+    if found.reason == "shape":
         return f"shape {tuple(a.shape)} instead of {tuple(b.shape)}"
-    return f"{(a.double() - b.double()).abs().max().item():.3g}"
+    return f"{found.max_abs:.3g}"
 
 
 def reference_steps(world_size: int) -> list[dict]:
@@ -246,15 +248,16 @@ def check_steps(g, observations: list[dict], world_size: int) -> None:
                     g.record("grads-match-ddp", False, f"step {step + 1}, rank {rank}: {name}.grad is None after "
                              "finish_gradient_synchronization()", rank=rank, world_size=world_size)
                     break
-                diff = (grad - ref["grads"][name]).abs()
-                if bool((diff > atol + rtol * ref["grads"][name].abs()).any()):
+                found = tensor_difference(grad, ref["grads"][name], rtol=rtol, atol=atol)
+                if found is not None:
                     ratio = _ratio(grad, ref["grads"][name])
                     g.record("grads-match-ddp", False,
                              f"step {step + 1}, rank {rank}: {name}.grad differs from the average over ranks by up "
-                             f"to {diff.max().item():.3g}{ratio}", rank=rank, world_size=world_size)
+                             f"to {found.max_abs:.3g}{ratio}", rank=rank, world_size=world_size)
                     break
             for name in trainable:
-                diff = (got["state"][name] - ref["state"][name]).abs().max().item()
+                found = tensor_difference(got["state"][name], ref["state"][name], atol=1e-5)
+                diff = found.max_abs if found is not None else 0.0
                 if diff > 1e-5:
                     g.record("grads-match-ddp", False,
                              f"after step {step + 1}, rank {rank}: parameter {name} differs from DDP's by {diff:.3g}",

@@ -27,6 +27,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from grader import probes
+from grader.compare import first_difference
 from grader.child import RankContext
 
 EPOCHS_BEFORE_SAVE = 2
@@ -103,7 +104,11 @@ def _error(exc: BaseException) -> str:
 def save_main(ctx: RankContext) -> dict:
     """Two epochs of DDP training, then the learner's save_checkpoint, observed."""
     torch.set_num_threads(1)
-    ctx.init_group()
+    with ctx.group():
+        return _observe_save(ctx)
+
+
+def _observe_save(ctx: RankContext) -> dict:
     path = os.path.join(ctx.run_dir, CHECKPOINT)
     real_save = torch.save
     write_done: list[float] = []
@@ -155,14 +160,17 @@ def save_main(ctx: RankContext) -> dict:
     until = time.monotonic() + SYNC_WAIT_S
     while time.monotonic() < until and not all(os.path.exists(m) for m in markers):
         time.sleep(0.01)
-    ctx.leave_group()
     return obs
 
 
 def load_main(ctx: RankContext) -> dict:
     """In a fresh group: the learner's load_checkpoint three ways, and the resumed training."""
     torch.set_num_threads(1)
-    ctx.init_group()
+    with ctx.group():
+        return _observe_load(ctx)
+
+
+def _observe_load(ctx: RankContext) -> dict:
     loads: list = []
     obs: dict = {"loads": loads, "device": str(ctx.device)}
 
@@ -212,7 +220,6 @@ def load_main(ctx: RankContext) -> dict:
             resume["epochs"].append(epoch)
     resume["model_state"] = _cpu_state(model)
     obs["resume"] = resume
-    ctx.leave_group()
     return obs
 
 
@@ -292,11 +299,8 @@ def stop_on_save_error(observations: list[dict]) -> None:
     left_early = bool(done) and any(not o["save_error"] and o["returned"] < done[-1] for o in observations)
     if left_early:
         return
-    from grader.grading import Abort
-    from grader.results import FAILED
-
     _, rank, error = errors[0]
-    raise Abort(FAILED, f"rank {rank}: save_checkpoint raised {error}")
+    g.stop(f"rank {rank}: save_checkpoint raised {error}", rank=rank)
 
 
 def _name(path: str | None) -> str:
@@ -403,13 +407,13 @@ def _state_difference(got: dict, expected: dict) -> str | None:
         extra = sorted(set(map(str, got)) - set(expected))
         missing = sorted(set(expected) - set(map(str, got)))
         return f"keys missing {missing[:4]}, unexpected {extra[:4]}"
-    for key, value in expected.items():
-        other = got[key]
-        if not isinstance(other, torch.Tensor) or other.shape != value.shape:
-            return f"{key!r} has shape {getattr(other, 'shape', None)}, expected {tuple(value.shape)}"
-        if not torch.equal(other.to(value.dtype), value):
-            return f"{key!r} differs by up to {(other.double() - value.double()).abs().max().item():.3g}"
-    return None
+    found = first_difference(got, expected)
+    if found is None:
+        return None
+    if found.reason in ("shape", "not a tensor"):
+        return f"{found.name!r} has shape {getattr(got[found.name], 'shape', None)}, expected " \
+               f"{tuple(expected[found.name].shape)}"
+    return f"{found.name!r} differs by up to {found.max_abs:.3g}"
 
 
 def _optimizer_difference(got, expected: dict) -> str | None:

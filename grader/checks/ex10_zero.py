@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from grader.child import RankContext
+from grader.compare import first_difference
 
 LAYERS = 6  # equal layers: the parameters split evenly over 2, 3 or 6 ranks
 WIDTH = 16
@@ -89,10 +90,8 @@ def _params(model: nn.Module) -> dict:
 
 
 def rank_main(ctx: RankContext) -> dict:
-    ctx.init_group()
-    obs = _observe(ctx)
-    ctx.leave_group()
-    return obs
+    with ctx.group():
+        return _observe(ctx)
 
 
 def _observe(ctx: RankContext) -> dict:
@@ -238,12 +237,11 @@ def check_parameters(g, observations: list[dict], world_size: int) -> None:
 
     first = observations[0]["sharded"]
     for rank, obs in enumerate(observations[1:], start=1):
-        for name, value in obs["sharded"].items():
-            if not torch.equal(value, first[name]):
-                g.record("params-identical", False,
-                         f"after {STEPS} steps {name!r} on rank {rank} differs from rank 0's by up to "
-                         f"{(value - first[name]).abs().max().item():.3g}", rank=rank, world_size=world_size)
-                break
+        found = first_difference(obs["sharded"], first, extra_ok=True)
+        if found is not None:
+            g.record("params-identical", False,
+                     f"after {STEPS} steps {found.name!r} on rank {rank} differs from rank 0's by up to "
+                     f"{found.max_abs:.3g}", rank=rank, world_size=world_size)
     g.record("params-identical", True)
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from grader.diagnose import rank_record
+from grader.report import rank_line
+
 import os
 import platform
 import sys
@@ -90,7 +93,7 @@ def process_group(timeout_s: float) -> Finding:
                        "(a firewall, or GLOO_SOCKET_IFNAME naming a missing interface?)")
     if not outcome.ok:
         bad = outcome.failures() or outcome.ranks
-        return Finding("process group", BAD, "a 2-rank gloo group failed: " + bad[0].describe())
+        return Finding("process group", BAD, "a 2-rank gloo group failed: " + rank_line(rank_record(bad[0], "")))
     sums = [r.get("sum") for r in outcome.results()]
     if sums != [3.0, 3.0]:
         return Finding("process group", BAD, f"all-reduce of 1 and 2 gave {sums}, not 3 on both ranks")

@@ -1,0 +1,162 @@
+"""From what the harness saw to a :class:`~grader.results.RunProblem`: the facts, no prose.
+
+The harness returns a :class:`~grader.harness.WorldOutcome` (statuses, exceptions as data,
+stacks, output). This module reads it for the learner: which rank failed first, where in the
+learner's file, what a stuck rank was waiting in. The report turns the record into words.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from grader.harness import RankOutcome, WorldOutcome
+from grader.results import (EXITED, FAILED, IMPORT_ERROR, LIMIT, MISMATCHED_COLLECTIVE, MISSING_NAME,
+                            NOT_IMPLEMENTED, RAISED, STOPPED, TIMEOUT, TIMEOUT_KIND, UNUSABLE, Location,
+                            RankRecord, RunProblem)
+
+STACK_LINES_PER_RANK = 25
+TRACEBACK_LINES = 40
+OUTPUT_LINES = 15
+
+
+# --- ranks as records ---------------------------------------------------------------------
+
+
+def rank_record(r: RankOutcome, learner_path: str) -> RankRecord:
+    """One rank's outcome as plain data: where it was, what it raised, its trimmed stack and output."""
+    err = r.error or {}
+    where = _where(err, learner_path) if err else None
+    inside = ""
+    if r.stack.strip():
+        frames = main_thread_frames(r.stack)
+        mine = [f for f in frames if _same_file(f[0], learner_path)]
+        if mine and where is None:
+            where = Location(os.path.basename(learner_path), mine[0][1], mine[0][2])
+        if frames and frames[0] not in mine:
+            inside = f"{frames[0][2]} ({short_path(frames[0][0])})"
+    return RankRecord(
+        rank=r.rank, status=r.status, exception=str(err.get("type") or ""), message=str(err.get("message") or ""),
+        where=where, inside=inside, exitcode=r.exitcode, limit=r.limit, limit_detail=r.limit_detail,
+        lost_peer=r.status == "killed" and bool(r.error), seconds=r.seconds,
+        traceback=trim_traceback(err.get("traceback", "")) if err.get("traceback") else "",
+        stack=trim_stack(r.stack) if r.stack.strip() else "",
+        output="\n".join(r.output.rstrip().splitlines()[-OUTPUT_LINES:]) if r.output.strip() else "",
+    )
+
+
+def _where(err: dict, learner_path: str) -> Location | None:
+    where = err.get("where")
+    if not where:
+        return None
+    return Location(os.path.basename(where.get("file") or learner_path), int(where.get("line") or 0),
+                    str(where.get("function") or ""))
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+# --- a run that failed ------------------------------------------------------------------------
+
+
+def first_cause(failures: list[RankOutcome]) -> RankOutcome:
+    """Prefer a rank that raised over one that only exited, and the earliest one."""
+    raised = [r for r in failures if r.status == "error"]
+    return min(raised or failures, key=lambda r: r.seconds)
+
+
+def failure_problem(outcome: WorldOutcome, learner_path: str, single: bool = False) -> RunProblem | None:
+    """The problem of a run in which a rank raised or ended early (None when every rank finished)."""
+    records = [rank_record(r, learner_path) for r in outcome.ranks]
+    failures = outcome.failures()
+    if not failures:
+        if outcome.still_running():  # stopped after another rank failed: cannot happen alone
+            return RunProblem(STOPPED, FAILED, world_size=outcome.world_size, ranks=records,
+                              file=os.path.basename(learner_path))
+        return None
+    first = first_cause(failures)
+    err = first.error or {}
+    file = os.path.basename(learner_path)
+    base = dict(rank=None if single else first.rank, world_size=None if single else outcome.world_size, file=file)
+    if err.get("phase") == "import":
+        if err.get("missing"):
+            return RunProblem(MISSING_NAME, UNUSABLE, name=str(err["missing"]), file=file)
+        return RunProblem(IMPORT_ERROR, UNUSABLE, exception=str(err.get("type")), message=str(err.get("message")),
+                          where=_where(err, learner_path), file=file, ranks=[records[outcome.ranks.index(first)]])
+    if err.get("type") == "NotImplementedError":
+        return RunProblem(NOT_IMPLEMENTED, FAILED, name=(err.get("where") or {}).get("function") or "a function",
+                          file=file)
+    stopped = [r.rank for r in outcome.ranks if r.status == "killed"]
+    finished = [r.rank for r in outcome.ranks if r.ok]
+    record = records[outcome.ranks.index(first)]
+    if first.limit:
+        kind = LIMIT
+    elif first.status == "error":
+        kind = MISMATCHED_COLLECTIVE if finished and "by peer" in str(err.get("message", "")) else RAISED
+    else:
+        kind = EXITED
+    return RunProblem(kind, FAILED, exception=record.exception, message=record.message, where=record.where,
+                      finished=finished, stopped=stopped, ranks=records,
+                      evidence={"exitcode": first.exitcode, "limit": first.limit, "limit_detail": first.limit_detail,
+                                "single_process": single}, **base)
+
+
+def timeout_problem(outcome: WorldOutcome, timeout_s: float, learner_path: str, single: bool = False) -> RunProblem:
+    """The problem of a run that passed its deadline: which ranks were still running, and where."""
+    records = [rank_record(r, learner_path) for r in outcome.ranks]
+    stuck = [r.rank for r in outcome.still_running()]
+    first = next((rec for rec in records if rec.rank in stuck), None)
+    return RunProblem(TIMEOUT_KIND, TIMEOUT, rank=first.rank if first else None, world_size=outcome.world_size,
+                      where=first.where if first else None, timeout_s=timeout_s, stopped=stuck,
+                      finished=[r.rank for r in outcome.ranks if r.ok], ranks=records,
+                      file=os.path.basename(learner_path), evidence={"single_process": single})
+
+
+# --- reading stacks and tracebacks ------------------------------------------------------------------
+
+
+def main_thread_frames(stack: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the thread that looks like the main one, innermost first."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack.strip())
+    chosen = None
+    for block in blocks:
+        if block and "Current thread" in block.splitlines()[0]:
+            chosen = block
+    for block in blocks:  # the main thread is the one that entered through grader/child.py
+        if "grader/child.py" in block or "grader\\child.py" in block:
+            chosen = block
+    if chosen is None and blocks:
+        chosen = blocks[-1]
+    return [(m.group(1), int(m.group(2)), m.group(3))
+            for m in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', chosen or "")]
+
+
+def short_path(path: str) -> str:
+    marker = f"{os.sep}site-packages{os.sep}"
+    if marker in path:
+        return path.split(marker, 1)[1]
+    return os.path.basename(path)
+
+
+def trim_traceback(tb: str) -> str:
+    """Drop the grader's own frames from a traceback; keep its last lines."""
+    kept, skipping = [], False
+    for line in tb.rstrip().splitlines():
+        if line.startswith('  File "') and ("/grader/" in line or "\\grader\\" in line):
+            skipping = True
+            continue
+        if skipping and line.startswith("    ") and not line.startswith('  File "'):
+            continue
+        skipping = False
+        kept.append(line)
+    return "\n".join(kept[-TRACEBACK_LINES:])
+
+
+_PLUMBING = ("/multiprocessing/", "\\multiprocessing\\", "grader/child.py", "grader\\child.py", 'File "<string>"')
+
+
+def trim_stack(stack: str) -> str:
+    """faulthandler's dump without the process plumbing below the driver."""
+    lines = [ln for ln in stack.rstrip().splitlines() if ln.strip() and not any(p in ln for p in _PLUMBING)]
+    return "\n".join(lines[:STACK_LINES_PER_RANK]) + ("\n  ..." if len(lines) > STACK_LINES_PER_RANK else "")
