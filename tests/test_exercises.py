@@ -46,6 +46,15 @@ def test_catalog_ids_are_unique_and_every_check_has_a_title_and_hint():
             assert c.title and c.hint, (ex.id, c.id)
 
 
+def test_every_exercise_names_quiz_topics_that_exist():
+    from grader.quiz.bank import load_bank
+
+    topics = {q.topic for q in load_bank()}
+    for ex in EXERCISES:
+        assert ex.quiz_topics, ex.id
+        assert set(ex.quiz_topics) <= topics, (ex.id, set(ex.quiz_topics) - topics)
+
+
 @pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
 def test_stub_and_solution_have_the_same_signatures(exercise):
     stub = _signatures(ROOT / "exercises" / exercise.filename)

@@ -29,14 +29,6 @@ from grader.quiz.session import (
 from grader.results import PASS, SKIP, Report
 from grader.state import StateFile
 
-# Quiz topics that go with each exercise (all topics when an exercise is not listed).
-TOPICS_FOR = {
-    "01": ["core", "launch", "debugging"], "02": ["sampler"], "03": ["core", "sampler"],
-    "04": ["launch", "debugging"], "05": ["internals", "core"], "06": ["accumulation"],
-    "07": ["collectives"], "08": ["internals", "collectives"], "09": ["checkpoint"], "10": ["beyond"],
-}
-
-
 def pick_exercise(progress: Progress, exists: Callable[[catalog.Exercise], bool]) -> catalog.Exercise | None:
     """The first exercise (catalog order) that exists in the kit and has not passed."""
     for ex in catalog.exercises():
@@ -50,7 +42,7 @@ def pick_questions(ex: catalog.Exercise, count: int, seed: int, quiz_progress: d
     if count <= 0:
         return []
     bank = load_bank()
-    pool = filter_questions(bank, TOPICS_FOR.get(ex.id)) or bank
+    pool = filter_questions(bank, list(ex.quiz_topics) or None) or bank
     chosen = order_questions(pool, quiz_progress, seed)[:count]
     return [shuffle_choices(q, seed) for q in chosen]
 
