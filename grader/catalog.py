@@ -35,6 +35,7 @@ class Exercise:
     world_sizes: tuple[int, ...]  # graded by default
     minutes: int  # time budget in interview mode
     hints: tuple[str, ...]  # in levels: nudge, API, code shape
+    summary: str = ""  # what it practises, for the README's table of exercises
     quiz_topics: tuple[str, ...] = ()  # asked about in interview mode after this exercise (all when empty)
     preload_dynamo: bool = False  # its ranks build a DDP or torch optimizer: preload torch._dynamo, which they import
     checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
@@ -76,6 +77,7 @@ def _exercise(entry: dict) -> Exercise:
         world_sizes=tuple(entry.get("world_sizes", [2])),
         minutes=int(entry.get("minutes", 20)),
         hints=tuple(entry.get("hints", [])),
+        summary=entry.get("summary", ""),
         quiz_topics=tuple(entry.get("quiz_topics", [])),
         preload_dynamo=bool(entry.get("preload_dynamo", False)),
         checks=checks,

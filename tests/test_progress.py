@@ -14,12 +14,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("ex", catalog.exercises(), ids=lambda e: e.id)
 def test_the_packaged_stub_is_the_shipped_exercise_file(ex):
-    """`reset` writes grader/stubs/NN_*.py: after changing exercises/NN_*.py, copy it there too."""
+    """`reset` writes grader/stubs/NN_*.py, generated from exercises/ by `python -m grader.docs --write`."""
     shipped = ROOT / "exercises" / ex.filename
     if not shipped.exists():
         pytest.skip(f"no exercises/{ex.filename} in this checkout")
     assert kit.stub_text(ex) == shipped.read_text(encoding="utf-8"), \
-        f"grader/stubs/{ex.filename} differs from exercises/{ex.filename}: copy the exercise file over"
+        f"grader/stubs/{ex.filename} differs from exercises/{ex.filename}: run python -m grader.docs --write"
+
+
+def test_the_packaged_stubs_are_only_the_catalogued_ones():
+    stubs = {p.name for p in (ROOT / "grader" / "stubs").glob("*.py")} - {"__init__.py"}
+    assert stubs == {ex.filename for ex in catalog.exercises()}
 
 
 @pytest.mark.parametrize("ex", [e for e in catalog.exercises() if kit.stub_text(e)], ids=lambda e: e.id)

@@ -1,4 +1,5 @@
-"""Pristine copies of the exercise stubs, for `ddp-grade reset` and `ddp-grade list`.
+"""Generated copies of exercises/*.py, for `ddp-grade reset` and `ddp-grade list`: do not edit.
 
-Kept identical to exercises/ in the repository by tests/test_progress.py.
+`python -m grader.docs --write` writes them from exercises/ (the one source); a test fails when
+they are out of step.
 """
