@@ -22,6 +22,7 @@ class CheckInfo:
     title: str  # what the check establishes
     hint: str = ""  # what to look at when it fails
     points: float = 1.0  # weight in the score
+    after: tuple[str, ...] = ()  # checks whose failure explains this one's: they are shown and fixed first
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def exercises() -> tuple[Exercise, ...]:
 
 def _exercise(entry: dict) -> Exercise:
     checks = tuple(
-        CheckInfo(c["id"], c["title"], c.get("hint", ""), float(c.get("points", 1)))
+        CheckInfo(c["id"], c["title"], c.get("hint", ""), float(c.get("points", 1)), tuple(c.get("after", [])))
         for c in entry.get("check", [])
     )
     return Exercise(

@@ -281,22 +281,52 @@ def _apply_limits(limits: dict) -> None:
 
 
 _KEEP_ALIVE: list = []
+_CONN = None  # this rank's line to the grader, for a report from a watchdog thread
+_LEARNER_PATH = ""  # the learner's file, absolute
+_STACK_FILE = None  # where faulthandler writes this rank's stacks
+
+GRADER_PORT_VARIABLE = "DDP_GRADE_RENDEZVOUS_PORT"  # the port of the store the grader holds for this run
+RENDEZVOUS_GRACE_S = 5.0  # a rank waiting this long to meet anywhere else is reported as stuck
 
 
-def _keep_process_groups_alive() -> None:
-    """Hold a reference to every process group until this process ends with os._exit.
+def rendezvous_target(init_method=None, store=None) -> tuple[str | None, str | None]:
+    """Where a call to init_process_group would meet its peers: (address, port), None when unknown."""
+    if store is not None:
+        return None, None
+    if init_method and not str(init_method).startswith("env://"):
+        from urllib.parse import urlparse
 
-    Dropping the last reference to a gloo group runs its C++ destructor, which
-    joins the group's worker thread while holding the GIL; if that thread is
-    just then releasing a finished work item that needs the GIL, both wait for
-    ever. It happens rarely, on a busy machine, after correct code. Since a rank
-    ends with os._exit, keeping the groups referenced means it never runs.
+        parsed = urlparse(str(init_method))
+        if parsed.scheme != "tcp":
+            return None, None
+        return parsed.hostname, None if parsed.port is None else str(parsed.port)
+    return os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+
+
+def _watch_process_groups() -> None:
+    """Wrap init_process_group and new_group in every rank, for two reasons.
+
+    Keep every group referenced until this process ends with os._exit. Dropping
+    the last reference to a gloo group runs its C++ destructor, which joins the
+    group's worker thread while holding the GIL; if that thread is just then
+    releasing a finished work item that needs the GIL, both wait for ever. It
+    happens rarely, on a busy machine, after correct code.
+
+    Report a rendezvous that cannot complete: a call that would meet at another
+    port than the one the grader holds, still waiting after RENDEZVOUS_GRACE_S,
+    ends the rank with a report naming both (rather than a wait until the deadline).
     """
     original_init = c10d.init_process_group
     original_new_group = c10d.new_group
 
-    def init_process_group(*args, **kwargs):
-        result = original_init(*args, **kwargs)
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                           *args, **kwargs):
+        watchdog = _rendezvous_watchdog(init_method, store)
+        try:
+            result = original_init(backend, init_method, timeout, world_size, rank, store, *args, **kwargs)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         if c10d.is_initialized():
             _KEEP_ALIVE.append(c10d._get_default_group())
         return result
@@ -311,8 +341,52 @@ def _keep_process_groups_alive() -> None:
         owner.new_group = new_group
 
 
+def _rendezvous_watchdog(init_method, store):
+    import threading
+
+    grader_port = os.environ.get(GRADER_PORT_VARIABLE)
+    addr, port = rendezvous_target(init_method, store)
+    if not grader_port or port is None or port == grader_port:
+        return None
+    where = _caller_in_learner_file()
+    started = time.monotonic()
+    info = {"addr": addr, "port": port, "grader_addr": "127.0.0.1", "grader_port": grader_port,
+            "source": "init_method" if init_method and not str(init_method).startswith("env://") else "environment",
+            "master_port_variable": os.environ.get("MASTER_PORT")}
+
+    def report() -> None:
+        info["waited_s"] = round(time.monotonic() - started, 1)
+        error = {"type": "RendezvousStuck", "phase": "rendezvous", "where": where, "rendezvous": info,
+                 "message": f"init_process_group waited {info['waited_s']:g} s for its peers at {addr}:{port}",
+                 "traceback": "", "at": time.monotonic()}
+        try:
+            if _STACK_FILE is not None:
+                faulthandler.dump_traceback(file=_STACK_FILE, all_threads=True)
+            send(_CONN, {"status": "error", "error": error})
+        finally:
+            os._exit(1)
+
+    timer = threading.Timer(RENDEZVOUS_GRACE_S, report)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _caller_in_learner_file() -> dict | None:
+    """The innermost frame of the learner's file on this thread's stack, as describe_exception's 'where'."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if _LEARNER_PATH and os.path.abspath(frame.f_code.co_filename) == _LEARNER_PATH:
+            code = frame.f_code
+            return {"line": frame.f_lineno, "function": getattr(code, "co_qualname", code.co_name),
+                    "code": _source_line(code.co_filename, frame.f_lineno)}
+        frame = frame.f_back
+    return None
+
+
 def main(spec: dict, conn) -> None:
     """Entry point of every rank process."""
+    global _CONN, _LEARNER_PATH, _STACK_FILE
     try:
         os.setpgrp()
     except OSError:
@@ -324,11 +398,15 @@ def main(spec: dict, conn) -> None:
             os.environ.pop(name, None)  # the run asked for this variable to be unset
         else:
             os.environ[name] = value
+    if spec.get("marker_file"):  # held open for life, and inherited by whatever this rank starts
+        with contextlib.suppress(OSError):
+            os.set_inheritable(os.open(spec["marker_file"], os.O_RDONLY), True)
     rank = spec["rank"]
     _redirect_output(os.path.join(spec["run_dir"], f"rank{rank}.out"))
-    _arm_faulthandler(os.path.join(spec["run_dir"], f"rank{rank}.stack"))
+    _STACK_FILE = _arm_faulthandler(os.path.join(spec["run_dir"], f"rank{rank}.stack"))
     _apply_limits(spec.get("limits", {}))
-    _keep_process_groups_alive()
+    _CONN, _LEARNER_PATH = conn, os.path.abspath(spec["learner_path"])
+    _watch_process_groups()
     # Several ranks share few cores: one compute thread each avoids them spinning against each other.
     torch.set_num_threads(1)
     ctx = RankContext(
@@ -353,7 +431,7 @@ def main(spec: dict, conn) -> None:
             send(conn, {"status": "error", "error": describe_exception(exc)})
     finally:
         # Never the interpreter's own shutdown: it would destroy the gloo groups (see
-        # _keep_process_groups_alive). A flush may fail (over the output limit): ignored.
+        # _watch_process_groups). A flush may fail (over the output limit): ignored.
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

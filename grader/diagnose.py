@@ -12,7 +12,8 @@ import re
 
 from grader.harness import RankOutcome, WorldOutcome
 from grader.results import (EXITED, FAILED, IMPORT_ERROR, LIMIT, MISMATCHED_COLLECTIVE, MISSING_NAME,
-                            NOT_IMPLEMENTED, RAISED, STOPPED, TIMEOUT, TIMEOUT_KIND, UNUSABLE, Location,
+                            NOT_IMPLEMENTED, RAISED, STOPPED, STUCK_COLLECTIVE, STUCK_DEBUGGER, STUCK_LEARNER_LOOP,
+                            STUCK_RENDEZVOUS, STUCK_SEND_RECV, TIMEOUT, TIMEOUT_KIND, UNUSABLE, Location,
                             RankRecord, RunProblem)
 
 STACK_LINES_PER_RANK = 25
@@ -84,6 +85,13 @@ def failure_problem(outcome: WorldOutcome, learner_path: str, single: bool = Fal
             return RunProblem(MISSING_NAME, UNUSABLE, name=str(err["missing"]), file=file)
         return RunProblem(IMPORT_ERROR, UNUSABLE, exception=str(err.get("type")), message=str(err.get("message")),
                           where=_where(err, learner_path), file=file, ranks=[records[outcome.ranks.index(first)]])
+    if err.get("phase") == "rendezvous":
+        return RunProblem(STUCK_RENDEZVOUS, FAILED, exception=str(err.get("type")), message=str(err.get("message")),
+                          where=_where(err, learner_path), evidence=dict(err.get("rendezvous") or {}),
+                          stopped=[r.rank for r in outcome.ranks if r.status == "killed"], ranks=records, **base)
+    if err.get("type") == "BdbQuit":  # a debugger prompt with no terminal: pdb reads end-of-file and quits
+        return RunProblem(STUCK_DEBUGGER, FAILED, exception="BdbQuit", where=_where(err, learner_path),
+                          stopped=[r.rank for r in outcome.ranks if r.status == "killed"], ranks=records, **base)
     if err.get("type") == "NotImplementedError":
         return RunProblem(NOT_IMPLEMENTED, FAILED, name=(err.get("where") or {}).get("function") or "a function",
                           file=file)
@@ -106,11 +114,59 @@ def timeout_problem(outcome: WorldOutcome, timeout_s: float, learner_path: str, 
     """The problem of a run that passed its deadline: which ranks were still running, and where."""
     records = [rank_record(r, learner_path) for r in outcome.ranks]
     stuck = [r.rank for r in outcome.still_running()]
+    waits = {r.rank: waiting_in(r.stack) for r in outcome.still_running()}
+    kind = TIMEOUT_KIND if single else stuck_kind(list(waits.values()))
     first = next((rec for rec in records if rec.rank in stuck), None)
-    return RunProblem(TIMEOUT_KIND, TIMEOUT, rank=first.rank if first else None, world_size=outcome.world_size,
+    return RunProblem(kind, TIMEOUT, rank=first.rank if first else None, world_size=outcome.world_size,
                       where=first.where if first else None, timeout_s=timeout_s, stopped=stuck,
                       finished=[r.rank for r in outcome.ranks if r.ok], ranks=records,
-                      file=os.path.basename(learner_path), evidence={"single_process": single})
+                      file=os.path.basename(learner_path),
+                      evidence={"single_process": single, "waiting_in": {str(k): v for k, v in waits.items()}})
+
+
+# What a stuck rank waits in, from the innermost frames of its main thread.
+_RENDEZVOUS_FRAMES = ("init_process_group", "rendezvous", "_env_rendezvous_handler", "_tcp_rendezvous_handler",
+                      "_create_c10d_store", "_store_based_barrier")
+_DEBUGGER_FILES = ("pdb.py", "bdb.py", "cmd.py")
+_POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
+                "barrier", "monitored_barrier", "all_gather_object", "broadcast_object_list", "wait")
+
+
+def waiting_in(stack: str) -> str:
+    """"rendezvous", "debugger", "send", "all_reduce" ... or "code" (running Python), "" when no stack."""
+    frames = main_thread_frames(stack)
+    if not frames:
+        return ""
+    for file, _, function in frames:
+        if os.path.basename(file) in _DEBUGGER_FILES:
+            return "debugger"
+    for file, _, function in frames[:6]:
+        if function in _RENDEZVOUS_FRAMES:
+            return "rendezvous"
+    for file, _, function in frames[:4]:
+        if "torch" in file and "distributed" in file and function in _POINT_TO_POINT + _COLLECTIVES:
+            return function
+    return "code"
+
+
+def stuck_kind(waits: list[str]) -> str:
+    """The kind of a timeout from what each stuck rank waits in."""
+    known = [w for w in waits if w]
+    if not known:
+        return TIMEOUT_KIND
+    if "debugger" in known:
+        return STUCK_DEBUGGER
+    if "rendezvous" in known:
+        return STUCK_RENDEZVOUS
+    if all(w in _POINT_TO_POINT for w in known):
+        return STUCK_SEND_RECV
+    if any(w in _COLLECTIVES or w in _POINT_TO_POINT for w in known):
+        return STUCK_COLLECTIVE
+    if all(w == "code" for w in known):
+        return STUCK_LEARNER_LOOP
+    return TIMEOUT_KIND
 
 
 # --- reading stacks and tracebacks ------------------------------------------------------------------

@@ -169,6 +169,7 @@ class Grading:
         self._verdicts[check_id] = CheckResult(check_id, info.title, SKIP, reason, points=info.points)
 
     def results(self, not_run_reason: str | None) -> list[CheckResult]:
+        """Every check's verdict in catalog order; a failure another failed check explains says so."""
         out = []
         for info in self.exercise.checks:
             verdict = self._verdicts.get(info.id)
@@ -176,6 +177,12 @@ class Grading:
                 reason = f"not run: {not_run_reason}" if not_run_reason else "not decided by the grader"
                 verdict = CheckResult(info.id, info.title, ERROR, reason, points=info.points)
             out.append(verdict)
+        failed = {c.id for c in out if c.status == FAIL}
+        for verdict in out:
+            cause = next((c for c in self.exercise.check(verdict.id).after if c in failed), None)
+            if verdict.status == FAIL and cause is not None:
+                verdict.likely_cause = cause
+                verdict.hint = f"{cause} failed too, and it explains this failure: fix {cause} first."
         return out
 
 

@@ -23,6 +23,7 @@ this process, from the :class:`WorldOutcome` returned.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import multiprocessing
@@ -123,6 +124,11 @@ class Session:
         self.ctx = _context(start_method)
         self.tmp = tempfile.mkdtemp(prefix="ddp-grade-")
         self.marker = uuid.uuid4().hex
+        # Every rank holds this file open, and so does everything it starts (forks inherit the
+        # descriptor): a process forked from the pool does not show the marker variable in
+        # /proc/PID/environ, which holds the environment at exec, so the open file is what finds it.
+        self.marker_file = os.path.join(self.tmp, "marker")
+        open(self.marker_file, "w").close()
         self._runs = 0
 
     def __enter__(self) -> "Session":
@@ -132,7 +138,7 @@ class Session:
         self.close()
 
     def close(self) -> None:
-        reap_strays(self.marker)
+        reap_strays(self.marker, marker_file=self.marker_file)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def new_run_dir(self) -> str:
@@ -171,7 +177,7 @@ class Session:
         finally:
             _stop(ranks, run_dir)
             del store
-        strays = reap_strays(self.marker)
+        strays = reap_strays(self.marker, marker_file=self.marker_file)
         outcomes = _blame([_outcome(r, run_dir, self.limits) for r in ranks])
         return WorldOutcome(world_size, outcomes, timed_out, time.monotonic() - started, run_dir, strays)
 
@@ -193,6 +199,7 @@ class Session:
             "backend": backend,
             "kwargs": kwargs or {},
             "env": {**_platform_env(), **(env or {}), RUN_MARKER: self.marker},
+            "marker_file": self.marker_file,
             "limits": self.limits,
         }
 
@@ -273,7 +280,7 @@ class Worker:
             _kill(self._rank.process)
         self._rank.process.join(timeout=5)
         self._rank.ended = True
-        reap_strays(self.session.marker)
+        reap_strays(self.session.marker, marker_file=self.session.marker_file)
         return _outcome(self._rank, self.run_dir, self.session.limits)
 
 
@@ -457,7 +464,7 @@ def _kill(process) -> None:
         pass
 
 
-def reap_strays(marker: str, variable: str = RUN_MARKER) -> int:
+def reap_strays(marker: str, variable: str = RUN_MARKER, marker_file: str | None = None) -> int:
     """Kill processes that carry this session's marker but escaped their group. Linux only.
 
     Passes repeat (up to REAP_PASSES) until one finds nothing, so a process that
@@ -465,7 +472,7 @@ def reap_strays(marker: str, variable: str = RUN_MARKER) -> int:
     """
     killed = 0
     for _ in range(REAP_PASSES):
-        found = marked_processes(marker, variable)
+        found = marked_processes(marker, variable, marker_file)
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -477,8 +484,9 @@ def reap_strays(marker: str, variable: str = RUN_MARKER) -> int:
     return killed
 
 
-def marked_processes(marker: str, variable: str = RUN_MARKER) -> list[int]:
-    """Live processes (not zombies) whose environment holds ``variable=marker``. Linux only."""
+def marked_processes(marker: str, variable: str = RUN_MARKER, marker_file: str | None = None) -> list[int]:
+    """Live processes (not zombies) whose environment holds ``variable=marker``, or that hold
+    ``marker_file`` open. Linux only."""
     if not os.path.isdir("/proc"):
         return []
     needle = f"{variable}={marker}".encode()
@@ -489,8 +497,11 @@ def marked_processes(marker: str, variable: str = RUN_MARKER) -> list[int]:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
+                marked = needle in f.read().split(b"\0")
+            if not marked and marker_file:
+                marked = _holds_open(int(entry), marker_file)
+            if not marked:
+                continue
             with open(f"/proc/{entry}/stat", "rb") as f:
                 state = f.read().rsplit(b")", 1)[-1].split()[0]
             if state in (b"Z", b"X"):  # already dead, waiting for its parent to collect it
@@ -499,6 +510,17 @@ def marked_processes(marker: str, variable: str = RUN_MARKER) -> list[int]:
         except (OSError, IndexError):
             continue
     return found
+
+
+def _holds_open(pid: int, path: str) -> bool:
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in (path, path + " (deleted)"):
+                    return True
+    except OSError:
+        pass
+    return False
 
 
 def _outcome(r: _Rank, run_dir: str, limits: dict | None = None) -> RankOutcome:
@@ -645,12 +667,46 @@ def warm_up(dynamo: bool = True) -> None:
 
         with _hidden_main():
             forkserver.ensure_running()
+        atexit.register(stop_pool)
+
+
+def stop_pool() -> None:
+    """Stop the warm pool (the forkserver) this process started, and wait until it has exited.
+
+    Registered at exit by :func:`warm_up`, so a command returns only after its pool is gone: left
+    to itself, the forkserver notices its parent is gone only when it next looks, which on a busy
+    machine is seconds later. Every rank it started has been stopped by then (``Session.close``).
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    if server._forkserver_alive_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    address = server._forkserver_address
+    server._forkserver_pid = server._forkserver_address = None
+    if address and not address.startswith("\0"):
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+    from multiprocessing import resource_tracker
+
+    with contextlib.suppress(Exception):  # the tracker the forkserver started: it exits on end of input
+        resource_tracker._resource_tracker._stop()
 
 
 def _rendezvous_env(port: int, extra: dict | None) -> dict:
     env = {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
+        "DDP_GRADE_RENDEZVOUS_PORT": str(port),  # what MASTER_PORT was, whatever the learner does to it
         # Every rank connects to the store this process holds (as under torchrun).
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": "0",

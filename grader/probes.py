@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from grader.child import GraderAbort
+from grader.child import GraderAbort, rendezvous_target
 
 
 @contextlib.contextmanager
@@ -49,7 +48,7 @@ def watch_init(calls: list, *, expected_port: str | None = None, dry_run: bool =
 
     def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1,
                            store=None, *args, **kwargs):
-        addr, port = _rendezvous(init_method, store)
+        addr, port = rendezvous_target(init_method, store)
         call = {
             "backend": None if backend is None else str(backend),
             "init_method": init_method,
@@ -70,16 +69,6 @@ def watch_init(calls: list, *, expected_port: str | None = None, dry_run: bool =
     with patched(c10d, "init_process_group", init_process_group), \
             patched(dist, "init_process_group", init_process_group):
         yield calls
-
-
-def _rendezvous(init_method, store) -> tuple[str | None, str | None]:
-    """Where a call to init_process_group would meet its peers."""
-    if store is not None:
-        return None, None
-    if init_method and not str(init_method).startswith("env://"):
-        parsed = urlparse(str(init_method))
-        return parsed.hostname, None if parsed.port is None else str(parsed.port)
-    return os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
     if report.checks:
         lines.append("")
         width = max(len(c.id) for c in report.checks)
-        for c in report.checks:
+        failures = report.failures_by_cause()  # causes first, then what they explain, then the rest
+        for c in failures + [c for c in report.checks if c.status != FAIL]:
             label, colour = _LABELS[c.status]
             lines.append(f"  {style(label, fg=colour)}  {c.id.ljust(width)}  {c.title}")
             if c.status == FAIL:
@@ -62,7 +63,7 @@ def hint_pointer(report: Report) -> str:
     """"Stuck on CHECK? `ddp-grade hint NN` ..." for a failed grading of a known exercise, else ""."""
     if not report.exercise or report.status == PASSED:
         return ""
-    failing = [c.id for c in report.checks if c.status == FAIL]
+    failing = [c.id for c in report.failures_by_cause()]
     if not failing and report.status != FAILED:
         return ""
     what = f"Stuck on {failing[0]}? " if failing else "Stuck? "
@@ -212,14 +213,79 @@ def _timeout(p: RunProblem) -> str:
         return (f"timed out after {p.timeout_s:g} s: the call to the learner's code did not return "
                 f"(an endless loop?){_location(record) if record else ''}")
     stuck = [r for r in p.ranks if r.rank in p.stopped]
+    waits = p.evidence.get("waiting_in") or {}
     lines = [f"timed out after {p.timeout_s:g} s: " + (_ranks(p.stopped) or "no rank")
-             + (" was" if len(stuck) == 1 else " were") + " still running (a deadlock or an endless loop?)"]
+             + (" was" if len(stuck) == 1 else " were") + f" still running ({_STUCK_WHY.get(p.kind, _STUCK_WHY[R.TIMEOUT_KIND])})"]
     for r in stuck:
-        lines.append(f"  rank {r.rank}{_location(r) or ': no stack was captured'}")
+        waiting = waits.get(str(r.rank), "")
+        what = f" (waiting in {waiting})" if waiting and waiting not in ("code", "debugger") and \
+            not r.inside.startswith(waiting + " ") else ""
+        lines.append(f"  rank {r.rank}{_location(r) or ': no stack was captured'}{what}")
     for r in p.ranks:
         if r.status in ("error", "exited"):
             lines.append(f"  {rank_line(r)}")
+    advice = _STUCK_ADVICE.get(p.kind)
+    if advice:
+        lines.append(advice(p) if callable(advice) else advice)
     return "\n".join(lines)
+
+
+_STUCK_WHY = {
+    R.TIMEOUT_KIND: "a deadlock or an endless loop?",
+    R.STUCK_RENDEZVOUS: "stuck in rendezvous: init_process_group waits for peers that never came",
+    R.STUCK_COLLECTIVE: "stuck in a collective that the other ranks do not call",
+    R.STUCK_SEND_RECV: "stuck in blocking send/recv calls that wait for each other",
+    R.STUCK_DEBUGGER: "stopped at a debugger prompt",
+    R.STUCK_LEARNER_LOOP: "still running your code: an endless loop?",
+}
+
+
+def _collective_advice(p: RunProblem) -> str:
+    text = "Every rank must make the same collective calls in the same order"
+    if p.finished:
+        text += f"; {_ranks(p.finished)} had already finished, so a collective only some ranks call waits for ever"
+    return "  " + text + "."
+
+
+_STUCK_ADVICE = {
+    R.STUCK_SEND_RECV: "  A blocking send waits until the peer receives: if two ranks both send first, neither "
+                       "gets to recv. Alternate the order by rank, or use isend/irecv and wait.",
+    R.STUCK_COLLECTIVE: _collective_advice,
+    R.STUCK_RENDEZVOUS: lambda p: _rendezvous_advice(p),
+    R.STUCK_DEBUGGER: "  The grader gives ranks no terminal: remove breakpoint() / pdb.set_trace() before grading.",
+}
+
+
+def _debugger(p: RunProblem) -> str:
+    where = f" at {p.where.file} line {p.where.line}, in {p.where.function}" if p.where else ""
+    return (f"{_subject(p)} stopped at a debugger prompt{where} (breakpoint() or pdb.set_trace()): ranks have "
+            "no terminal, so the debugger read end-of-input and quit (BdbQuit)" + _aftermath(p)
+            + ".\nRemove the breakpoint before grading.")
+
+
+def _rendezvous_advice(p: RunProblem) -> str:
+    waits = p.evidence.get("waiting_in") or {}
+    absent = [int(rank) for rank, what in waits.items() if what != "rendezvous"]
+    text = "  Every rank must call init_process_group, with the same address and port"
+    if absent:
+        text += f"; {_ranks(sorted(absent))} never got there"
+    if p.finished:
+        text += f"; {_ranks(p.finished)} had already finished"
+    return text + "."
+
+
+def _rendezvous(p: RunProblem) -> str:
+    e = p.evidence
+    where = f" ({p.where.file} line {p.where.line}, in {p.where.function})" if p.where else ""
+    if e.get("source") == "init_method":
+        fix = ("Build init_method from MASTER_ADDR and MASTER_PORT in the environment (or leave it out: env:// "
+               "is the default), so that every launcher can choose the port.")
+    else:
+        fix = ("Set MASTER_ADDR and MASTER_PORT only when they are missing (os.environ.setdefault), "
+               "never overwrite them: the launcher chooses the port.")
+    return (f"{_subject(p)} waited {e.get('waited_s', 0):g} s in init_process_group for its peers at "
+            f"{e.get('addr')}:{e.get('port')}{where}, but the rendezvous is at MASTER_ADDR={e.get('grader_addr')} "
+            f"MASTER_PORT={e.get('grader_port')}: the ranks never meet there.\n{fix}") + _aftermath(p)
 
 
 def _location(r: RankRecord) -> str:
@@ -246,6 +312,11 @@ _PROBLEM_WORDS = {
     R.EXITED: _exited,
     R.LIMIT: _exited,
     R.TIMEOUT_KIND: _timeout,
+    R.STUCK_COLLECTIVE: _timeout,
+    R.STUCK_SEND_RECV: _timeout,
+    R.STUCK_DEBUGGER: lambda p: _timeout(p) if p.timeout_s is not None else _debugger(p),
+    R.STUCK_LEARNER_LOOP: _timeout,
+    R.STUCK_RENDEZVOUS: lambda p: _timeout(p) if p.timeout_s is not None else _rendezvous(p),
 }
 
 

@@ -34,6 +34,7 @@ class CheckResult:
     seconds: float = 0.0  # time spent deciding it (including its runs)
     points: float = 1.0  # weight in the score
     hint: str = ""  # what to look at when it fails
+    likely_cause: str | None = None  # another failed check that explains this failure: fix that one first
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +159,11 @@ class Report:
     @property
     def max_points(self) -> float:
         return sum(c.points for c in self.checks if c.status != SKIP)
+
+    def failures_by_cause(self) -> list[CheckResult]:
+        """Failed checks, causes first: a failure explained by another failed check comes after it."""
+        failed = [c for c in self.checks if c.status == FAIL]
+        return [c for c in failed if not c.likely_cause] + [c for c in failed if c.likely_cause]
 
     def counts(self) -> dict:
         out = {PASS: 0, FAIL: 0, ERROR: 0, SKIP: 0}

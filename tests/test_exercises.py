@@ -44,6 +44,7 @@ def test_catalog_ids_are_unique_and_every_check_has_a_title_and_hint():
         assert ex.checks and ex.hints and ex.functions
         for c in ex.checks:
             assert c.title and c.hint, (ex.id, c.id)
+            assert set(c.after) <= set(ids) - {c.id}, (ex.id, c.id, c.after)
 
 
 def test_every_exercise_names_quiz_topics_that_exist():

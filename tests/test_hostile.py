@@ -89,7 +89,7 @@ def assert_guarantees(result, seconds: float, sessions, path: Path, digest_befor
     assert "Traceback (most recent call last)" not in result.output.split("details:")[0]
     assert seconds < timeout_s + MARGIN_S, f"took {seconds:.1f} s with a timeout of {timeout_s:g} s"
     for s in sessions:
-        assert harness.marked_processes(s.marker) == [], "a process of the run is still alive"
+        assert harness.marked_processes(s.marker, marker_file=s.marker_file) == [], "a process of the run is still alive"
         assert not os.path.exists(s.tmp), "the run's temporary folder was left behind"
     assert _digest(path) == digest_before, "the learner's file changed"
     assert len(result.output) < MAX_SHOWN_CHARS, f"{len(result.output)} characters shown"

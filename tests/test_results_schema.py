@@ -70,7 +70,7 @@ def test_a_run_problem_is_carried_as_documented_fields():
         assert set(rank) == set(rank_fields)
         for name, type_text in rank_fields.items():
             assert conforms(rank[name], type_text), (rank["rank"], name)
-    assert (problem["kind"], problem["status"], problem["rank"], problem["timeout_s"]) == ("timeout", "timeout", 1, 60.0)
+    assert (problem["kind"], problem["status"], problem["rank"], problem["timeout_s"]) == ("stuck-in-collective", "timeout", 1, 60.0)
     assert problem["where"] == {"file": "03_train.py", "line": 14, "function": "train_ddp"}
     assert problem["ranks"][1]["inside"].startswith("all_reduce")
     assert data["problem"].startswith("timed out after 60 s: rank 1 was still running")

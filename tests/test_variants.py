@@ -4,6 +4,8 @@ Each file in tests/variants/ is named NN_what_is_wrong.py (NN: the exercise) and
 says at its top what the grader must answer:
 
     # expect-fail: check-id [check-id ...]     these checks fail
+    # expect-pass: check-id [check-id ...]     these checks are still decided, and pass
+    # expect-cause: check-id cause-id          check-id fails, explained by cause-id: shown and hinted first
     # expect-status: timeout|unusable|failed   the overall status (default failed)
     # expect-problem: text                     the report's problem line contains this
     # grade-options: timeout_s=8 world_size=2  options for this variant
@@ -22,10 +24,12 @@ FILES = sorted(VARIANTS.glob("[0-9][0-9]_*.py"))
 
 def expectations(path) -> dict:
     text = path.read_text()
-    found = {"fail": [], "status": "failed", "problem": None, "options": {}}
-    for key, value in re.findall(r"^# expect-(fail|status|problem): *(.+)$", text, re.M):
-        if key == "fail":
-            found["fail"] += value.split()
+    found = {"fail": [], "pass": [], "cause": [], "status": "failed", "problem": None, "options": {}}
+    for key, value in re.findall(r"^# expect-(fail|pass|cause|status|problem): *(.+)$", text, re.M):
+        if key in ("fail", "pass"):
+            found[key] += value.split()
+        elif key == "cause":
+            found[key].append(tuple(value.split()))
         else:
             found[key] = value.strip()
     for line in re.findall(r"^# grade-options: *(.+)$", text, re.M):
@@ -53,5 +57,12 @@ def test_variant_fails_with_the_right_check(grade, path):
         assert got.get(check_id) == "fail", (check_id, got, report.problem)
         message = next(c.message for c in report.checks if c.id == check_id)
         assert message.strip(), f"{check_id} failed without saying what was observed"
+    for check_id in e["pass"]:
+        assert got.get(check_id) == "pass", (check_id, got, report.problem)
+    for effect, cause in e["cause"]:
+        verdict = next(c for c in report.checks if c.id == effect)
+        assert verdict.likely_cause == cause and cause in verdict.hint, (effect, verdict.likely_cause, verdict.hint)
+        order = [c.id for c in report.failures_by_cause()]
+        assert order.index(cause) < order.index(effect), order
     if e["problem"]:
         assert report.problem and e["problem"] in report.problem, report.problem

@@ -22,7 +22,7 @@ from torch import nn
 
 from grader import probes
 from grader.compare import first_difference, tensor_difference
-from grader.child import RankContext
+from grader.child import RankContext, describe_exception
 
 SEED = 5
 LR = 0.1
@@ -123,7 +123,12 @@ def _observe(ctx: RankContext) -> dict:
         obs["final"] = _params(model)
 
         # 4. no_sync: silent inside, restored on exit, after an exception, when nested
-        obs["no_sync"] = _probe_no_sync(wrapper, model, optimizer, events, ctx.rank, device)
+        try:
+            obs["no_sync"] = _probe_no_sync(wrapper, model, optimizer, events, ctx.rank, device)
+        except NotImplementedError:
+            raise  # still the stub: the grading says so
+        except Exception as exc:  # e.g. no no_sync() at all: those checks fail, the others are still decided
+            obs["no_sync"] = {"error": describe_exception(exc, ctx.learner_path)}
 
         # 5. a frozen layer: its .grad stays None
         frozen = build_model().to(device)
@@ -351,6 +356,13 @@ def check_no_sync(record, observations: list[dict]) -> None:
     """no_sync(): silent inside, syncing again after it, after an exception and after nesting."""
     for rank, obs in enumerate(observations):
         ns = obs["no_sync"]
+        if "error" in ns:
+            err = ns["error"]
+            at = f" (line {err['where']['line']}, in {err['where']['function']})" if err.get("where") else ""
+            message = f"rank {rank}: using no_sync() raised {err['type']}: {err['message'][:200]}{at}"
+            record("no-sync-silent", False, message, rank)
+            record("no-sync-restores", False, message, rank)
+            continue
         ops = ns["inside_ops"]
         changed, _ = _first_difference(ns["after_sync"], ns["before_sync"], exact=True)
         record("no-sync-silent", not ops and changed is None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from grader import probes
-from grader.child import RankContext
+from grader.child import RankContext, describe_exception
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 TOLERANCE = {"float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}  # (rtol, atol); int64 is exact
@@ -91,7 +91,14 @@ def _observe(ctx: RankContext) -> dict:
         for case in ctx.kwargs["cases"]:
             tensor = make_tensor(case, ctx.rank)
             first = len(events)
-            returned = ring_all_reduce(tensor)
+            try:
+                returned = ring_all_reduce(tensor)
+            except NotImplementedError:
+                raise  # still the stub: the grading says so
+            except Exception as exc:  # the observation; the cases after it are not run (peers may be mid-ring)
+                out.append({"error": describe_exception(exc, ctx.learner_path),
+                            "events": [dict(e) for e in events[first:]]})
+                break
             out.append({
                 "result": tensor.detach().clone(),
                 "returned": type(returned).__name__,
@@ -138,10 +145,13 @@ def describe_case(case: dict) -> str:
 
 
 def check_results(g, cases: list[dict], observations: list[dict], world_size: int) -> None:
-    for index, case in enumerate(cases):
+    ran = min(len(obs["cases"]) for obs in observations)
+    for index, case in enumerate(cases[:ran]):
         expected = expected_sum(case, world_size)
         for rank, obs in enumerate(observations):
             got = obs["cases"][index]
+            if "error" in got:
+                continue
             problem = compare(got["result"], expected, case)
             if problem is None:
                 continue
@@ -151,7 +161,30 @@ def check_results(g, cases: list[dict], observations: list[dict], world_size: in
                 message += "; ring_all_reduce returned a tensor, but it must sum in place and return None"
             g.record("matches-all-reduce", False, message, rank=rank, world_size=world_size)
             return
+    crash = first_crash(cases, observations)
+    if crash is not None:
+        rank, index, err = crash
+        where = f" (line {err['where']['line']}, in {err['where']['function']})" if err.get("where") else ""
+        g.record("matches-all-reduce", False,
+                 f"world size {world_size}, {describe_case(cases[index])}: rank {rank}'s ring_all_reduce raised "
+                 f"{err['type']}: {err['message'][:300]}{where}; the other checks were decided on the "
+                 f"{index} case(s) before it", rank=rank, world_size=world_size)
+        return
     g.record("matches-all-reduce", True)
+
+
+def first_crash(cases: list[dict], observations: list[dict]) -> tuple[int, int, dict] | None:
+    """(rank, case index, error) of the exception that came first, or None when every case ran.
+
+    A rank whose peer raised mid-ring fails too ("Connection closed by peer"): the earliest
+    error is the cause.
+    """
+    crashes = [(obs["cases"][-1]["error"].get("at", 0.0), rank, len(obs["cases"]) - 1, obs["cases"][-1]["error"])
+               for rank, obs in enumerate(observations) if obs["cases"] and "error" in obs["cases"][-1]]
+    if not crashes:
+        return None
+    _, rank, index, err = min(crashes, key=lambda c: (c[2], c[0]))
+    return rank, index, err
 
 
 def compare(got: torch.Tensor, expected: torch.Tensor, case: dict) -> str | None:
@@ -211,6 +244,8 @@ def check_neighbours(g, observations: list[dict], world_size: int) -> None:
 
 def check_bytes(g, cases: list[dict], observations: list[dict], world_size: int) -> None:
     index = next(i for i, c in enumerate(cases) if c["measure"])
+    if any(len(obs["cases"]) <= index or "error" in obs["cases"][index] for obs in observations):
+        return  # the measured case did not run: ring-bytes stays undecided
     nbytes = BIG_NUMEL * 4
     expected = 2 * (world_size - 1) / world_size * nbytes
     for rank, obs in enumerate(observations):

@@ -2,6 +2,7 @@
 # expect-status: timeout
 # expect-problem: rank 1
 # expect-problem: 01_endless_loop.py line
+# expect-problem: rank 1 never got there
 # grade-args: --timeout 8
 
 import os

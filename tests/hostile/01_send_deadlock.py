@@ -1,6 +1,7 @@
 """Both ranks send first and receive second: blocking sends wait for each other."""
 # expect-status: timeout
 # expect-problem: send
+# expect-problem: stuck in blocking send/recv calls
 # grade-args: --timeout 8
 
 import os

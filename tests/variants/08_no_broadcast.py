@@ -1,5 +1,7 @@
 """Exercise 08, broken: no broadcast in __init__: each rank keeps its own initial model."""
-# expect-fail: broadcast-from-rank0 params-identical
+# expect-fail: broadcast-from-rank0 params-identical grads-match-ddp
+# expect-cause: grads-match-ddp broadcast-from-rank0
+# expect-cause: params-identical broadcast-from-rank0
 
 import itertools
 
