@@ -125,7 +125,18 @@ def grade_and_record(path, session, options, exercise_id, progress, quiet):
         line.done()
     if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):
         progress.record_grading(ex.id, report.status)
+    elif ex is not None and report.status == "passed" and not quiet:
+        where = _kit_call_quiet(lambda: str(kit.exercise_path(ex)))
+        click.echo(f"Not recorded as progress: {path} is not the kit's own file"
+                   + (f" ({where})" if where else "") + ".", err=True)
     return report
+
+
+def _kit_call_quiet(fn):
+    try:
+        return fn()
+    except kit.KitError:
+        return None
 
 
 def _preload_dynamo(path: str, exercise_id: str | None) -> bool:
@@ -305,7 +316,8 @@ def reset(exercise_id):
     written = _kit_call(lambda: files.reset(ex, progress))
     if written.saved_as:
         click.echo(f"Your file was saved as {written.saved_as}")
-    click.echo(f"Exercise {ex.id} reset: {written.path} is the stub again. `ddp-grade restore {ex.id}` undoes this.")
+    click.echo(f"Exercise {ex.id} reset in the kit at {kit.root()}: {written.path} is the stub again. "
+               f"`ddp-grade restore {ex.id}` undoes this.")
 
 
 @main.command()
@@ -327,7 +339,7 @@ def restore(exercise_id, source, list_copies):
     written, used = _kit_call(lambda: files.restore(ex, Path(source) if source else None))
     if written.saved_as:
         click.echo(f"Your current file was saved as {written.saved_as}")
-    click.echo(f"Restored {written.path} from {used}")
+    click.echo(f"Restored {written.path} from {used} (the kit at {kit.root()})")
 
 
 @main.command()

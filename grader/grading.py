@@ -55,6 +55,8 @@ class Grading:
         self.deadline = time.monotonic() + timeout_s
         self._verdicts: dict[str, CheckResult] = {}
         self._clock = time.monotonic()
+        self.sizes_run: list[int] = []  # the world sizes of the process groups actually run
+        self.in_one_process = False  # a worker process ran the learner's code (no process group)
 
     @property
     def backend(self) -> str:
@@ -74,13 +76,19 @@ class Grading:
         return max(0.5, self.deadline - time.monotonic())
 
     def run(self, driver: str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
-            expect_ok: bool = True, backend: str | None = None) -> WorldOutcome:
+            expect_ok: bool = True, backend: str | None = None, label: str | None = None,
+            graded_size: int | None = None) -> WorldOutcome:
         """Run ``driver`` (a function of this exercise's module) on ``world_size`` ranks.
 
         A timeout always stops the grading. With ``expect_ok`` a rank that raises
-        or ends early stops it too, with the rank and the cause.
+        or ends early stops it too, with the rank and the cause. ``label`` says on the live line
+        what the run does when its processes are not the ranks of one group (e.g. several
+        launchers); ``graded_size`` is then the world size it grades (for the report's header).
         """
-        self._notify("run", driver=driver, world_size=world_size)
+        self._notify("run", driver=driver, world_size=world_size, label=label)
+        size = graded_size if graded_size is not None else (None if label else world_size)
+        if size is not None and size not in self.sizes_run:
+            self.sizes_run.append(size)
         outcome = self.session.run(
             self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
             backend=backend or self.backend, kwargs=kwargs, env=env,
@@ -93,6 +101,7 @@ class Grading:
 
     def worker(self, driver: str, kwargs: dict | None = None) -> Worker:
         self._notify("worker", driver=driver)
+        self.in_one_process = True
         return self.session.worker(self._ref(driver), learner_path=self.path, timeout_s=self.remaining(),
                                    kwargs=kwargs, backend=self.backend)
 
@@ -271,6 +280,8 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.status, report.run_problem = abort.problem.status, abort.problem
         not_run = report.problem.splitlines()[0]
     report.checks = g.results(not_run)
+    report.world_sizes = sorted(g.sizes_run) or ([] if g.in_one_process else report.world_sizes)
+    report.in_one_process = g.in_one_process and not g.sizes_run
     if report.run_problem is None:
         report.status = overall_status(report.checks)
     report.seconds = time.monotonic() - started

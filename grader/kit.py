@@ -1,7 +1,8 @@
 """Where the kit's files are: the exercises the learner edits, the solutions, the pristine stubs.
 
-The kit is used from a checkout: ``exercises/`` and ``solutions/`` sit at its root, next to the
-``grader`` package (an editable install). ``$DDP_GRADE_ROOT`` names another root.
+The kit is used from a checkout: ``exercises/`` and ``solutions/`` sit at its root. Commands act
+on the kit in the current folder or one of its parents when there is one (as rustlings and
+exercism do), else on ``$DDP_GRADE_ROOT``, else on the checkout the package is installed from.
 The pristine stubs ship inside the package (``grader/stubs/``), so ``reset`` works without git.
 """
 
@@ -25,8 +26,22 @@ class KitError(Exception):
     """The kit's files cannot be found or used; the message says what to do, in one line."""
 
 
+def looks_like_kit(folder: Path) -> bool:
+    """True when ``folder`` holds an ``exercises/`` folder with at least one of the catalog's files."""
+    exercises = folder / "exercises"
+    return exercises.is_dir() and any((exercises / ex.filename).is_file() for ex in catalog.exercises())
+
+
 def root() -> Path:
-    """The folder holding ``exercises/``: ``$DDP_GRADE_ROOT``, else the parent of the grader package."""
+    """The kit's folder: the current folder or a parent that holds one, else ``$DDP_GRADE_ROOT``,
+    else the checkout the grader package is installed from."""
+    try:
+        here = Path.cwd()
+    except OSError:  # the current folder was deleted
+        here = None
+    for folder in ([here, *here.parents] if here else []):
+        if looks_like_kit(folder):
+            return folder
     explicit = os.environ.get(ROOT_ENV)
     if explicit:
         path = Path(explicit).expanduser()

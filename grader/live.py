@@ -7,9 +7,11 @@ log) each run is one plain line with no control characters; with ``--quiet`` not
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 TTY, PLAIN, QUIET = "tty", "plain", "quiet"
+TICK_S = 0.5  # how often the line is redrawn on a terminal while nothing happens
 
 
 def mode_for(stream, quiet: bool) -> str:
@@ -34,12 +36,17 @@ class LiveLine:
         self.runs = 0
         self.checks: dict[str, str] = {}
         self._shown = False
+        self._what = ""
+        self._lock = threading.RLock()
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def event(self, kind: str, **info) -> None:
         if kind == "run":
             self.runs += 1
-            self._show(f"run {self.runs}: {info['driver']} on {info['world_size']} "
-                       f"rank{'s' if info['world_size'] != 1 else ''}")
+            what = info.get("label") or (f"{info['driver']} on {info['world_size']} "
+                                         f"rank{'s' if info['world_size'] != 1 else ''}")
+            self._show(f"run {self.runs}: {what}")
         elif kind == "worker":
             self.runs += 1
             self._show(f"run {self.runs}: {info['driver']} in one process")
@@ -52,18 +59,43 @@ class LiveLine:
     def _show(self, what: str) -> None:
         if self.mode == QUIET:
             return
+        self._what = what
+        if self.mode == TTY and self._ticker is None:
+            self._start_ticker()
+        self._draw()
+
+    def _start_ticker(self) -> None:
+        """On a terminal, redraw every TICK_S so the clock keeps moving while a long run waits."""
+        stop = self._stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(TICK_S):
+                with self._lock:
+                    if not stop.is_set():
+                        self._draw()
+
+        self._ticker = threading.Thread(target=tick, name="ddp-grade-live-line", daemon=True)
+        self._ticker.start()
+
+    def _draw(self) -> None:
+        what = self._what
         decided = len(self.checks)
         text = f"grading {self.label}: {what} ({decided} check{'s' if decided != 1 else ''} decided, " \
                f"{self.clock() - self.started:.1f} s)"
-        if self.mode == TTY:
-            self.stream.write("\r\x1b[K" + text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-        self._shown = True
+        with self._lock:
+            if self.mode == TTY:
+                self.stream.write("\r\x1b[K" + text)
+            else:
+                self.stream.write(text + "\n")
+            self.stream.flush()
+            self._shown = True
 
     def done(self) -> None:
-        """Erase the line on a terminal, so the report starts on a clean line."""
+        """Stop the clock and erase the line on a terminal, so the report starts on a clean line."""
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join(timeout=1)
+            self._ticker = None
         if self.mode == TTY and self._shown:
             self.stream.write("\r\x1b[K")
             self.stream.flush()

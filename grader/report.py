@@ -22,8 +22,10 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
     lines = []
     head = f"Exercise {report.exercise}: {report.title}" if report.exercise else "ddp-grade"
     lines.append(style(head, bold=True) + f"   {report.path}")
-    if report.backend:
-        sizes = ", ".join(str(s) for s in report.world_sizes)
+    if report.in_one_process:
+        lines.append(f"in one process (world sizes simulated), {report.seconds:.1f} s")
+    elif report.backend:
+        sizes = ", ".join(str(s) for s in report.world_sizes) or "-"
         lines.append(f"{report.backend}, world size{'s' if len(report.world_sizes) > 1 else ''} {sizes}, "
                      f"{report.seconds:.1f} s")
     if report.problem:

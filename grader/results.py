@@ -131,8 +131,9 @@ class Report:
     checks: list[CheckResult] = field(default_factory=list)
     run_problem: RunProblem | None = None  # why the grading stopped early, if it did
     backend: str = ""
-    world_sizes: list[int] = field(default_factory=list)
+    world_sizes: list[int] = field(default_factory=list)  # of the process groups that ran
     seconds: float = 0.0
+    in_one_process: bool = False  # the learner's code ran in one worker process, not in a group
 
     @property
     def problem(self) -> str | None:
@@ -185,6 +186,7 @@ class Report:
             "details": self.details,
             "backend": self.backend,
             "world_sizes": list(self.world_sizes),
+            "in_one_process": self.in_one_process,
             "seconds": round(self.seconds, 3),
             "score": {"points": self.points, "max_points": self.max_points},
             "counts": self.counts(),

@@ -21,6 +21,15 @@ the split twice: by hand, then with the library's sampler.
         (per rank). The sampler must be reachable as loader.sampler. It may be
         called before any process group exists.
 
+Why the two halves treat the remainder differently: both give every rank the
+same number of samples, so the ranks take the same number of steps (a rank with
+one batch more would wait in a collective the others never reach). shard_indices
+drops the remainder, so no sample is read twice. DistributedSampler, by default
+(drop_last=False), pads instead: it repeats the first indices of its order until
+the count divides evenly, so each rank reads ceil(num_samples / world_size)
+samples and a few are read twice per epoch. DistributedSampler(drop_last=True)
+drops, as shard_indices does.
+
 Grade it with:  ddp-grade exercises/02_shard.py
 """
 

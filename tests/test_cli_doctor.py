@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from click.testing import CliRunner
 
 from grader.cli import main
+from grader import live
 from grader.live import PLAIN, QUIET, TTY, LiveLine, mode_for
 
 
@@ -61,3 +63,20 @@ def test_the_live_line_rewrites_itself_on_a_terminal_and_is_plain_elsewhere():
 def test_mode_follows_the_stream():
     assert mode_for(io.StringIO(), quiet=False) == PLAIN
     assert mode_for(io.StringIO(), quiet=True) == QUIET
+
+
+def test_on_a_terminal_the_clock_keeps_moving_while_a_run_waits(monkeypatch):
+    monkeypatch.setattr(live, "TICK_S", 0.02)
+    ticks = iter(range(1000)).__next__
+    out = io.StringIO()
+    line = LiveLine("exercise 04", TTY, out, clock=ticks)
+    line.event("run", driver="main", world_size=3, label="two launches at once, then torchrun")
+    time.sleep(0.3)  # no event arrives: the line is redrawn anyway, with a later time
+    line.done()
+    frames = [f for f in out.getvalue().split("\r\x1b[K") if f]
+    assert len(frames) >= 3
+    assert all("run 1: two launches at once, then torchrun" in f for f in frames)
+    assert len({f.rsplit(", ", 1)[-1] for f in frames}) == len(frames)  # every redraw shows a new time
+    before = out.getvalue()
+    time.sleep(0.1)
+    assert out.getvalue() == before  # done() stopped the clock

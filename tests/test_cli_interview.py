@@ -52,6 +52,7 @@ def test_a_five_minute_interview_scripted_through_stdin(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "solutions", root / "solutions")
     monkeypatch.setenv("DDP_GRADE_ROOT", str(root))
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
     shutil.copy(ROOT / "solutions" / "01_setup.py", root / "exercises" / "01_setup.py")
     # Enter: grade now; h: a hint; q: finish (final grading); then two quiz answers.
     result = CliRunner().invoke(main, ["interview", "--exercise", "01", "--minutes", "5", "--questions", "2",

@@ -31,6 +31,7 @@ def kit_copy(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "solutions", root / "solutions")
     monkeypatch.setenv("DDP_GRADE_ROOT", str(root))
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)  # outside any kit: DDP_GRADE_ROOT decides
     return root
 
 
@@ -144,6 +145,7 @@ def test_a_corrupt_progress_file_is_kept_aside_with_a_message(kit_copy, tmp_path
 
 
 def test_a_missing_kit_root_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDP_GRADE_ROOT", str(tmp_path / "nowhere"))
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
     result = invoke("list")
@@ -173,3 +175,25 @@ def test_grade_with_no_argument_grades_the_next_exercise_and_records_the_pass(ki
     assert Progress().passed("01")
     assert "-> 02" in invoke("list").output
     assert 'failures="0"' in junit.read_text()
+
+
+def test_commands_act_on_the_kit_in_the_current_folder(kit_copy, tmp_path, monkeypatch):
+    """A second copy of the kit: `reset` run inside it resets its file, not the DDP_GRADE_ROOT one."""
+    second = tmp_path / "second"
+    shutil.copytree(kit_copy, second)
+    (second / "exercises" / "01_setup.py").write_text(SOLUTION_01 := (ROOT / "solutions" / "01_setup.py").read_text())
+    (kit_copy / "exercises" / "01_setup.py").write_text(SOLUTION_01)
+    monkeypatch.chdir(second / "solutions")  # a subfolder of the kit counts too
+    result = invoke("reset", "01")
+    assert result.exit_code == 0, result.output
+    assert str(second) in result.output  # it says which kit it used
+    assert (second / "exercises" / "01_setup.py").read_text() == kit.stub_text(catalog.by_id("01"))
+    assert (kit_copy / "exercises" / "01_setup.py").read_text() == SOLUTION_01  # the other kit is untouched
+
+
+@pytest.mark.slow
+def test_a_passing_grading_of_a_file_outside_the_kit_says_it_is_not_recorded(kit_copy):
+    result = invoke("grade", str(kit_copy / "solutions" / "01_setup.py"), "--world-size", "2")
+    assert result.exit_code == 0, result.output
+    assert "Not recorded as progress" in result.output and "exercises/01_setup.py" in result.output
+    assert not Progress().passed("01")

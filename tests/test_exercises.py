@@ -79,6 +79,11 @@ def test_solution_passes_every_check(grade, exercise):
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
     assert report.status == "passed", (report.problem, failing, report.details)
     assert report.exit_code == 0
+    # The header names what ran: the world sizes of the groups that ran, or one process.
+    if report.in_one_process:
+        assert report.world_sizes == []
+    else:
+        assert report.world_sizes and set(report.world_sizes) <= set(exercise.world_sizes) | {1}
 
 
 @pytest.mark.slow
@@ -89,3 +94,8 @@ def test_stub_reports_not_implemented(grade, exercise):
     assert report.problem and report.problem.startswith("not implemented yet: ")
     assert report.problem.split(": ", 1)[1] in exercise.functions or "." in report.problem
     assert "pass" not in statuses(report).values()
+
+
+def test_the_02_statement_says_why_its_halves_treat_the_remainder_differently():
+    stub = (ROOT / "exercises" / "02_shard.py").read_text()
+    assert "drops the remainder" in stub and "pads" in stub and "drop_last=True" in stub

@@ -279,7 +279,9 @@ def _read_errors(folder: str) -> list[str]:
 def grade(g) -> None:
     world_size = g.world_sizes[0]
     preset_port = _free_port()
-    callers = g.run("main", 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET).results()
+    callers = g.run("main", 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET,
+                    label=f"two launches at once, then torchrun (world size {world_size} each; 15-20 s)",
+                    graded_size=world_size).results()
     concurrent, pids, last = [c["concurrent"] for c in callers[:2]], [c["caller_pid"] for c in callers[:2]], callers[2]
     check_launches(g, [(f"caller {i}", pids[i], launch) for i, launch in enumerate(concurrent)], world_size)
     check_free_port(g, concurrent, pids, world_size)
