@@ -231,7 +231,7 @@ def hint(exercise_id, again, check_id):
 @click.option("--exercise", "exercise_id", metavar="NN", help="Grade PATH as exercise NN.")
 @grading_options
 @quiet_option
-@click.option("--poll", "poll_s", type=click.FloatRange(min=0.05, max=10), default=0.3, show_default=True,
+@click.option("--poll", "poll_s", type=click.FloatRange(min=0.01, max=10), default=0.05, show_default=True,
               help="Seconds between looks at the file.")
 @click.option("--max-grades", type=click.IntRange(min=1), default=None, hidden=True)
 def watch(target, exercise_id, options, quiet, poll_s, max_grades):
