@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import catalog, harness  # noqa: E402
+from grader import catalog, grading, harness  # noqa: E402
 from grader.commands.watch import watch_loop  # noqa: E402
 from grader.grading import GradeOptions, grade_file  # noqa: E402
 
@@ -80,7 +80,7 @@ def main() -> None:
     print(f"{'exercise':<10} {'watch: save->verdict median':>28} {'(min-max)':>14} {'cold ddp-grade FILE':>20}")
     # `ddp-grade watch NN` warms the pool once, for its exercise. One process serves every
     # exercise here, and its pool can be started only once: give it what the most demanding needs.
-    harness.warm_up(dynamo=any(ex.preload_dynamo for ex in wanted))
+    grading.warm_up(dynamo=any(ex.preload_dynamo for ex in wanted))
     for ex in wanted:
         with harness.Session() as session:
             times, status = warm(ex, args.saves, session)

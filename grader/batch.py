@@ -192,11 +192,11 @@ def serve() -> None:
     """The worker's loop: read a job per line on stdin, write the report as one JSON line."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything else printed goes where stderr goes, never into the replies
-    from grader import harness
+    from grader import grading, harness
     from grader.grading import grade_file
     from grader.options import GradeOptions
 
-    harness.warm_up(dynamo=True)
+    grading.warm_up(dynamo=True)
     session = None
     try:
         for line in sys.stdin:

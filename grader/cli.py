@@ -80,7 +80,7 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
       ddp-grade grade exercises/03_train.py --world-size 2 --backend gloo
       ddp-grade 01 --format json --junit report.xml
     """
-    from grader import harness
+    from grader import grading, harness
     from grader.report import render_json, render_junit, render_text
 
     progress = _progress()
@@ -91,7 +91,7 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
             raise SystemExit(EXIT_OK)
     elif not os.path.exists(path) and re.fullmatch(r"\d{1,2}", path):
         path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
-    harness.warm_up(dynamo=_preload_dynamo(path, exercise_id))
+    grading.warm_up(dynamo=_preload_dynamo(path, exercise_id))
     try:
         with harness.Session(limits=options.limits) as session:
             report = grade_and_record(path, session, options, exercise_id, progress, quiet)
@@ -241,7 +241,7 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     containers, WSL and network folders too; the processes that run your code are
     kept warm with torch imported, so a verdict comes within about a second of saving.
     """
-    from grader import catalog, harness
+    from grader import catalog, grading, harness
     from grader.commands.watch import watch_loop
     from grader.report import render_text
 
@@ -253,7 +253,7 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     if exercise_id:
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     tty = _color()
-    harness.warm_up(dynamo=ex.preload_dynamo if ex else True)
+    grading.warm_up(dynamo=ex.preload_dynamo if ex else True)
 
     with harness.Session(limits=options.limits) as session:
         def once(n: int) -> None:
@@ -357,7 +357,7 @@ def interview(exercise_id, minutes, n_questions, seed, options):
     grade, h for a hint (counted in the summary), q to finish. It ends with a final
     grading, the questions, the time used and a summary.
     """
-    from grader import harness
+    from grader import grading, harness
     from grader.commands import interview as iv
     from grader.report import render_text
     from grader.state import StateFile
@@ -377,7 +377,7 @@ def interview(exercise_id, minutes, n_questions, seed, options):
 
     questions = iv.pick_questions(ex, n_questions, seed if seed is not None else iv.default_seed(),
                                   clean_progress(quiz_state.load()))
-    harness.warm_up(dynamo=ex.preload_dynamo)
+    grading.warm_up(dynamo=ex.preload_dynamo)
 
     def read_line(prompt: str) -> str:
         click.echo(prompt, nl=False)

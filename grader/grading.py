@@ -16,6 +16,16 @@ from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, PASS
                             CheckResult, Report, RunProblem, overall_status)
 
 
+DRIVER_MODULES = ["grader.checks"]  # imported once in the warm pool, so no rank imports them itself
+
+
+def warm_up(dynamo: bool = True) -> None:
+    """Start the warm pool with torch and every exercise's drivers imported (see harness.warm_up)."""
+    from grader import harness
+
+    harness.warm_up(dynamo=dynamo, modules=DRIVER_MODULES)
+
+
 class Abort(BaseException):
     """Stop grading this file: carries the :class:`RunProblem` that says why.
 

@@ -618,10 +618,13 @@ def _default_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-PRELOAD = ["grader.child", "grader.checks"]
+PRELOAD = ["grader.child"]  # the rank side of this layer; warm_up(modules=...) adds the caller's
 # DistributedDataParallel's constructor imports torch._dynamo (1-2 s); preloading it
 # once in the forkserver saves that in every rank of the exercises that build a DDP.
 PRELOAD_DYNAMO = ["torch._dynamo"]
+
+
+_preload_extra: list[str] = []  # what warm_up was asked to preload besides PRELOAD
 
 
 def _context(start_method: str | None, dynamo: bool = True):
@@ -629,7 +632,7 @@ def _context(start_method: str | None, dynamo: bool = True):
     method = start_method or _default_method()
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD + (PRELOAD_DYNAMO if dynamo else []))
+        ctx.set_forkserver_preload(PRELOAD + _preload_extra + (PRELOAD_DYNAMO if dynamo else []))
     return ctx
 
 
@@ -655,12 +658,14 @@ def _hidden_main():
                 sys.modules["__main__"] = real
 
 
-def warm_up(dynamo: bool = True) -> None:
+def warm_up(dynamo: bool = True, modules: list[str] | tuple[str, ...] = ()) -> None:
     """Start the forkserver now so it imports torch while this process does other work.
 
     ``dynamo=False`` skips torch._dynamo, which only ranks that build a
-    DistributedDataParallel or a torch.optim optimizer import.
+    DistributedDataParallel or a torch.optim optimizer import. ``modules``: more to import
+    once in the pool (the layer above names its drivers' modules).
     """
+    _preload_extra[:] = [m for m in modules if m not in PRELOAD]
     ctx = _context(None, dynamo)
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver

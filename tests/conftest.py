@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import harness
+from grader import grading, harness
 from grader.grading import GradeOptions, grade_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,7 +16,7 @@ VARIANTS = ROOT / "tests" / "variants"
 @pytest.fixture(scope="session")
 def session():
     """A grading session (warm forkserver with torch imported) shared by all tests."""
-    harness.warm_up()
+    grading.warm_up()
     with harness.Session() as s:
         yield s
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from grader import harness
+from grader import grading, harness
 from grader.cli import main
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
@@ -66,7 +66,7 @@ def _digest(path: Path) -> str | None:
 def graded(monkeypatch, tmp_path):
     """graded(path, *args) -> (result, seconds, sessions): a CLI grading, with its sessions recorded."""
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
-    harness.warm_up()
+    grading.warm_up()
     sessions: list[harness.Session] = []
 
     class RecordingSession(harness.Session):

@@ -27,9 +27,9 @@ from grader.quiz.session import (
     split_answer_lines,
     split_inline_answers,
 )
+from grader.options import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE
 from grader.state import StateFile
 
-EXIT_OK, EXIT_UNUSABLE, EXIT_INTERRUPTED = 0, 2, 130
 STATE_NAME = "quiz.json"
 
 
