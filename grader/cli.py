@@ -69,7 +69,10 @@ def main():
               help="Also write the report as JUnit XML to FILE (for CI dashboards).")
 @quiet_option
 @click.option("-v", "--verbose", is_flag=True, help="Show every detail, also of passing runs.")
-def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
+@click.option("--no-server", is_flag=True,
+              help="Grade in this process only: neither use nor start the warm grading server "
+                   "(also DDP_GRADE_SERVER=0).")
+def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server):
     """Grade one exercise file (this is also what `ddp-grade PATH` does).
 
     Without PATH, grades the next unfinished exercise of the kit (see `ddp-grade list`);
@@ -80,7 +83,7 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
       ddp-grade grade exercises/03_train.py --world-size 2 --backend gloo
       ddp-grade 01 --format json --junit report.xml
     """
-    from grader import grading, harness
+    from grader import server
     from grader.report import render_json, render_junit, render_text
 
     progress = _progress()
@@ -91,10 +94,13 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
             raise SystemExit(EXIT_OK)
     elif not os.path.exists(path) and re.fullmatch(r"\d{1,2}", path):
         path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
-    grading.warm_up(dynamo=_preload_dynamo(path, exercise_id))
+    use_server = server.enabled() and not no_server
     try:
-        with harness.Session(limits=options.limits) as session:
-            report = grade_and_record(path, session, options, exercise_id, progress, quiet)
+        report = _grade_with_server(path, options, exercise_id, progress, quiet) if use_server else None
+        if report is None:
+            report = _grade_here(path, options, exercise_id, progress, quiet)
+            if use_server:
+                server.start_in_background()  # the next grading finds a warm pool
     except KeyboardInterrupt:  # the ranks are already stopped and the temp folder removed
         click.echo("ddp-grade: interrupted", err=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
@@ -111,8 +117,34 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose):
     raise SystemExit(report.exit_code)
 
 
-def grade_and_record(path, session, options, exercise_id, progress, quiet):
-    """Grade with a live line on stderr; remember the result when PATH is the kit's own exercise file."""
+def _grade_here(path, options, exercise_id, progress, quiet):
+    """Grade in this process, with a pool started for this command alone."""
+    from grader import grading, harness
+
+    grading.warm_up(dynamo=_preload_dynamo(path, exercise_id))
+    with harness.Session(limits=options.limits) as session:
+        return grade_and_record(path, session, options, exercise_id, progress, quiet)
+
+
+def _grade_with_server(path, options, exercise_id, progress, quiet):
+    """Grade through the warm grading server; None when none answers (then grade here)."""
+    from grader import server
+    from grader.results import report_from_dict
+
+    def remote(on_event):
+        return report_from_dict(server.grade_remote(path, exercise_id, options, on_event=on_event))
+
+    try:
+        return grade_and_record(path, None, options, exercise_id, progress, quiet, grade=remote)
+    except server.Unavailable:
+        return None
+
+
+def grade_and_record(path, session, options, exercise_id, progress, quiet, grade=None):
+    """Grade with a live line on stderr; remember the result when PATH is the kit's own exercise file.
+
+    ``grade(on_event) -> Report`` replaces grading with ``session`` (the grading server does that).
+    """
     from grader import catalog, live
     from grader.grading import grade_file
 
@@ -120,7 +152,10 @@ def grade_and_record(path, session, options, exercise_id, progress, quiet):
     stream = sys.stderr
     line = live.LiveLine(f"exercise {ex.id}" if ex else os.path.basename(path), live.mode_for(stream, quiet), stream)
     try:
-        report = grade_file(path, session, options, exercise_id, on_event=line.event)
+        if grade is not None:
+            report = grade(line.event)
+        else:
+            report = grade_file(path, session, options, exercise_id, on_event=line.event)
     finally:
         line.done()
     if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):

@@ -194,6 +194,20 @@ class Report:
         }
 
 
+def report_from_dict(data: dict) -> Report:
+    """The :class:`Report` that ``Report.to_dict()`` gave (e.g. sent by the grading server)."""
+    problem = data.get("run_problem")
+    if problem is not None:
+        ranks = [RankRecord(**{**r, "where": Location(**r["where"]) if r.get("where") else None})
+                 for r in problem.get("ranks", [])]
+        where = Location(**problem["where"]) if problem.get("where") else None
+        problem = RunProblem(**{**problem, "ranks": ranks, "where": where})
+    checks = [CheckResult(**c) for c in data.get("checks", [])]
+    return Report(data["exercise"], data["title"], data["path"], data["status"], checks, problem,
+                  data.get("backend", ""), list(data.get("world_sizes", [])), float(data.get("seconds", 0.0)),
+                  bool(data.get("in_one_process", False)))
+
+
 def overall_status(checks: list[CheckResult]) -> str:
     """passed when no check failed or errored."""
     return PASSED if all(c.status in (PASS, SKIP) for c in checks) else FAILED

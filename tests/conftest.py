@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from grader import grading, harness
 from grader.grading import GradeOptions, grade_file
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# No test starts the background grading server unless it sets this itself (tests/test_server.py).
+os.environ["DDP_GRADE_SERVER"] = "0"
 VARIANTS = ROOT / "tests" / "variants"
 
 

@@ -37,7 +37,7 @@ def processes_carrying(tag: str) -> list[int]:
 def test_no_process_started_by_a_grading_outlives_it(tmp_path, path, code):
     tag = uuid.uuid4().hex
     env = {**os.environ, "DDP_GRADE_TEST_TAG": tag, "DDP_GRADE_STATE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "grader", str(path), "-q", "--timeout", "20"], env=env,
+    done = subprocess.run([sys.executable, "-m", "grader", str(path), "-q", "--timeout", "20", "--no-server"], env=env,
                           capture_output=True, text=True, timeout=120)
     left = processes_carrying(tag)  # looked at the moment the command has exited
     assert left == [], f"still alive after exit {done.returncode}: {left}"

@@ -45,6 +45,7 @@ def findings(run_group: bool = True, timeout_s: float = 60.0) -> list[Finding]:
     out.append(Finding("cpus", OK, f"{os.cpu_count()} logical CPU{'s' if os.cpu_count() != 1 else ''}"))
     out.append(_state_folder())
     out.append(_kit())
+    out.append(_server())
     if run_group:
         out.append(process_group(timeout_s))
     return out
@@ -63,6 +64,19 @@ def _state_folder() -> Finding:
         return Finding("state folder", BAD, f"{folder} is not writable ({exc.strerror or exc}); "
                        "set DDP_GRADE_STATE_DIR to a writable folder")
     return Finding("state folder", OK, str(folder))
+
+
+def _server() -> Finding:
+    from grader import server
+
+    if not server.enabled():
+        return Finding("server", OK, "off (DDP_GRADE_SERVER=0): every grading starts its own pool")
+    found = server.status()
+    if not found["running"]:
+        return Finding("server", OK, "not running; the next `ddp-grade FILE` starts one for the gradings after it")
+    state = "current" if found["current"] else "stale (the grader changed; the next grading replaces it)"
+    return Finding("server", OK, f"running, pid {found['pid']}, {state}, {found['gradings']} grading(s) served, "
+                   f"socket {found['socket']}")
 
 
 def _kit() -> Finding:
