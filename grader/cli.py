@@ -72,7 +72,10 @@ def main():
 @click.option("--no-server", is_flag=True,
               help="Grade in this process only: neither use nor start the warm grading server "
                    "(also DDP_GRADE_SERVER=0).")
-def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server):
+@click.option("--sandbox", is_flag=True,
+              help="For untrusted code: grade in Linux namespaces (loopback only, home folder hidden, "
+                   "nothing outlives the run); needs bwrap or unshare (see `ddp-grade doctor`).")
+def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server, sandbox):
     """Grade one exercise file (this is also what `ddp-grade PATH` does).
 
     Without PATH, grades the next unfinished exercise of the kit (see `ddp-grade list`);
@@ -94,9 +97,12 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server
             raise SystemExit(EXIT_OK)
     elif not os.path.exists(path) and re.fullmatch(r"\d{1,2}", path):
         path = str(_kit_call(lambda: kit.exercise_path(kit.require_exercise(path))))
-    use_server = server.enabled() and not no_server
+    use_server = server.enabled() and not no_server and not sandbox
     try:
-        report = _grade_with_server(path, options, exercise_id, progress, quiet) if use_server else None
+        if sandbox:
+            report = _grade_in_sandbox(path, options, exercise_id, progress, quiet)
+        else:
+            report = _grade_with_server(path, options, exercise_id, progress, quiet) if use_server else None
         if report is None:
             report = _grade_here(path, options, exercise_id, progress, quiet)
             if use_server:
@@ -124,6 +130,43 @@ def _grade_here(path, options, exercise_id, progress, quiet):
     grading.warm_up(dynamo=_preload_dynamo(path, exercise_id))
     with harness.Session(limits=options.limits) as session:
         return grade_and_record(path, session, options, exercise_id, progress, quiet)
+
+
+def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
+    """Run the whole grading as a child command inside the sandbox and read its JSON report."""
+    import json
+    import subprocess
+
+    from grader import sandbox
+    from grader.results import report_from_dict
+
+    if sandbox.tool() is None:
+        _fail("--sandbox needs bwrap (the bubblewrap package) or unshare with user namespaces; neither works "
+              "here (see `ddp-grade doctor`)")
+    if not os.path.exists(path):
+        _fail(f"no such file: {path}")
+    inner = [sys.executable, "-m", "grader", "grade", os.path.abspath(path), "--format", "json", "-q",
+             "--no-server", "--timeout", f"{options.timeout_s:g}", "--backend", options.backend,
+             "--memory-limit", f"{options.limits['memory_bytes'] / 2**20:g}",
+             "--cpu-limit", f"{options.limits['cpu_seconds']:g}",
+             "--output-limit", f"{options.limits['output_bytes'] / 2**20:g}"]
+    if options.world_size:
+        inner += ["--world-size", str(options.world_size)]
+    if exercise_id:
+        inner += ["--exercise", exercise_id]
+    env = {**os.environ, "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0"}
+
+    def run(on_event):
+        done = subprocess.run(sandbox.wrap(inner, [path]), env=env, capture_output=True, text=True,
+                              timeout=options.timeout_s + 60)
+        try:
+            report = report_from_dict(json.loads(done.stdout))
+        except (ValueError, KeyError):
+            _fail(f"the sandboxed grading gave no report (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+        report.path = path
+        return report
+
+    return grade_and_record(path, None, options, exercise_id, progress, quiet, grade=run)
 
 
 def _grade_with_server(path, options, exercise_id, progress, quiet):

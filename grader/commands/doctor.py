@@ -46,6 +46,7 @@ def findings(run_group: bool = True, timeout_s: float = 60.0) -> list[Finding]:
     out.append(_state_folder())
     out.append(_kit())
     out.append(_server())
+    out.append(_sandbox())
     if run_group:
         out.append(process_group(timeout_s))
     return out
@@ -64,6 +65,17 @@ def _state_folder() -> Finding:
         return Finding("state folder", BAD, f"{folder} is not writable ({exc.strerror or exc}); "
                        "set DDP_GRADE_STATE_DIR to a writable folder")
     return Finding("state folder", OK, str(folder))
+
+
+def _sandbox() -> Finding:
+    from grader import sandbox
+
+    found = sandbox.tool()
+    if found is None:
+        return Finding("sandbox", WARN, "neither bwrap nor unshare works here: `--sandbox` is refused "
+                       "(apt-get install bubblewrap)")
+    how = "bubblewrap" if found == sandbox.BWRAP else "unshare (user namespaces)"
+    return Finding("sandbox", OK, f"`--sandbox` uses {how}")
 
 
 def _server() -> Finding:

@@ -1,0 +1,90 @@
+"""`--sandbox`: untrusted code sees loopback only, not the home folder, cannot write outside its
+run, and leaves no process behind; with bwrap and with unshare alone. No test sends traffic
+anywhere: the network check only lists interfaces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from grader import sandbox
+
+pytestmark = pytest.mark.slow
+
+FILES = ROOT / "tests" / "sandboxed"
+TOOLS = [pytest.param(name, marks=pytest.mark.skipif(sandbox._tool(name) is None, reason=f"{name} does not work here"))
+         for name in (sandbox.BWRAP, sandbox.UNSHARE)]
+
+
+def grade(path: Path, tool: str | None, **env) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "grader", str(path), "-q", "--no-server", "--world-size", "2", "--timeout", "30"]
+    full_env = {**os.environ, **env}
+    if tool:
+        args.append("--sandbox")
+        full_env[sandbox.TOOL_ENV] = tool
+    return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def carrying(tag: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"DDP_GRADE_TEST_TAG={tag}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_sandboxed_rank_sees_only_loopback(tool):
+    done = grade(FILES / "01_lists_interfaces.py", tool)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_sandboxed_rank_cannot_read_the_home_folder(tool):
+    folder = Path.home() / f".ddp-grade-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir()
+    try:
+        (folder / "secret").write_text("hunter2")
+        outside = grade(FILES / "01_reads_home.py", None, DDP_GRADE_TEST_SECRET=str(folder / "secret"))
+        assert outside.returncode == 1 and "read the secret: hunter2" in outside.stdout  # the file does try
+        inside = grade(FILES / "01_reads_home.py", tool, DDP_GRADE_TEST_SECRET=str(folder / "secret"))
+        assert inside.returncode == 0, inside.stdout[-2000:]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_sandboxed_rank_cannot_write_outside_its_run(tool, tmp_path):
+    for target in (tmp_path / "written.txt", ROOT / f".written-{uuid.uuid4().hex[:8]}"):
+        done = grade(FILES / "01_writes_outside.py", tool, DDP_GRADE_TEST_OUTSIDE=str(target))
+        assert done.returncode == 0, done.stdout[-2000:]
+        assert not target.exists(), f"a rank wrote {target}"
+        target.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_daemon_started_in_the_sandbox_does_not_outlive_it(tool):
+    tag = uuid.uuid4().hex
+    done = grade(ROOT / "tests" / "hostile" / "01_daemon.py", tool, DDP_GRADE_TEST_TAG=tag)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert carrying(tag) == []
+
+
+def test_without_a_tool_sandbox_is_refused_with_one_line(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    done = subprocess.run([sys.executable, "-m", "grader", str(ROOT / "solutions" / "01_setup.py"), "--sandbox",
+                           "--no-server"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": "/nonexistent"})
+    assert done.returncode == 2
+    assert "--sandbox needs bwrap" in done.stderr and "Traceback" not in done.stderr
