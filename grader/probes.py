@@ -29,6 +29,31 @@ def patched(owner, name: str, replacement):
         setattr(owner, name, original)
 
 
+@contextlib.contextmanager
+def platform_start_method():
+    """Processes the learner's code starts (DataLoader workers) start as in a rank torchrun started.
+
+    A rank inherits the grader's forkserver as its default start method; under it
+    every DataLoader worker is a fresh interpreter that imports torch again, a
+    second or more each time a loader is iterated. Under torchrun the platform's
+    own default applies (fork on Linux before Python 3.14), and so it does here.
+    """
+    import multiprocessing
+    import multiprocessing.context
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    platform = getattr(multiprocessing.context._default_context, "_default_context", None)
+    method = getattr(platform, "_name", None)
+    if method is None or method == before:
+        yield
+        return
+    multiprocessing.set_start_method(method, force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+
+
 def _timeout_seconds(value) -> float | None:
     if value is None:
         return None
