@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from urllib.parse import urlparse
 
 import torch
@@ -120,6 +121,106 @@ def watch_saves(saves: list):
 
     with patched(torch, "save", save), patched(torch.serialization, "save", save):
         yield saves
+
+
+_WRITE_WATCHERS: list = []  # (records, folder) of every watch_writes now active
+_AUDIT_HOOK_ADDED = False
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _path_of(value) -> str | None:
+    if isinstance(value, (str, bytes, os.PathLike)):
+        path = os.fspath(value)
+        return os.path.abspath(path.decode(errors="replace") if isinstance(path, bytes) else path)
+    return None  # a file descriptor
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Python's audit hook: files opened for writing and renames, under a watched folder."""
+    if not _WRITE_WATCHERS or event not in ("open", "os.rename"):
+        return
+    try:
+        if event == "open":
+            path, mode, flags = args[0], args[1], args[2]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                bool(isinstance(flags, int) and flags & _WRITE_FLAGS)
+            record = {"op": "open", "path": _path_of(path)} if writing else None
+        else:
+            record = {"op": "rename", "src": _path_of(args[0]), "path": _path_of(args[1])}
+        if record is None or record["path"] is None:
+            return
+        record["t"] = time.monotonic()
+        for records, folder in list(_WRITE_WATCHERS):
+            if record["path"].startswith(folder) or (record.get("src") or "").startswith(folder):
+                records.append(dict(record))
+    except Exception:  # an audit hook that raises would fail the learner's own call
+        pass
+
+
+@contextlib.contextmanager
+def watch_writes(records: list, folder: str):
+    """Record every file under ``folder`` opened for writing or renamed onto, from any thread.
+
+    Each record: ``{"op": "open" | "rename" | "torch.save", "path", "src" (renames), "t"}``.
+    Python's audit events see ``open``, ``os.open``, ``os.rename`` and ``os.replace``
+    whoever calls them; ``torch.save`` to a path writes from C++, so it is
+    recorded by wrapping it.
+    """
+    import sys
+
+    global _AUDIT_HOOK_ADDED
+    if not _AUDIT_HOOK_ADDED:
+        sys.addaudithook(_audit)  # for the rest of this process: audit hooks cannot be removed
+        _AUDIT_HOOK_ADDED = True
+    entry = (records, os.path.join(os.path.abspath(folder), ""))
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        path = _path_of(f) if isinstance(f, (str, os.PathLike)) else None
+        if path is not None and path.startswith(entry[1]):
+            records.append({"op": "torch.save", "path": path, "t": time.monotonic()})
+        return original(obj, f, *args, **kwargs)
+
+    _WRITE_WATCHERS.append(entry)
+    try:
+        with patched(torch, "save", save), patched(torch.serialization, "save", save):
+            yield records
+    finally:
+        _WRITE_WATCHERS.remove(entry)
+
+
+def threads_left_running(grace_s: float) -> list[dict]:
+    """Threads that would keep this process from exiting, now that the learner's function returned.
+
+    As at interpreter exit: the callbacks registered with threading's exit hooks
+    run first (they stop concurrent.futures' idle workers), then every
+    non-daemon thread is waited for, here at most ``grace_s`` in all. Returns
+    those still running: ``{"name", "function"}``.
+    """
+    import threading
+
+    def run_exit_callbacks():
+        for callback in list(getattr(threading, "_threading_atexits", ())):
+            try:
+                callback()
+            except Exception:
+                pass
+
+    deadline = time.monotonic() + grace_s
+    helper = threading.Thread(target=run_exit_callbacks, name="ddp-grade-exit-callbacks", daemon=True)
+    helper.start()
+    helper.join(max(0.0, deadline - time.monotonic()))
+    left = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread is threading.current_thread() or thread.daemon \
+                or thread is helper:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            target = getattr(thread, "_target", None)
+            left.append({"name": thread.name,
+                         "function": getattr(target, "__qualname__", None) or type(thread).__qualname__})
+    return left
 
 
 COLLECTIVES = (
