@@ -32,7 +32,8 @@ gradient is ready, while backward is still computing the earlier layers.
             the gradient's own dtype. Called after loss.backward() and before
             optimizer.step().
 
-The process group is already initialized by the grader (gloo on CPU).
+The process group is already initialized by the grader (gloo on CPU), and
+RANK, LOCAL_RANK and WORLD_SIZE are set, as under torchrun.
 
 Replace each `raise NotImplementedError` below; keep the names and signatures.
 Grade it with:  ddp-grade exercises/08_bucketed.py      (stuck? ddp-grade hint 08)

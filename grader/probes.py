@@ -30,6 +30,16 @@ def patched(owner, name: str, replacement):
         setattr(owner, name, original)
 
 
+def torchrun_environment(rank: int, world_size: int) -> None:
+    """Set the variables torchrun sets in each process it starts (one machine), for this rank.
+
+    For the exercises whose processes and group the grader provides (05-10): code
+    that reads its rank from RANK, or its GPU from LOCAL_RANK, works as under torchrun.
+    """
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0"})
+
+
 @contextlib.contextmanager
 def platform_start_method():
     """Processes the learner's code starts (DataLoader workers) start as in a rank torchrun started.
@@ -187,6 +197,42 @@ def watch_writes(records: list, folder: str):
             yield records
     finally:
         _WRITE_WATCHERS.remove(entry)
+
+
+def writers_of(path: str, writes: list[list[dict]]) -> dict[int, list[dict]]:
+    """From every rank's ``watch_writes`` records: which ranks wrote the file at ``path``, and how.
+
+    Writing counts when it reaches ``path``: writing ``path`` itself, renaming a
+    file onto it, or writing a file that was later renamed onto it (by anyone).
+    Returns ``{rank: [records]}`` for each rank that did.
+    """
+    path = os.path.abspath(path)
+    feeders, grown = {path}, True
+    while grown:
+        grown = False
+        for records in writes:
+            for w in records:
+                if w["op"] == "rename" and w["path"] in feeders and w.get("src") and w["src"] not in feeders:
+                    feeders.add(w["src"])
+                    grown = True
+    out: dict[int, list[dict]] = {}
+    for rank, records in enumerate(writes):
+        mine = [w for w in records if w["path"] in feeders]
+        if mine:
+            out[rank] = mine
+    return out
+
+
+def describe_write(write: dict, path: str) -> str:
+    """One write record in words, for a failure message."""
+    name = os.path.basename(write["path"])
+    if write["op"] == "rename":
+        return f"renamed {os.path.basename(write.get('src') or '?')} onto {name}"
+    if write["op"] == "torch.save":
+        return f"torch.save to {name}" + ("" if write["path"] == os.path.abspath(path) else
+                                          ", which became the checkpoint")
+    return f"opened {name} for writing" + ("" if write["path"] == os.path.abspath(path) else
+                                           ", which became the checkpoint")
 
 
 def threads_left_running(grace_s: float) -> list[dict]:

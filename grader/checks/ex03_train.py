@@ -522,15 +522,6 @@ def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr
     return _cpu_state(model)
 
 
-def _how(write: dict, path: str) -> str:
-    name = os.path.basename(write["path"])
-    if write["op"] == "rename":
-        return f"renamed {os.path.basename(write['src'] or '?')} onto {name}"
-    if write["op"] == "torch.save":
-        return f"torch.save to {name}"
-    return f"opened {name} for writing" + ("" if write["path"] == path else ", which became checkpoint_path")
-
-
 def _largest_difference(a: dict, b: dict) -> tuple[str, float]:
     worst, worst_name = -1.0, ""
     for name in a:
@@ -542,24 +533,15 @@ def _largest_difference(a: dict, b: dict) -> tuple[str, float]:
 
 def check_checkpoint(g, ranks, world_size) -> None:
     path = ranks[0]["checkpoint_path"]
-    writes = [(rank, w) for rank, r in enumerate(ranks) for w in r["writes"]]
-    # The files that became checkpoint_path: itself, and what was renamed onto it (a temporary file).
-    feeders, grown = {path}, True
-    while grown:
-        grown = False
-        for _, w in writes:
-            if w["op"] == "rename" and w["path"] in feeders and w["src"] and w["src"] not in feeders:
-                feeders.add(w["src"])
-                grown = True
-    wrote = [(rank, w) for rank, w in writes if w["path"] in feeders]
-    others = sorted({rank for rank, _ in wrote if rank != 0})
+    writers = probes.writers_of(path, [r["writes"] for r in ranks])
+    others = sorted(r for r in writers if r != 0)
     if others:
         rank = others[0]
-        how = sorted({_how(w, path) for r, w in wrote if r == rank})
+        how = sorted({probes.describe_write(w, path) for w in writers[rank]})
         g.record("checkpoint-rank0-only", False, "checkpoint_path was also written by "
                  + ", ".join(f"rank {r}" for r in others) + f" (rank {rank}: {'; '.join(how)}); only rank 0 "
                  "should save", rank=rank, world_size=world_size)
-    elif not wrote and not os.path.exists(path):
+    elif not writers and not os.path.exists(path):
         elsewhere = sorted({s["path"] for r in ranks for s in r["saves"]})
         where = f" (torch.save wrote to {', '.join(map(os.path.basename, elsewhere))})" if elsewhere else ""
         g.record("checkpoint-rank0-only", False, f"nothing was saved to checkpoint_path{where}",

@@ -65,6 +65,7 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     ctx.init_group()
     obs = _observe(ctx)
     ctx.leave_group()

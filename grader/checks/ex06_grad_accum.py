@@ -48,6 +48,7 @@ def rank_main(ctx: RankContext) -> dict:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     ctx.init_group()
     device = ctx.device
     events: list = []

@@ -120,6 +120,7 @@ def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
 
 
 def bucket_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     ctx.init_group()
     obs = _observe(ctx)
     ctx.leave_group()

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from grader import probes
 from grader.child import RankContext
 
 LAYERS = 6  # equal layers: the parameters split evenly over 2, 3 or 6 ranks
@@ -89,6 +90,7 @@ def _params(model: nn.Module) -> dict:
 
 
 def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     ctx.init_group()
     obs = _observe(ctx)
     ctx.leave_group()

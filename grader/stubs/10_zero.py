@@ -7,9 +7,10 @@ update. ZeRO stage 1 splits that work: each parameter gets one owner rank,
 only the owner keeps the parameter's optimizer state and updates it, then it
 sends the new values to the other ranks.
 
-The grader starts the processes and the process group (gloo on CPU) and uses
-your class inside it, on a model wrapped in DistributedDataParallel (so the
-gradients are already averaged when step() is called).
+The grader starts the processes (with RANK, LOCAL_RANK and WORLD_SIZE set, as
+torchrun sets them) and the process group (gloo on CPU), and uses your class
+inside it, on a model wrapped in DistributedDataParallel (so the gradients are
+already averaged when step() is called).
 
     class ShardedOptimizer(torch.optim.Optimizer)
         __init__(self, params, optimizer_cls, **kwargs)
