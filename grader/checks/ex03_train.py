@@ -33,7 +33,7 @@ THREAD_GRACE_S = 1.0  # how long threads still running after train_ddp returns g
 
 
 class TinyNet(nn.Module):
-    """The model model_fn builds; it logs the inputs of every training forward."""
+    """The model model_fn builds; it logs the inputs of every forward run with gradients enabled."""
 
     def __init__(self, events: list | None = None):
         super().__init__()
@@ -41,7 +41,9 @@ class TinyNet(nn.Module):
         self._events = events
 
     def forward(self, x):
-        if self._events is not None and self.training and torch.is_grad_enabled():
+        # Every forward that can feed a step, in training mode or not: this model computes the same
+        # either way, so an evaluation pass that leaves it in eval mode changes nothing that matters.
+        if self._events is not None and torch.is_grad_enabled():
             self._events.append({"what": "forward", "x": x.detach().to("cpu", copy=True)})
         return self.net(x)
 
