@@ -317,7 +317,7 @@ def check_writers(g, observations: list[dict], path: str, world_size: int) -> No
         how = sorted({probes.describe_write(w, path) for w in writers[rank]})
         g.record("rank0-writes-only", False, f"rank {rank} wrote the checkpoint ({'; '.join(how)}); only rank 0 "
                  "may write", rank=rank, world_size=world_size)
-    elif 0 not in writers:
+    elif 0 not in writers and not os.path.exists(path):
         saved = ", ".join(sorted({_name(s["path"]) for s in observations[0]["saves"]}))
         g.record("rank0-writes-only", False, f"rank 0 did not write {_name(path)} in save_checkpoint"
                  + (f" (torch.save went to {saved})" if saved else ""), rank=0, world_size=world_size)
