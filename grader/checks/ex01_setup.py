@@ -189,6 +189,8 @@ def check_run(g, observations: list[dict], world_size: int, expected_backend: st
                  f"rank {rank}: a second cleanup_ddp() raised {obs['second_cleanup_error']}", rank=rank,
                  world_size=world_size)
 
+    if expected_backend is not None:  # the grader's own request (gloo on a GPU machine): no GPU to check
+        return
     if g.backend != "nccl":
         g.skip("nccl-device", "runs with --backend nccl on GPUs only")
         return
