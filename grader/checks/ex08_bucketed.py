@@ -323,10 +323,12 @@ def check_steps(g, observations: list[dict], world_size: int, plan: str = "float
             # frozen parameters: no gradient, no change
             for name in frozen:
                 if got["grads"][name] is not None:
-                    g.record("frozen-untouched", False, f"{model_text}step {step + 1}, rank {rank}: the frozen parameter {name} "
-                             "has a .grad; it must never be bucketed or all-reduced", rank=rank, world_size=world_size)
+                    g.record("frozen-untouched", False, f"{model_text}step {step + 1}, rank {rank}: the frozen "
+                             f"parameter {name} has a .grad; it must never be bucketed or all-reduced",
+                             rank=rank, world_size=world_size)
                 elif not torch.equal(got["state"][name], ref["state"][name]):
-                    g.record("frozen-untouched", False, f"{model_text}after step {step + 1}, rank {rank}: the frozen parameter "
+                    g.record("frozen-untouched", False, f"{model_text}after step {step + 1}, rank {rank}: the "
+                             "frozen parameter "
                              f"{name} changed (by up to {_max_diff(got['state'][name], ref['state'][name])})",
                              rank=rank, world_size=world_size)
             count = obs["train_buckets"] if bucket_count is None else bucket_count
