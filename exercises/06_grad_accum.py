@@ -8,6 +8,7 @@ all-reduce off for the forward and backward run inside it.
 
 The grader has already joined the default process group (gloo on CPU) and
 wrapped the model in torch's DistributedDataParallel when your code runs.
+(RANK, LOCAL_RANK and WORLD_SIZE are set, as under torchrun.)
 
     accumulate_and_step(ddp_model, optimizer, micro_batches, loss_fn) -> float
         ddp_model      a torch.nn.parallel.DistributedDataParallel

@@ -18,7 +18,8 @@ the tensor however many ranks there are.
           around the ring, until every rank has every summed chunk.
         World size 1 leaves the tensor unchanged.
 
-The process group is already initialized by the grader (gloo on CPU).
+The process group is already initialized by the grader (gloo on CPU), and
+RANK, LOCAL_RANK and WORLD_SIZE are set, as under torchrun.
 With gloo a blocking dist.send waits until the receiver has posted its receive,
 at any size: if every rank sends first, nobody receives.
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 from grader import catalog
@@ -25,10 +27,27 @@ def read_source(path: str | Path) -> str:
     except OSError as exc:
         raise Unusable(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+        return decode_source(data)
+    except (SyntaxError, UnicodeDecodeError) as exc:
+        try:
+            data.decode("utf-8-sig")
+        except UnicodeDecodeError as bad:
+            exc = bad
+        if isinstance(exc, SyntaxError):  # an encoding declaration Python rejects
+            raise Unusable(f"{path}: {exc.msg}") from None
         raise Unusable(f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
                        "save it as UTF-8") from None
+
+
+def decode_source(data: bytes) -> str:
+    """A source file's bytes as text, read the way Python reads it when importing.
+
+    A UTF-8 byte-order mark is dropped and a ``# -*- coding: ... -*-`` line is
+    honoured; line endings are left alone (ast and the importer accept \\r\\n).
+    Raises UnicodeDecodeError, or SyntaxError for an encoding Python does not know.
+    """
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding)
 
 
 def which_exercise(path: str | Path, override: str | None = None) -> catalog.Exercise:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,41 @@ def patched(owner, name: str, replacement):
         yield original
     finally:
         setattr(owner, name, original)
+
+
+def torchrun_environment(rank: int, world_size: int) -> None:
+    """Set the variables torchrun sets in each process it starts (one machine), for this rank.
+
+    For the exercises whose processes and group the grader provides (05-10): code
+    that reads its rank from RANK, or its GPU from LOCAL_RANK, works as under torchrun.
+    """
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0"})
+
+
+@contextlib.contextmanager
+def platform_start_method():
+    """Processes the learner's code starts (DataLoader workers) start as in a rank torchrun started.
+
+    A rank inherits the grader's forkserver as its default start method; under it
+    every DataLoader worker is a fresh interpreter that imports torch again, a
+    second or more each time a loader is iterated. Under torchrun the platform's
+    own default applies (fork on Linux before Python 3.14), and so it does here.
+    """
+    import multiprocessing
+    import multiprocessing.context
+
+    before = multiprocessing.get_start_method(allow_none=True)
+    platform = getattr(multiprocessing.context._default_context, "_default_context", None)
+    method = getattr(platform, "_name", None)
+    if method is None or method == before:
+        yield
+        return
+    multiprocessing.set_start_method(method, force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(before, force=True)
 
 
 def _timeout_seconds(value) -> float | None:
@@ -84,6 +120,142 @@ def watch_saves(saves: list):
 
     with patched(torch, "save", save), patched(torch.serialization, "save", save):
         yield saves
+
+
+_WRITE_WATCHERS: list = []  # (records, folder) of every watch_writes now active
+_AUDIT_HOOK_ADDED = False
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _path_of(value) -> str | None:
+    if isinstance(value, (str, bytes, os.PathLike)):
+        path = os.fspath(value)
+        return os.path.abspath(path.decode(errors="replace") if isinstance(path, bytes) else path)
+    return None  # a file descriptor
+
+
+def _audit(event: str, args: tuple) -> None:
+    """Python's audit hook: files opened for writing and renames, under a watched folder."""
+    if not _WRITE_WATCHERS or event not in ("open", "os.rename"):
+        return
+    try:
+        if event == "open":
+            path, mode, flags = args[0], args[1], args[2]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                bool(isinstance(flags, int) and flags & _WRITE_FLAGS)
+            record = {"op": "open", "path": _path_of(path)} if writing else None
+        else:
+            record = {"op": "rename", "src": _path_of(args[0]), "path": _path_of(args[1])}
+        if record is None or record["path"] is None:
+            return
+        record["t"] = time.monotonic()
+        for records, folder in list(_WRITE_WATCHERS):
+            if record["path"].startswith(folder) or (record.get("src") or "").startswith(folder):
+                records.append(dict(record))
+    except Exception:  # an audit hook that raises would fail the learner's own call
+        pass
+
+
+@contextlib.contextmanager
+def watch_writes(records: list, folder: str):
+    """Record every file under ``folder`` opened for writing or renamed onto, from any thread.
+
+    Each record: ``{"op": "open" | "rename" | "torch.save", "path", "src" (renames), "t"}``.
+    Python's audit events see ``open``, ``os.open``, ``os.rename`` and ``os.replace``
+    whoever calls them; ``torch.save`` to a path writes from C++, so it is
+    recorded by wrapping it.
+    """
+    import sys
+
+    global _AUDIT_HOOK_ADDED
+    if not _AUDIT_HOOK_ADDED:
+        sys.addaudithook(_audit)  # for the rest of this process: audit hooks cannot be removed
+        _AUDIT_HOOK_ADDED = True
+    entry = (records, os.path.join(os.path.abspath(folder), ""))
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        path = _path_of(f) if isinstance(f, (str, os.PathLike)) else None
+        if path is not None and path.startswith(entry[1]):
+            records.append({"op": "torch.save", "path": path, "t": time.monotonic()})
+        return original(obj, f, *args, **kwargs)
+
+    _WRITE_WATCHERS.append(entry)
+    try:
+        with patched(torch, "save", save), patched(torch.serialization, "save", save):
+            yield records
+    finally:
+        _WRITE_WATCHERS.remove(entry)
+
+
+def writers_of(path: str, writes: list[list[dict]]) -> dict[int, list[dict]]:
+    """From every rank's ``watch_writes`` records: which ranks wrote the file at ``path``, and how.
+
+    Writing counts when it reaches ``path``: writing ``path`` itself, renaming a
+    file onto it, or writing a file that was later renamed onto it (by anyone).
+    Returns ``{rank: [records]}`` for each rank that did.
+    """
+    path = os.path.abspath(path)
+    feeders, grown = {path}, True
+    while grown:
+        grown = False
+        for records in writes:
+            for w in records:
+                if w["op"] == "rename" and w["path"] in feeders and w.get("src") and w["src"] not in feeders:
+                    feeders.add(w["src"])
+                    grown = True
+    out: dict[int, list[dict]] = {}
+    for rank, records in enumerate(writes):
+        mine = [w for w in records if w["path"] in feeders]
+        if mine:
+            out[rank] = mine
+    return out
+
+
+def describe_write(write: dict, path: str) -> str:
+    """One write record in words, for a failure message."""
+    name = os.path.basename(write["path"])
+    if write["op"] == "rename":
+        return f"renamed {os.path.basename(write.get('src') or '?')} onto {name}"
+    if write["op"] == "torch.save":
+        return f"torch.save to {name}" + ("" if write["path"] == os.path.abspath(path) else
+                                          ", which became the checkpoint")
+    return f"opened {name} for writing" + ("" if write["path"] == os.path.abspath(path) else
+                                           ", which became the checkpoint")
+
+
+def threads_left_running(grace_s: float) -> list[dict]:
+    """Threads that would keep this process from exiting, now that the learner's function returned.
+
+    As at interpreter exit: the callbacks registered with threading's exit hooks
+    run first (they stop concurrent.futures' idle workers), then every
+    non-daemon thread is waited for, here at most ``grace_s`` in all. Returns
+    those still running: ``{"name", "function"}``.
+    """
+    import threading
+
+    def run_exit_callbacks():
+        for callback in list(getattr(threading, "_threading_atexits", ())):
+            try:
+                callback()
+            except Exception:
+                pass
+
+    deadline = time.monotonic() + grace_s
+    helper = threading.Thread(target=run_exit_callbacks, name="ddp-grade-exit-callbacks", daemon=True)
+    helper.start()
+    helper.join(max(0.0, deadline - time.monotonic()))
+    left = []
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread is threading.current_thread() or thread.daemon \
+                or thread is helper:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            target = getattr(thread, "_target", None)
+            left.append({"name": thread.name,
+                         "function": getattr(target, "__qualname__", None) or type(thread).__qualname__})
+    return left
 
 
 COLLECTIVES = (

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader import catalog, kit
+from grader import catalog, kit, learner
 from grader.state import StateFile
 
 STATE_NAME = "progress.json"
@@ -124,10 +124,10 @@ def _clean(data: dict) -> dict:
 def file_status(ex: catalog.Exercise, path: Path) -> str:
     """not started / in progress / missing, from the file alone."""
     try:
-        source = path.read_text(encoding="utf-8")
+        source = learner.decode_source(path.read_bytes())
     except FileNotFoundError:
         return MISSING
-    except (OSError, UnicodeDecodeError):
+    except (OSError, SyntaxError, UnicodeDecodeError):
         return IN_PROGRESS
     stub = kit.stub_text(ex)
     if stub is not None:

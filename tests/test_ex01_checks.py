@@ -78,3 +78,31 @@ def test_a_hard_coded_port_stops_grading_after_failing_port_from_env():
         ex01_setup.check_run(g, records, 2)
     verdict = _verdicts(g)["port-from-env"]
     assert verdict.status == "fail" and "29500" in verdict.message
+
+
+def test_the_grader_asks_for_a_backend_setup_ddp_would_not_pick_itself():
+    assert ex01_setup.requested_backend("gloo") == "cpu:gloo"
+    assert ex01_setup.requested_backend("nccl") == "gloo"
+
+
+def test_on_gpus_joining_with_the_requested_gloo_passes_and_leaves_nccl_device_to_the_nccl_runs():
+    g = _grading(backend="nccl")
+    ex01_setup.check_requested_backend(g, [_observation(r, backend="gloo") for r in range(2)], "gloo", 2)
+    verdicts = _verdicts(g)
+    assert verdicts["backend"].status == "pass" and verdicts["nccl-device"].status == "error"  # not decided here
+
+
+def test_a_backend_argument_that_is_ignored_fails_backend():
+    g = _grading(backend="nccl")
+    records = [_observation(r, backend="nccl", cuda_device=r) for r in range(2)]
+    ex01_setup.check_requested_backend(g, records, "gloo", 2)
+    verdict = _verdicts(g)["backend"]
+    assert verdict.status == "fail" and "joined with nccl, expected gloo" in verdict.message
+
+
+def test_a_setup_that_refuses_the_requested_backend_fails_backend_with_its_error():
+    g = _grading()
+    records = [_observation(r, setup_error="ValueError: unknown backend cpu:gloo") for r in range(2)]
+    ex01_setup.check_requested_backend(g, records, "cpu:gloo", 2)
+    verdict = _verdicts(g)["backend"]
+    assert verdict.status == "fail" and "raised ValueError: unknown backend cpu:gloo" in verdict.message

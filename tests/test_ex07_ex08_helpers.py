@@ -80,3 +80,14 @@ def test_each_layout_cap_tells_a_common_mistake_apart():
     assert any(contents(layout(c, reverse=False)) != contents(ex08.expected_buckets(c)) for c in caps)
     assert any(layout(c, closes_at_cap=True) != ex08.expected_buckets(c) for c in caps)
     assert any(layout(c / 2**20 * 1e6) != ex08.expected_buckets(c) for c in caps)  # MB taken for MiB
+    # the float64 model: four bytes per element, whatever the dtype, gives other buckets
+    assert any(layout(c) != ex08.expected_buckets(c, "float64") for c in caps)
+
+
+def test_the_dtype_plans_give_the_dtypes_they_name():
+    assert {p.dtype for p in ex08.build_model(0, "float64").parameters()} == {torch.float64}
+    mixed = {n: p.dtype for n, p in ex08.build_model(0, "mixed").named_parameters()}
+    assert mixed["fc2.weight"] == mixed["fc2.bias"] == torch.float64 and mixed["fc1.weight"] == torch.float32
+    # with the training cap a bucket holds float32 and float64 gradients together
+    layout = ex08.expected_buckets(ex08.TRAIN_CAP_BYTES, "mixed")
+    assert any({mixed[n] for n in bucket} == {torch.float32, torch.float64} for bucket in layout)

@@ -39,12 +39,31 @@ def test_every_rank_returning_after_the_write_passes(tmp_path):
     assert verdicts(g)["barrier-after-save"][0] == "pass"
 
 
-def test_a_save_on_another_rank_fails():
+def writes(*records) -> dict:
+    return {"writes": [dict(op=op, path=path, src=src, t=0.0) for op, path, src in records], "saves": []}
+
+
+def test_a_write_of_the_checkpoint_by_another_rank_fails():
     g = grading()
-    ex.check_writers(g, [save_record(1, 1, saves=[{"path": "/x/ckpt.pt", "keys": []}]),
-                         save_record(1, 1, saves=[{"path": "/x/ckpt.pt", "keys": []}])], 2)
+    ex.check_writers(g, [writes(("torch.save", "/x/ckpt.pt", None)), writes(("torch.save", "/x/ckpt.pt", None))],
+                     "/x/ckpt.pt", 2)
     status, message = verdicts(g)["rank0-writes-only"]
-    assert status == "fail" and "rank 1 called torch.save 1 time(s) (to ckpt.pt)" in message
+    assert status == "fail" and "rank 1 wrote the checkpoint (torch.save to ckpt.pt)" in message
+
+
+def test_a_temporary_file_another_rank_renames_onto_the_checkpoint_counts_as_its_write():
+    g = grading()
+    ex.check_writers(g, [writes(("torch.save", "/x/ckpt.pt", None)),
+                         writes(("open", "/x/tmp1", None), ("rename", "/x/ckpt.pt", "/x/tmp1"))], "/x/ckpt.pt", 2)
+    status, message = verdicts(g)["rank0-writes-only"]
+    assert status == "fail" and "renamed tmp1 onto ckpt.pt" in message
+
+
+def test_rank0_writing_through_a_temporary_file_passes_and_other_files_do_not_count():
+    g = grading()
+    ex.check_writers(g, [writes(("open", "/x/.tmp0", None), ("rename", "/x/ckpt.pt", "/x/.tmp0")),
+                         writes(("open", "/x/returned1", None))], "/x/ckpt.pt", 2)
+    assert verdicts(g)["rank0-writes-only"][0] == "pass"
 
 
 def test_state_difference_names_the_tensor_and_the_gap():

@@ -15,6 +15,17 @@ from grader import probes
 from grader.child import GraderAbort, RankContext
 
 MAX_TIMEOUT_S = 300.0
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost")  # what MASTER_ADDR may default to: both meet on this machine
+
+
+def requested_backend(default: str) -> str:
+    """A backend setup_ddp would not pick by itself: it must pass the one it is given through.
+
+    On a GPU machine that is gloo; on CPU, where gloo is the only choice, the
+    device-qualified spelling "cpu:gloo", which init_process_group accepts and
+    dist.get_backend() reports back as given.
+    """
+    return "gloo" if default == "nccl" else "cpu:gloo"
 
 
 # --- in each rank ---------------------------------------------------------------------
@@ -28,13 +39,19 @@ def rank_main(ctx: RankContext) -> dict:
     with probes.watch_init(calls, expected_port=grader_port):
         setup_ddp = ctx.function("setup_ddp")
         cleanup_ddp = ctx.function("cleanup_ddp")
+        request = ctx.kwargs.get("backend")
         try:
-            if ctx.kwargs.get("pass_backend"):
-                setup_ddp(ctx.rank, ctx.world_size, backend=ctx.backend)
+            if request is not None:
+                setup_ddp(ctx.rank, ctx.world_size, backend=request)
             else:
                 setup_ddp(ctx.rank, ctx.world_size)
         except GraderAbort as exc:
             obs["aborted"] = str(exc)
+            return obs
+        except Exception as exc:
+            if not ctx.kwargs.get("observe_errors"):
+                raise
+            obs["setup_error"] = f"{type(exc).__name__}: {exc}"[:300]
             return obs
     obs["initialized"] = dist.is_initialized()
     if not obs["initialized"]:
@@ -43,7 +60,7 @@ def rank_main(ctx: RankContext) -> dict:
     obs["world_size"] = dist.get_world_size()
     obs["backend"] = str(dist.get_backend())
     device = torch.device("cpu")
-    if obs["backend"] == "nccl":
+    if obs["backend"] == "nccl":  # "cpu:gloo" (asked for by the grader) runs on the CPU
         device = torch.device("cuda", torch.cuda.current_device())
         obs["cuda_device"] = torch.cuda.current_device()
     value = torch.tensor([float(ctx.rank + 1)], device=device)
@@ -81,16 +98,31 @@ def _error_of(fn) -> str | None:
 
 
 def grade(g) -> None:
-    pass_backend = g.backend_requested != "auto"
+    backend = g.backend if g.backend_requested != "auto" else None
     for world_size in g.world_sizes:
-        outcome = g.run("rank_main", world_size, kwargs={"pass_backend": pass_backend})
+        outcome = g.run("rank_main", world_size, kwargs={"backend": backend})
         check_run(g, outcome.results(), world_size)
+    # backend= given: it is the one to join with, even where setup_ddp would pick another.
+    request = requested_backend(g.backend)
+    world_size = g.world_sizes[0]
+    outcome = g.run("rank_main", world_size, kwargs={"backend": request, "observe_errors": True})
+    check_requested_backend(g, outcome.results(), request, world_size)
     defaults = g.run("defaults_main", 1, env={"MASTER_ADDR": None, "MASTER_PORT": None},
                      label="setup_ddp with MASTER_ADDR and MASTER_PORT unset (not run, only recorded)")
     check_defaults(g, defaults.results()[0])
 
 
-def check_run(g, observations: list[dict], world_size: int) -> None:
+def check_requested_backend(g, observations: list[dict], request: str, world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        if obs.get("setup_error"):
+            g.record("backend", False, f"rank {rank}: setup_ddp(rank, world_size, backend={request!r}) raised "
+                     f"{obs['setup_error']}; init_process_group accepts that backend: pass it through as given",
+                     rank=rank, world_size=world_size)
+            return
+    check_run(g, observations, world_size, expected_backend=request)
+
+
+def check_run(g, observations: list[dict], world_size: int, expected_backend: str | None = None) -> None:
     first_abort = next((o for o in observations if o["aborted"]), None)
     port_ok = True
     for rank, obs in enumerate(observations):
@@ -133,11 +165,15 @@ def check_run(g, observations: list[dict], world_size: int) -> None:
                      f"rank {obs['rank']} of {obs['world_size']}", rank=rank, world_size=world_size)
     g.record("joins-group", True)
 
-    expected = g.backend
+    expected = expected_backend or g.backend
     for rank, obs in enumerate(observations):
+        if expected_backend is not None:
+            why = (f": setup_ddp(rank, world_size, backend={expected_backend!r}) must join with the backend it "
+                   "is given, not pick its own")
+        else:
+            why = " (gloo, since there are not enough GPUs here)" if expected == "gloo" else ""
         g.record("backend", obs["backend"] == expected,
-                 f"rank {rank} joined with {obs['backend']}, expected {expected}"
-                 + (" (gloo, since there are not enough GPUs here)" if expected == "gloo" else ""),
+                 f"rank {rank} joined with {obs['backend']}, expected {expected}{why}",
                  rank=rank, world_size=world_size)
 
     total = world_size * (world_size + 1) / 2
@@ -154,6 +190,8 @@ def check_run(g, observations: list[dict], world_size: int) -> None:
                  f"rank {rank}: a second cleanup_ddp() raised {obs['second_cleanup_error']}", rank=rank,
                  world_size=world_size)
 
+    if expected_backend is not None:  # the grader's own request (gloo on a GPU machine): no GPU to check
+        return
     if g.backend != "nccl":
         g.skip("nccl-device", "runs with --backend nccl on GPUs only")
         return
@@ -176,9 +214,9 @@ def check_defaults(g, obs: dict) -> None:
         g.record("default-address", False, "setup_ddp passed its own store= instead of using the environment")
         return
     addr, port = call["master_addr"], call["master_port"]
-    g.record("default-address", (addr, port) == ("127.0.0.1", "29500"),
+    g.record("default-address", addr in LOCAL_ADDRESSES and port == "29500",
              f"with MASTER_ADDR and MASTER_PORT unset, setup_ddp would meet at {addr}:{port}, "
-             "expected 127.0.0.1:29500")
+             "expected 127.0.0.1:29500 (or localhost:29500)")
 
 
 def raise_not_run(g, reason: str) -> None:

@@ -44,7 +44,10 @@ LOADER_CHECKS = ["loader-sampler", "loader-disjoint-cover", "loader-reshuffles",
 
 
 def serve_main(ctx: RankContext) -> dict:
-    ctx.serve({"shards": shards, "loaders": loaders})
+    from grader import probes
+
+    with probes.platform_start_method():  # a loader with workers starts them as it would under torchrun
+        ctx.serve({"shards": shards, "loaders": loaders})
     return {}
 
 

@@ -1,9 +1,12 @@
 """Exercise 03: train_ddp, a whole DDP training loop.
 
 Rank side: hand train_ddp a model factory whose model logs every training
-batch, a dataset whose rows identify its samples, and probes on the sampler,
-DDP's constructor and torch.save. Parent side: map logged batches back to
-sample indices, replay the same global batches in one process, and decide.
+forward, a dataset whose rows identify its samples, and probes on the sampler
+(every order it hands out), optimizer steps, gradient clipping, DDP's
+constructor and every write into the checkpoint's folder; after train_ddp
+returns, the threads that would keep the process alive. Parent side: find the
+batches that fed optimizer steps and the sampler order each came from, replay
+the same global batches in one process, and decide.
 """
 
 from __future__ import annotations
@@ -27,20 +30,22 @@ STEPS_PER_EPOCH = 3
 EPOCHS = 3
 LR = 0.1
 TOLERANCE = 1e-5
+THREAD_GRACE_S = 1.0  # how long threads still running after train_ddp returns get to finish
 
 
 class TinyNet(nn.Module):
-    """The model model_fn builds; it logs the inputs of every training forward."""
+    """The model model_fn builds; it logs the inputs of every forward run with gradients enabled."""
 
-    def __init__(self, log: list | None = None, iterations: list | None = None):
+    def __init__(self, events: list | None = None):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
-        self._log = log
-        self._iterations = iterations
+        self._events = events
 
     def forward(self, x):
-        if self._log is not None and self.training and torch.is_grad_enabled():
-            self._log.append({"x": x.detach().to("cpu", copy=True), "epoch_seen": len(self._iterations) - 1})
+        # Every forward that can feed a step, in training mode or not: this model computes the same
+        # either way, so an evaluation pass that leaves it in eval mode changes nothing that matters.
+        if self._events is not None and torch.is_grad_enabled():
+            self._events.append({"what": "forward", "x": x.detach().to("cpu", copy=True)})
         return self.net(x)
 
 
@@ -65,39 +70,42 @@ def initial_weights(model: nn.Module, seed: int) -> None:
 def rank_main(ctx: RankContext) -> dict:
     num_samples = ctx.world_size * BATCH_SIZE * STEPS_PER_EPOCH
     checkpoint_path = os.path.join(ctx.run_dir, "checkpoint.pt")
-    batches: list = []
-    sampler_events: list = []
+    events: list = []  # in order: sampler iterations, set_epoch, training forwards, clipping, optimizer steps
     saves: list = []
+    writes: list = []
     wraps: list = []
     built: list = []
     initial: list = []
 
     def model_fn() -> nn.Module:
-        model = TinyNet(batches, [e for e in sampler_events if e["what"] == "iter"])
+        model = TinyNet(events)
         # Ranks start from different weights on purpose: DDP must make them equal.
         initial_weights(model, seed=1000 + ctx.rank)
         built.append(model)
         initial.append(_cpu_state(model))
         return model
 
-    with _watch_sampler(sampler_events, batches, built), _watch_ddp(wraps, built), probes.watch_saves(saves):
+    with probes.platform_start_method(), _watch_sampler(events), _watch_steps(events), _watch_ddp(wraps, built), \
+            probes.watch_saves(saves), probes.watch_writes(writes, ctx.run_dir):
         train_ddp = ctx.function("train_ddp")
         returned = train_ddp(ctx.rank, ctx.world_size, model_fn=model_fn, dataset=make_dataset(num_samples),
                              epochs=EPOCHS, batch_size=BATCH_SIZE, lr=LR, checkpoint_path=checkpoint_path)
+        threads_left = probes.threads_left_running(THREAD_GRACE_S)
 
     trained = _trained_model(built, wraps)
     return {
         "num_samples": num_samples,
-        "checkpoint_path": checkpoint_path,
-        "batches": [{"x": b["x"], "epoch_seen": b["epoch_seen"]} for b in batches],
-        "sampler_events": sampler_events,
-        "saves": saves,
+        "checkpoint_path": os.path.abspath(checkpoint_path),
+        "events": events,
+        "saves": [s for s in saves if s["path"] is not None],
+        "writes": writes,
         "wraps": wraps,
         "models_built": len(built),
         "initial": initial[0] if initial else None,
         "final": _cpu_state(built[trained]) if built else None,
         "returned": _describe_return(returned, built),
         "initialized_after": dist.is_initialized(),
+        "threads_left": threads_left,
     }
 
 
@@ -122,9 +130,9 @@ def _describe_return(value, built: list) -> dict:
 
 
 class _watch_sampler:
-    """Record DistributedSampler.set_epoch calls and every iteration (with the epoch it used)."""
+    """Record DistributedSampler.set_epoch calls and every iteration: its settings and the order it hands out."""
 
-    def __init__(self, events: list, batches: list, built: list):
+    def __init__(self, events: list):
         self.events = events
         self.ids: dict[int, int] = {}
 
@@ -141,12 +149,15 @@ class _watch_sampler:
             return watcher.set_epoch(sampler, epoch)
 
         def iterate(sampler):
+            # DistributedSampler computes its whole order up front: handing out a list of it is the same.
+            order = [int(i) for i in watcher.iter(sampler)]
             watcher.events.append({
                 "what": "iter", "sampler": watcher._id(sampler), "epoch": int(sampler.epoch),
-                "shuffle": bool(sampler.shuffle), "num_replicas": int(sampler.num_replicas),
-                "rank": int(sampler.rank), "drop_last": bool(sampler.drop_last),
+                "seed": int(sampler.seed), "shuffle": bool(sampler.shuffle),
+                "num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank),
+                "drop_last": bool(sampler.drop_last), "order": order,
             })
-            return watcher.iter(sampler)
+            return iter(order)
 
         DistributedSampler.set_epoch = set_epoch
         DistributedSampler.__iter__ = iterate
@@ -155,6 +166,50 @@ class _watch_sampler:
     def __exit__(self, *exc):
         DistributedSampler.set_epoch = self.set_epoch
         DistributedSampler.__iter__ = self.iter
+
+
+class _watch_steps:
+    """Record every optimizer step, and gradient clipping (which the replay must repeat)."""
+
+    def __init__(self, events: list):
+        self.events = events
+        self.patches: list = []
+
+    def __enter__(self):
+        import inspect
+
+        import torch.nn.utils.clip_grad as clip_grad
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        events = self.events
+        self.handle = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: events.append({"what": "step"}))
+        for name, kind, arguments in (("clip_grad_norm_", "norm", ("max_norm", "norm_type")),
+                                      ("clip_grad_value_", "value", ("clip_value",))):
+            original = getattr(clip_grad, name)
+            signature = inspect.signature(original)
+
+            def clip(*args, _original=original, _signature=signature, _kind=kind, _arguments=arguments, **kwargs):
+                record = {"what": "clip", "kind": _kind}
+                try:
+                    bound = _signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    for argument in _arguments:
+                        record[argument] = float(bound.arguments[argument])
+                except Exception:  # odd arguments: the call itself says what is wrong with them
+                    record["kind"] = "unknown"
+                events.append(record)
+                return _original(*args, **kwargs)
+
+            for owner in (clip_grad, torch.nn.utils):
+                patch = probes.patched(owner, name, clip)
+                patch.__enter__()
+                self.patches.append(patch)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        while self.patches:
+            self.patches.pop().__exit__(None, None, None)
 
 
 class _watch_ddp:
@@ -192,15 +247,14 @@ def check_run(g, ranks: list[dict], world_size: int) -> None:
     num_samples = ranks[0]["num_samples"]
     dataset = make_dataset(num_samples)
     index_of = {row.numpy().tobytes(): i for i, row in enumerate(dataset.tensors[0])}
-    steps = [[_indices(b["x"], index_of) for b in r["batches"]] for r in ranks]
-    epochs_of = [[b["epoch_seen"] for b in r["batches"]] for r in ranks]
+    trained = [training_steps(r["events"], index_of) for r in ranks]
 
     check_uses_ddp(g, ranks, world_size)
-    check_sampler(g, ranks, world_size)
-    check_batch_size(g, steps, world_size)
-    check_shards(g, steps, epochs_of, num_samples, world_size)
-    check_set_epoch(g, ranks, steps, epochs_of, world_size)
-    check_parameters(g, ranks, steps, dataset, world_size)
+    check_sampler(g, ranks, trained, world_size)
+    check_batch_size(g, trained, world_size)
+    check_shards(g, trained, num_samples, world_size)
+    check_set_epoch(g, ranks, trained, world_size)
+    check_parameters(g, ranks, trained, dataset, world_size)
     check_checkpoint(g, ranks, world_size)
     for rank, r in enumerate(ranks):
         g.record("group-destroyed", not r["initialized_after"],
@@ -214,10 +268,75 @@ def check_run(g, ranks: list[dict], world_size: int) -> None:
         else:
             msg = ""
         g.record("returns-module", not msg, f"rank {rank}: {msg}", rank=rank, world_size=world_size)
+    check_threads(g, ranks, world_size)
 
 
 def _indices(x: torch.Tensor, index_of: dict) -> list[int]:
     return [index_of.get(row.numpy().tobytes(), -1) for row in x.reshape(-1, IN_FEATURES)]
+
+
+def training_steps(events: list, index_of: dict) -> dict:
+    """What fed this rank's optimizer steps, from its events in order.
+
+    Each step: ``indices`` (the samples of the last training forward before it),
+    ``iteration`` (the index, among ``iterations``, of the sampler iteration that
+    handed them out: the latest one begun before that forward whose order holds
+    them, consecutively; None when none does) and ``clips`` (gradient clipping
+    since the previous step). A peek at a batch, an evaluation pass or anything
+    else that draws from the sampler without a step in between feeds no step.
+    Without any optimizer step seen (a hand-written update), every training
+    forward counts as one.
+    """
+    iterations: list = []
+    forwards: list = []
+    steps: list = []
+    clips: list = []
+    last = None
+    for event in events:
+        what = event["what"]
+        if what == "iter":
+            iterations.append(event)
+        elif what == "forward":
+            last = {"indices": _indices(event["x"], index_of), "begun": len(iterations)}
+            forwards.append(last)
+        elif what == "clip":
+            clips.append({k: v for k, v in event.items() if k != "what"})
+        elif what == "step" and last is not None:
+            steps.append({**last, "clips": clips})
+            clips = []
+    if not any(e["what"] == "step" for e in events):
+        steps = [{**f, "clips": []} for f in forwards]
+    for step in steps:
+        step["iteration"] = _source_iteration(step["indices"], iterations[:step.pop("begun")])
+    return {"steps": steps, "iterations": iterations,
+            "set_epoch": [e for e in events if e["what"] == "set_epoch"]}
+
+
+def _source_iteration(indices: list[int], begun: list) -> int | None:
+    if not indices or -1 in indices:
+        return None
+    for number in range(len(begun) - 1, -1, -1):
+        order = begun[number]["order"]
+        start = next((i for i, v in enumerate(order) if v == indices[0]), None)
+        if start is not None and order[start:start + len(indices)] == indices:
+            return number
+    return None
+
+
+def _epochs(trained: dict) -> list[list[int]] | None:
+    """The samples of each epoch, in order: the steps grouped by the sampler order they came from.
+
+    Iterations that hand out the same order (an evaluation pass over the
+    training loader, an epoch without set_epoch) count as one. None when some
+    step's batch came from no sampler iteration seen.
+    """
+    steps, iterations = trained["steps"], trained["iterations"]
+    if not steps or any(s["iteration"] is None for s in steps):
+        return None
+    groups: dict[tuple, list[int]] = {}
+    for step in steps:
+        groups.setdefault(tuple(iterations[step["iteration"]]["order"]), []).extend(step["indices"])
+    return list(groups.values())
 
 
 def check_uses_ddp(g, ranks, world_size) -> None:
@@ -232,14 +351,21 @@ def check_uses_ddp(g, ranks, world_size) -> None:
             g.record("uses-ddp", True)
 
 
-def check_sampler(g, ranks, world_size) -> None:
-    for rank, r in enumerate(ranks):
-        iters = [e for e in r["sampler_events"] if e["what"] == "iter"]
+def check_sampler(g, ranks, trained, world_size) -> None:
+    for rank, t in enumerate(trained):
+        iters = t["iterations"]
         if not iters:
             g.record("distributed-sampler", False, f"rank {rank} never drew from a DistributedSampler",
                      rank=rank, world_size=world_size)
             continue
-        bad = next((e for e in iters if not e["shuffle"] or e["num_replicas"] != world_size or e["rank"] != rank),
+        feeding = sorted({s["iteration"] for s in t["steps"]} - {None})
+        if t["steps"] and not feeding:
+            g.record("distributed-sampler", False, f"rank {rank}: no training batch came from a "
+                     "DistributedSampler (one was iterated, but not to feed the optimizer steps)",
+                     rank=rank, world_size=world_size)
+            continue
+        used = [iters[i] for i in feeding] or iters
+        bad = next((e for e in used if not e["shuffle"] or e["num_replicas"] != world_size or e["rank"] != rank),
                    None)
         if bad is None:
             g.record("distributed-sampler", True)
@@ -251,31 +377,26 @@ def check_sampler(g, ranks, world_size) -> None:
                      f"of {bad['num_replicas']}", rank=rank, world_size=world_size)
 
 
-def check_batch_size(g, steps, world_size) -> None:
-    for rank, batches in enumerate(steps):
-        for step, batch in enumerate(batches):
-            if len(batch) != BATCH_SIZE:
-                g.record("batch-size", False, f"rank {rank}, step {step}: a batch of {len(batch)} items, "
+def check_batch_size(g, trained, world_size) -> None:
+    for rank, t in enumerate(trained):
+        for step, s in enumerate(t["steps"]):
+            if len(s["indices"]) != BATCH_SIZE:
+                g.record("batch-size", False, f"rank {rank}, step {step}: a batch of {len(s['indices'])} items, "
                          f"expected batch_size={BATCH_SIZE}", rank=rank, world_size=world_size)
                 return
-    g.record("batch-size", bool(steps[0]), "no training batch was seen (did the model run forward?)",
+    g.record("batch-size", bool(trained[0]["steps"]), "no training batch was seen (did the model run forward?)",
              world_size=world_size)
 
 
-def _epoch_groups(batches: list, epochs_seen: list) -> list[list]:
-    """Indices drawn per epoch: by sampler iteration when known, else equal slices."""
-    if batches and all(e >= 0 for e in epochs_seen) and len(set(epochs_seen)) == EPOCHS:
-        groups = [[] for _ in range(EPOCHS)]
-        for batch, e in zip(batches, epochs_seen):
-            groups[min(e, EPOCHS - 1)].extend(batch)
-        return groups
-    per = max(1, len(batches) // EPOCHS)
-    return [[i for b in batches[e * per:(e + 1) * per] for i in b] for e in range(EPOCHS)]
+def _equal_slices(trained: dict) -> list[list[int]]:
+    steps = trained["steps"]
+    per = max(1, len(steps) // EPOCHS)
+    return [[i for s in steps[e * per:(e + 1) * per] for i in s["indices"]] for e in range(EPOCHS)]
 
 
-def check_shards(g, steps, epochs_of, num_samples, world_size) -> None:
-    groups = [_epoch_groups(b, e) for b, e in zip(steps, epochs_of)]
-    for epoch in range(EPOCHS):
+def check_shards(g, trained, num_samples, world_size) -> None:
+    groups = [_epochs(t) or _equal_slices(t) for t in trained]
+    for epoch in range(min(len(gr) for gr in groups)):
         owner: dict[int, int] = {}
         for rank in range(world_size):
             for i in groups[rank][epoch]:
@@ -292,34 +413,39 @@ def check_shards(g, steps, epochs_of, num_samples, world_size) -> None:
     g.record("shards-disjoint", True)
 
 
-def check_set_epoch(g, ranks, steps, epochs_of, world_size) -> None:
-    for rank, r in enumerate(ranks):
-        iters = [e for e in r["sampler_events"] if e["what"] == "iter"]
-        calls = [e for e in r["sampler_events"] if e["what"] == "set_epoch"]
+def check_set_epoch(g, ranks, trained, world_size) -> None:
+    """Judged from the steps: each epoch's steps must come from a sampler order of its own."""
+    for rank, t in enumerate(trained):
+        iters, steps = t["iterations"], t["steps"]
         if not iters:
             g.record("set-epoch-each-epoch", False, f"rank {rank}: no DistributedSampler was iterated",
                      rank=rank, world_size=world_size)
             return
-        drawn_with = [e["epoch"] for e in iters]
-        if drawn_with[:EPOCHS] == list(range(EPOCHS)):
+        epochs = _epochs(t)
+        if epochs is None:
+            g.record("set-epoch-each-epoch", False, f"rank {rank}: the training batches did not come from the "
+                     "DistributedSampler's iterations, so set_epoch cannot change their order",
+                     rank=rank, world_size=world_size)
+            return
+        if len(epochs) >= EPOCHS:
             continue
-        used = {e["sampler"] for e in iters}
-        if not calls:
-            msg = (f"rank {rank} never called set_epoch: all {len(drawn_with)} epochs drew with epoch 0, "
-                   "so they all had the same order")
-        elif not used & {c["sampler"] for c in calls}:
+        feeding = sorted({s["iteration"] for s in steps})
+        drawn_with = [iters[i]["epoch"] for i in feeding]
+        samplers = {iters[i]["sampler"] for i in feeding}
+        if not t["set_epoch"]:
+            msg = (f"rank {rank} never called set_epoch: all {len(drawn_with)} epochs drew with epoch "
+                   f"{drawn_with[0]}, so they all had the same order")
+        elif not samplers & {c["sampler"] for c in t["set_epoch"]}:
             msg = f"rank {rank} called set_epoch on a sampler the DataLoader does not use"
         else:
-            msg = (f"rank {rank}: the epochs drew their data with sampler.epoch = {drawn_with}, "
-                   f"expected {list(range(EPOCHS))} (set_epoch(epoch) before each epoch's loop)")
+            msg = (f"rank {rank}: the {len(drawn_with)} epochs drew their data with sampler.epoch = {drawn_with}, "
+                   f"so {len(epochs)} order(s) served {EPOCHS} epochs (set_epoch(epoch) before each epoch's loop)")
         g.record("set-epoch-each-epoch", False, msg, rank=rank, world_size=world_size)
         return
-    first = _epoch_groups(steps[0], epochs_of[0])
-    g.record("set-epoch-each-epoch", first[0] != first[1],
-             "rank 0 drew epochs 0 and 1 in the same order", rank=0, world_size=world_size)
+    g.record("set-epoch-each-epoch", True)
 
 
-def check_parameters(g, ranks, steps, dataset, world_size) -> None:
+def check_parameters(g, ranks, trained, dataset, world_size) -> None:
     finals = [r["final"] for r in ranks]
     identical = True
     for rank in range(1, world_size):
@@ -337,20 +463,24 @@ def check_parameters(g, ranks, steps, dataset, world_size) -> None:
     g.record("params-changed", changed, "rank 0's parameters are exactly what model_fn() built: no step "
              "changed them", rank=0, world_size=world_size)
 
+    steps = [[s["indices"] for s in t["steps"]] for t in trained]
+    clips = [s["clips"] for s in trained[0]["steps"]]
     counts = [len(s) for s in steps]
     if len(set(counts)) != 1:
         g.record("matches-single-process", False, "the ranks took different numbers of steps: "
                  + ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts)), world_size=world_size)
         return
     expected_steps = EPOCHS * STEPS_PER_EPOCH
-    replay = replay_single_process(initial, steps, dataset, LR)
+    replay = replay_single_process(initial, steps, dataset, LR, clips)
     name, diff = _largest_difference(replay, finals[0])
     if diff <= TOLERANCE:
         g.record("matches-single-process", True)
         return
     msg = (f"after {counts[0]} steps, parameter {name} of rank 0 differs from one process training on the "
            f"same global batches by {diff:.3g} (tolerance {TOLERANCE:g})")
-    summed = replay_single_process(initial, steps, dataset, LR * world_size)
+    if any(clips):
+        msg += " (the replay clipped the gradients as rank 0 did)"
+    summed = replay_single_process(initial, steps, dataset, LR * world_size, clips)
     if _largest_difference(summed, finals[0])[1] <= TOLERANCE:
         msg += f"; it matches gradients summed over the ranks (or lr x {world_size}) instead of averaged"
     elif counts[0] != expected_steps:
@@ -358,8 +488,12 @@ def check_parameters(g, ranks, steps, dataset, world_size) -> None:
     g.record("matches-single-process", False, msg, rank=0, world_size=world_size)
 
 
-def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr: float) -> dict:
-    """Train one model on the union of the ranks' batches, step by step: what DDP should equal."""
+def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr: float,
+                          clips: list | None = None) -> dict:
+    """Train one model on the union of the ranks' batches, step by step: what DDP should equal.
+
+    ``clips[step]``: the gradient clipping rank 0 applied before that step, repeated here.
+    """
     model = TinyNet()
     model.load_state_dict(initial)
     loss_fn = nn.CrossEntropyLoss()
@@ -374,6 +508,11 @@ def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr
                 losses.append(loss_fn(model(x_all[idx]), y_all[idx]))
         if losses:
             (sum(losses) / len(steps)).backward()
+        for clip in (clips[step] if clips and step < len(clips) else []):
+            if clip["kind"] == "norm":
+                nn.utils.clip_grad_norm_(model.parameters(), clip["max_norm"], clip["norm_type"])
+            elif clip["kind"] == "value":
+                nn.utils.clip_grad_value_(model.parameters(), clip["clip_value"])
         # Plain SGD, written out: torch.optim would import torch._dynamo here (1-2 s).
         with torch.no_grad():
             for p in model.parameters():
@@ -389,20 +528,19 @@ def _largest_difference(a: dict, b: dict) -> tuple[str, float]:
 
 def check_checkpoint(g, ranks, world_size) -> None:
     path = ranks[0]["checkpoint_path"]
-    savers = [(rank, s) for rank, r in enumerate(ranks) for s in r["saves"]]
-    to_path = [(rank, s) for rank, s in savers if s["path"] == path]
-    if not to_path:
-        where = f" (torch.save wrote to {savers[0][1]['path']})" if savers else ""
+    writers = probes.writers_of(path, [r["writes"] for r in ranks])
+    others = sorted(r for r in writers if r != 0)
+    if others:
+        rank = others[0]
+        how = sorted({probes.describe_write(w, path) for w in writers[rank]})
+        g.record("checkpoint-rank0-only", False, "checkpoint_path was also written by "
+                 + ", ".join(f"rank {r}" for r in others) + f" (rank {rank}: {'; '.join(how)}); only rank 0 "
+                 "should save", rank=rank, world_size=world_size)
+    elif not writers and not os.path.exists(path):
+        elsewhere = sorted({s["path"] for r in ranks for s in r["saves"]})
+        where = f" (torch.save wrote to {', '.join(map(os.path.basename, elsewhere))})" if elsewhere else ""
         g.record("checkpoint-rank0-only", False, f"nothing was saved to checkpoint_path{where}",
                  world_size=world_size)
-    elif any(rank != 0 for rank, _ in to_path):
-        others = sorted({rank for rank, _ in to_path if rank != 0})
-        g.record("checkpoint-rank0-only", False, "checkpoint_path was also written by "
-                 + ", ".join(f"rank {r}" for r in others) + "; only rank 0 should save",
-                 rank=others[0], world_size=world_size)
-    elif len(to_path) != 1:
-        g.record("checkpoint-rank0-only", False, f"rank 0 saved to checkpoint_path {len(to_path)} times, "
-                 "expected once, after training", rank=0, world_size=world_size)
     else:
         g.record("checkpoint-rank0-only", True)
 
@@ -437,3 +575,16 @@ def check_checkpoint(g, ranks, world_size) -> None:
     name, diff = _largest_difference(_cpu_state(model), ranks[0]["final"])
     g.record("checkpoint-loads", diff == 0.0, f"the checkpoint's {name} differs from the trained model's by "
              f"{diff:.3g}: was it saved before training finished?", world_size=world_size)
+
+
+def check_threads(g, ranks, world_size) -> None:
+    for rank, r in enumerate(ranks):
+        left = r["threads_left"]
+        if left:
+            names = ", ".join(f"{t['name']!r} (running {t['function']})" for t in left)
+            g.record("process-can-exit", False,
+                     f"rank {rank}: {THREAD_GRACE_S:g} s after train_ddp returned, {len(left)} non-daemon "
+                     f"thread(s) were still running: {names}. Python waits for them before the process exits, so "
+                     "under torchrun the job would never end", rank=rank, world_size=world_size)
+            return
+    g.record("process-can-exit", True)

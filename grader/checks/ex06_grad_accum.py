@@ -46,6 +46,7 @@ def micro_batch(rank: int, call: int, index: int) -> tuple[torch.Tensor, torch.T
 
 
 def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         return _observe(ctx)
 

@@ -79,6 +79,7 @@ def cases_for(world_size: int, drawn: list[dict]) -> list[dict]:
 
 def ring_main(ctx: RankContext) -> dict:
     """Run ring_all_reduce on every case; return the tensors after it and the calls it made."""
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         return _observe(ctx)
 

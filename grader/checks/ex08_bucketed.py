@@ -5,6 +5,9 @@ Rank side: build a small model whose parameters and buffer differ on every rank
 BucketedDDP with several caps to read the buckets, then train a few steps while
 recording, in order, every torch.distributed call (with its async_op flag), the
 moment the first layer's gradient is ready and the end of loss.backward().
+All of it three times: the model in float32, in float64, and with one layer in
+float64 among float32 ones (so a bucket holds both), since bucket sizes and the
+precision of the average depend on each parameter's dtype.
 Grader side: rebuild rank 0's model and every rank's data, compute the averaged
 gradients and the parameters after each step itself, and compare.
 """
@@ -29,8 +32,15 @@ STEPS = 3
 BATCH = 8
 LR = 0.1
 SHIFT = 0.25  # passed as a keyword argument to forward on the second step
-GRAD_TOL = (1e-5, 1e-6)  # (rtol, atol): the sum over ranks may be taken in another order
+GRAD_TOL = {  # (rtol, atol): the sum over ranks may be taken in another order, nothing more
+    torch.float32: (1e-5, 1e-6),
+    torch.float64: (1e-10, 1e-12),  # an average taken in float32 is off by about 1e-8
+}
 FIRST_LAYER = "fc1.weight"
+# The dtypes graded: every layer float32, every layer float64, and fc2 in float64 among float32 layers
+# (with the training cap, fc2.bias then shares a bucket with float32 gradients).
+PLANS = {"float32": {}, "float64": {"*": torch.float64}, "mixed": {"fc2": torch.float64}}
+LAYOUT_PLANS = ("float32", "float64")  # the mixed model's buckets may also be split by dtype, as DDP does
 
 
 class Net(torch.nn.Module):
@@ -46,18 +56,21 @@ class Net(torch.nn.Module):
         self.register_buffer("scale", torch.ones(24))
 
     def forward(self, x, *, shift: float = 0.0):
-        h = torch.tanh(self.fc1(x))
-        h = torch.tanh(self.frozen(h)) * self.scale + shift
-        h = torch.tanh(self.fc2(h))
-        return self.fc3(h)
+        # Each layer gets its input in its own dtype (a no-op when all are float32).
+        h = torch.tanh(self.fc1(x.to(self.fc1.weight.dtype)))
+        h = torch.tanh(self.frozen(h.to(self.frozen.weight.dtype))) * self.scale + shift
+        h = torch.tanh(self.fc2(h.to(self.fc2.weight.dtype)))
+        return self.fc3(h.to(self.fc3.weight.dtype))
 
 
-def build_model(rank: int) -> Net:
+def build_model(rank: int, plan: str = "float32") -> Net:
     """Rank ``rank``'s model before the wrapper: different on every rank, on purpose."""
     torch.manual_seed(1000 + rank)
     model = Net()
     with torch.no_grad():
         model.scale.uniform_(0.5, 1.5)
+    for name, dtype in PLANS[plan].items():
+        (model if name == "*" else getattr(model, name)).to(dtype)
     return model
 
 
@@ -70,9 +83,9 @@ def forward_kwargs(step: int) -> dict:
     return {"shift": SHIFT} if step == 1 else {}
 
 
-def expected_buckets(cap_bytes: float) -> list[list[str]]:
+def expected_buckets(cap_bytes: float, plan: str = "float32") -> list[list[str]]:
     """The buckets the contract implies, by parameter name."""
-    model = Net()
+    model = build_model(0, plan)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     buckets, bucket, size = [], [], 0
     for name, param in reversed(trainable):
@@ -108,6 +121,7 @@ def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
 
 
 def bucket_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         return _observe(ctx)
 
@@ -116,36 +130,41 @@ def _observe(ctx: RankContext) -> dict:
     events: list = []
     with probes.watch_collectives(events):
         BucketedDDP = ctx.function("BucketedDDP")
+        return {plan: _observe_plan(ctx, BucketedDDP, plan, events) for plan in PLANS}
 
-        layouts = []
-        for cap_bytes in LAYOUT_CAPS_BYTES:
-            model = build_model(ctx.rank).to(ctx.device)
-            wrapper = BucketedDDP(model, cap_bytes / MIB)
-            layouts.append(_bucket_names(getattr(wrapper, "buckets", []), model))
 
-        model = build_model(ctx.rank).to(ctx.device)
-        first_layer = dict(model.named_parameters())[FIRST_LAYER]
-        # Registered before the learner's hooks, so it runs before theirs on this parameter.
-        first_layer.register_post_accumulate_grad_hook(lambda p: events.append({"op": "first-layer-grad-ready"}))
-        ddp = BucketedDDP(model, TRAIN_CAP_BYTES / MIB)
-        after_init = _state(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+def _observe_plan(ctx: RankContext, BucketedDDP, plan: str, events: list) -> dict:
+    layouts = []
+    for cap_bytes in LAYOUT_CAPS_BYTES if plan in LAYOUT_PLANS else ():
+        model = build_model(ctx.rank, plan).to(ctx.device)
+        wrapper = BucketedDDP(model, cap_bytes / MIB)
+        layouts.append(_bucket_names(getattr(wrapper, "buckets", []), model))
 
-        steps = []
-        for step in range(STEPS):
-            x, y = (t.to(ctx.device) for t in make_batch(step, ctx.rank))
-            first = len(events)
-            loss = F.mse_loss(ddp(x, **forward_kwargs(step)), y)
-            loss.backward()
-            events.append({"op": "backward-returned"})
-            ddp.finish_gradient_synchronization()
-            events.append({"op": "finish-returned"})
-            grads = {n: None if p.grad is None else p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
-            step_events = [dict(e) for e in events[first:]]
-            optimizer.step()
-            optimizer.zero_grad()
-            steps.append({"grads": grads, "events": step_events, "state": _state(model)})
-    return {"layouts": layouts, "after_init": after_init, "steps": steps}
+    model = build_model(ctx.rank, plan).to(ctx.device)
+    first_layer = dict(model.named_parameters())[FIRST_LAYER]
+    # Registered before the learner's hooks, so it runs before theirs on this parameter.
+    first_layer.register_post_accumulate_grad_hook(lambda p: events.append({"op": "first-layer-grad-ready"}))
+    ddp = BucketedDDP(model, TRAIN_CAP_BYTES / MIB)
+    after_init = _state(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+    steps = []
+    for step in range(STEPS):
+        x, y = (t.to(ctx.device) for t in make_batch(step, ctx.rank))
+        first = len(events)
+        out = ddp(x, **forward_kwargs(step))
+        loss = F.mse_loss(out, y.to(out.dtype))
+        loss.backward()
+        events.append({"op": "backward-returned"})
+        ddp.finish_gradient_synchronization()
+        events.append({"op": "finish-returned"})
+        grads = {n: None if p.grad is None else p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
+        step_events = [dict(e) for e in events[first:]]
+        optimizer.step()
+        optimizer.zero_grad()
+        steps.append({"grads": grads, "events": step_events, "state": _state(model)})
+    return {"layouts": layouts, "after_init": after_init, "steps": steps,
+            "train_buckets": len(getattr(ddp, "buckets", None) or [])}
 
 
 # --- in the grader --------------------------------------------------------------------
@@ -153,24 +172,31 @@ def _observe(ctx: RankContext) -> dict:
 
 def grade(g) -> None:
     for world_size in g.world_sizes:
-        observations = g.run("bucket_main", world_size).results()
-        check_buckets(g, observations, world_size)
-        check_broadcast(g, observations, world_size)
-        check_steps(g, observations, world_size)
+        results = g.run("bucket_main", world_size).results()
+        for plan in PLANS:
+            observations = [r[plan] for r in results]
+            if plan in LAYOUT_PLANS:
+                check_buckets(g, observations, world_size, plan)
+            check_broadcast(g, observations, world_size, plan)
+            check_steps(g, observations, world_size, plan)
     if max(g.world_sizes) == 1:  # one GPU with NCCL: nothing to compare across ranks
         for check_id in ("broadcast-from-rank0", "params-identical"):
             g.skip(check_id, "needs a world size of 2 or more")
 
 
-def check_buckets(g, observations: list[dict], world_size: int) -> None:
+def _model_text(plan: str) -> str:
+    return {"float32": "", "float64": "the float64 model, ", "mixed": "the model with fc2 in float64, "}[plan]
+
+
+def check_buckets(g, observations: list[dict], world_size: int, plan: str = "float32") -> None:
     for cap_bytes, *per_rank in zip(LAYOUT_CAPS_BYTES, *(o["layouts"] for o in observations)):
-        expected = expected_buckets(cap_bytes)
+        expected = expected_buckets(cap_bytes, plan)
         for rank, got in enumerate(per_rank):
             if got != expected:
                 g.record("buckets-by-cap", False,
-                         f"rank {rank}, bucket_cap_mb={cap_bytes / MIB:.10g} ({cap_bytes:g} bytes): .buckets is "
-                         f"{_show(got)}; expected {_show(expected)} (parameter sizes in bytes: {_sizes()})",
-                         rank=rank, world_size=world_size)
+                         f"{_model_text(plan)}rank {rank}, bucket_cap_mb={cap_bytes / MIB:.10g} ({cap_bytes:g} "
+                         f"bytes): .buckets is {_show(got)}; expected {_show(expected)} (parameter sizes in "
+                         f"bytes: {_sizes(plan)})", rank=rank, world_size=world_size)
                 return
     g.record("buckets-by-cap", True)
 
@@ -179,12 +205,13 @@ def _show(buckets: list[list[str]]) -> str:
     return "[" + ", ".join("[" + ", ".join(b) + "]" for b in buckets) + "]"
 
 
-def _sizes() -> str:
-    return ", ".join(f"{n} {p.numel() * p.element_size()}" for n, p in Net().named_parameters() if p.requires_grad)
+def _sizes(plan: str = "float32") -> str:
+    return ", ".join(f"{n} {p.numel() * p.element_size()}" for n, p in build_model(0, plan).named_parameters()
+                     if p.requires_grad)
 
 
-def check_broadcast(g, observations: list[dict], world_size: int) -> None:
-    reference = _state(build_model(0))
+def check_broadcast(g, observations: list[dict], world_size: int, plan: str = "float32") -> None:
+    reference = _state(build_model(0, plan))
     frozen = {n for n, p in Net().named_parameters() if not p.requires_grad}
     broadcast_ok = frozen_ok = True
     for rank, obs in enumerate(observations):
@@ -193,7 +220,7 @@ def check_broadcast(g, observations: list[dict], world_size: int) -> None:
             if torch.equal(got, expected):
                 continue
             what = "frozen parameter" if name in frozen else ("buffer" if name == "scale" else "parameter")
-            message = (f"rank {rank}: after BucketedDDP(...) the {what} {name} is not rank 0's "
+            message = (f"{_model_text(plan)}rank {rank}: after BucketedDDP(...) the {what} {name} is not rank 0's "
                        f"(largest difference {_max_diff(got, expected)})")
             if name in frozen and frozen_ok:
                 frozen_ok = g.record("frozen-untouched", False, message + "; frozen parameters are broadcast too",
@@ -212,16 +239,17 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{found.max_abs:.3g}"
 
 
-def reference_steps(world_size: int) -> list[dict]:
+def reference_steps(world_size: int, plan: str = "float32") -> list[dict]:
     """Averaged gradients and parameters after each step, as DDP would give them, computed here."""
-    model = build_model(0)
+    model = build_model(0, plan)
     out = []
     for step in range(STEPS):
         local = []
         for rank in range(world_size):
             model.zero_grad()
             x, y = make_batch(step, rank)
-            F.mse_loss(model(x, **forward_kwargs(step)), y).backward()
+            prediction = model(x, **forward_kwargs(step))
+            F.mse_loss(prediction, y.to(prediction.dtype)).backward()
             local.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         grads = {n: torch.stack([g_[n] for g_ in local]).sum(0) / world_size for n in local[0]}
         with torch.no_grad():
@@ -232,54 +260,89 @@ def reference_steps(world_size: int) -> list[dict]:
     return out
 
 
-def check_steps(g, observations: list[dict], world_size: int) -> None:
-    reference = reference_steps(world_size)
+def averaged_gradients(state: dict, step: int, world_size: int, plan: str) -> dict:
+    """The average over ranks of the gradients at ``state`` (a rank's parameters and buffers before ``step``).
+
+    Taken from the rank's own parameters rather than from the replay, so that a
+    float32 parameter one rounding away from the replay's (an average taken in
+    float64, then stored in float32, is as right as one taken in float32) cannot
+    move a float64 gradient by more than its own tolerance.
+    """
+    model = build_model(0, plan)
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            tensor.copy_(state[name])
+    local = []
+    for rank in range(world_size):
+        model.zero_grad()
+        x, y = make_batch(step, rank)
+        prediction = model(x, **forward_kwargs(step))
+        F.mse_loss(prediction, y.to(prediction.dtype)).backward()
+        local.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    return {n: torch.stack([g_[n] for g_ in local]).sum(0) / world_size for n in local[0]}
+
+
+def check_steps(g, observations: list[dict], world_size: int, plan: str = "float32") -> None:
+    reference = reference_steps(world_size, plan)
     trainable = [n for n, p in Net().named_parameters() if p.requires_grad]
     frozen = [n for n, p in Net().named_parameters() if not p.requires_grad]
-    layout = expected_buckets(TRAIN_CAP_BYTES)
-    rtol, atol = GRAD_TOL
+    # The mixed model's buckets are the learner's own (they may be split by dtype): one all-reduce each.
+    bucket_count = len(expected_buckets(TRAIN_CAP_BYTES, plan)) if plan in LAYOUT_PLANS else None
+    model_text = _model_text(plan)
     for step, ref in enumerate(reference):
         for rank, obs in enumerate(observations):
             got = obs["steps"][step]
+            before = obs["steps"][step - 1]["state"] if step else obs["after_init"]
+            averaged = averaged_gradients(before, step, world_size, plan)
             # the averaged gradients
             for name in trainable:
                 grad = got["grads"][name]
                 if grad is None:
-                    g.record("grads-match-ddp", False, f"step {step + 1}, rank {rank}: {name}.grad is None after "
-                             "finish_gradient_synchronization()", rank=rank, world_size=world_size)
+                    g.record("grads-match-ddp", False, f"{model_text}step {step + 1}, rank {rank}: {name}.grad is "
+                             "None after finish_gradient_synchronization()", rank=rank, world_size=world_size)
                     break
-                found = tensor_difference(grad, ref["grads"][name], rtol=rtol, atol=atol)
+                want = averaged[name]
+                if grad.dtype != want.dtype:
+                    g.record("grads-match-ddp", False, f"{model_text}step {step + 1}, rank {rank}: {name}.grad is "
+                             f"{_dtype(grad)}, the parameter is {_dtype(want)}", rank=rank, world_size=world_size)
+                    break
+                rtol, atol = GRAD_TOL[want.dtype]
+                found = tensor_difference(grad, want, rtol=rtol, atol=atol)
                 if found is not None:
-                    ratio = _ratio(grad, ref["grads"][name])
+                    ratio = _ratio(grad.double(), want.double())
+                    if not ratio and want.dtype == torch.float64:
+                        ratio = " (as much as float32 rounding: was this float64 gradient averaged in float32?)"
                     g.record("grads-match-ddp", False,
-                             f"step {step + 1}, rank {rank}: {name}.grad differs from the average over ranks by up "
-                             f"to {found.max_abs:.3g}{ratio}", rank=rank, world_size=world_size)
+                             f"{model_text}step {step + 1}, rank {rank}: {name}.grad differs from the average over "
+                             f"ranks by up to {found.max_abs:.3g}{ratio}", rank=rank, world_size=world_size)
                     break
             for name in trainable:
                 found = tensor_difference(got["state"][name], ref["state"][name], atol=1e-5)
                 diff = found.max_abs if found is not None else 0.0
                 if diff > 1e-5:
-                    g.record("grads-match-ddp", False,
-                             f"after step {step + 1}, rank {rank}: parameter {name} differs from DDP's by {diff:.3g}",
-                             rank=rank, world_size=world_size)
+                    g.record("grads-match-ddp", False, f"{model_text}after step {step + 1}, rank {rank}: parameter "
+                             f"{name} differs from DDP's by {diff:.3g}", rank=rank, world_size=world_size)
                     break
             # frozen parameters: no gradient, no change
             for name in frozen:
                 if got["grads"][name] is not None:
-                    g.record("frozen-untouched", False, f"step {step + 1}, rank {rank}: the frozen parameter {name} "
-                             "has a .grad; it must never be bucketed or all-reduced", rank=rank, world_size=world_size)
+                    g.record("frozen-untouched", False, f"{model_text}step {step + 1}, rank {rank}: the frozen "
+                             f"parameter {name} has a .grad; it must never be bucketed or all-reduced",
+                             rank=rank, world_size=world_size)
                 elif not torch.equal(got["state"][name], ref["state"][name]):
-                    g.record("frozen-untouched", False, f"after step {step + 1}, rank {rank}: the frozen parameter "
+                    g.record("frozen-untouched", False, f"{model_text}after step {step + 1}, rank {rank}: the "
+                             "frozen parameter "
                              f"{name} changed (by up to {_max_diff(got['state'][name], ref['state'][name])})",
                              rank=rank, world_size=world_size)
-            check_events(g, got["events"], layout, step, rank, world_size)
+            count = obs["train_buckets"] if bucket_count is None else bucket_count
+            check_events(g, got["events"], count, step, rank, world_size, model_text)
         # the replicas stay identical
         base = observations[0]["steps"][step]["state"]
         for rank, obs in enumerate(observations[1:], start=1):
             for name, tensor in obs["steps"][step]["state"].items():
                 if not torch.equal(tensor, base[name]):
                     g.record("params-identical", False,
-                             f"after step {step + 1}, {name} on rank {rank} differs from rank 0's by "
+                             f"{model_text}after step {step + 1}, {name} on rank {rank} differs from rank 0's by "
                              f"{_max_diff(tensor, base[name])}", rank=rank, world_size=world_size)
                     break
     for check_id in ("grads-match-ddp", "params-identical", "frozen-untouched", "one-allreduce-per-bucket",
@@ -298,15 +361,20 @@ def _ratio(got: torch.Tensor, expected: torch.Tensor) -> str:
     return ""
 
 
-def check_events(g, events: list[dict], layout: list[list[str]], step: int, rank: int, world_size: int) -> None:
-    where = f"step {step + 1}, rank {rank}"
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def check_events(g, events: list[dict], buckets: int, step: int, rank: int, world_size: int,
+                 model_text: str = "") -> None:
+    where = f"{model_text}step {step + 1}, rank {rank}"
     reduces = [i for i, e in enumerate(events) if e["op"] == "all_reduce"]
     others = sorted({e["op"] for e in events if e["op"] in probes.COLLECTIVES and e["op"] != "all_reduce"})
-    if len(reduces) != len(layout) or others:
+    if len(reduces) != buckets or others:
         extra = f", and also called {', '.join(others)}" if others else ""
         g.record("one-allreduce-per-bucket", False,
                  f"{where}: {len(reduces)} all_reduce call(s) during forward, backward and "
-                 f"finish_gradient_synchronization{extra}; the {len(layout)} buckets need one each",
+                 f"finish_gradient_synchronization{extra}; the {buckets} buckets need one each",
                  rank=rank, world_size=world_size)
     if not reduces:
         return

@@ -103,6 +103,7 @@ def _error(exc: BaseException) -> str:
 
 def save_main(ctx: RankContext) -> dict:
     """Two epochs of DDP training, then the learner's save_checkpoint, observed."""
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     torch.set_num_threads(1)
     with ctx.group():
         return _observe_save(ctx)
@@ -124,9 +125,10 @@ def _observe_save(ctx: RankContext) -> dict:
         return result
 
     saves: list = []
+    writes: list = []
     obs: dict = {"path": path}
     with probes.patched(torch, "save", slow_save), probes.patched(torch.serialization, "save", slow_save), \
-            probes.watch_saves(saves):
+            probes.watch_saves(saves), probes.watch_writes(writes, ctx.run_dir):
         save_checkpoint = ctx.function("save_checkpoint")
         ctx.function("load_checkpoint")  # a missing name is reported before anything runs
         model = build_model(MODEL_SEED)
@@ -149,6 +151,7 @@ def _observe_save(ctx: RankContext) -> dict:
         obs["size_at_return"] = os.path.getsize(path) if os.path.exists(path) else None
         open(os.path.join(ctx.run_dir, f"returned{ctx.rank}"), "w").close()
     obs["saves"] = saves
+    obs["writes"] = writes
     obs["write_done"] = write_done
     if ctx.rank == 0:  # the grader's own checkpoint, for judging load_checkpoint apart from save_checkpoint
         real_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": REFERENCE_EPOCH},
@@ -165,6 +168,7 @@ def _observe_save(ctx: RankContext) -> dict:
 
 def load_main(ctx: RankContext) -> dict:
     """In a fresh group: the learner's load_checkpoint three ways, and the resumed training."""
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     torch.set_num_threads(1)
     with ctx.group():
         return _observe_load(ctx)
@@ -275,7 +279,7 @@ def grade(g) -> None:
         checkpoint_path = os.path.join(saved.run_dir, CHECKPOINT)
         reference_path = os.path.join(saved.run_dir, REFERENCE)
         stop_on_save_error(observations)
-        check_writers(g, observations, world_size)
+        check_writers(g, observations, checkpoint_path, world_size)
         check_barrier(g, observations, checkpoint_path, world_size)
         check_payload(g, observations[0], checkpoint_path, world_size)
         loaded = g.run("load_main", world_size,
@@ -307,17 +311,20 @@ def _name(path: str | None) -> str:
     return os.path.basename(path) if path else "a file object"
 
 
-def check_writers(g, observations: list[dict], world_size: int) -> None:
-    for rank, obs in enumerate(observations):
-        saves = obs["saves"]
-        if rank == 0 and not saves:
-            g.record("rank0-writes-only", False, "rank 0 never called torch.save in save_checkpoint",
-                     rank=0, world_size=world_size)
-        elif rank != 0 and saves:
-            where = ", ".join(sorted({_name(s["path"]) for s in saves}))
-            g.record("rank0-writes-only", False,
-                     f"rank {rank} called torch.save {len(saves)} time(s) (to {where}); only rank 0 may write",
-                     rank=rank, world_size=world_size)
+def check_writers(g, observations: list[dict], path: str, world_size: int) -> None:
+    """Judged from the files written: rank 0 writes the checkpoint (directly, or through a file it
+    renames onto it); no other rank writes it, in any way."""
+    writers = probes.writers_of(path, [o["writes"] for o in observations])
+    others = sorted(r for r in writers if r != 0)
+    if others:
+        rank = others[0]
+        how = sorted({probes.describe_write(w, path) for w in writers[rank]})
+        g.record("rank0-writes-only", False, f"rank {rank} wrote the checkpoint ({'; '.join(how)}); only rank 0 "
+                 "may write", rank=rank, world_size=world_size)
+    elif 0 not in writers and not os.path.exists(path):
+        saved = ", ".join(sorted({_name(s["path"]) for s in observations[0]["saves"]}))
+        g.record("rank0-writes-only", False, f"rank 0 did not write {_name(path)} in save_checkpoint"
+                 + (f" (torch.save went to {saved})" if saved else ""), rank=0, world_size=world_size)
     g.record("rank0-writes-only", True)
 
 

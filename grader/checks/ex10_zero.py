@@ -5,17 +5,23 @@ wrapped in torch's DDP and fed the same batches: one with the learner's
 ShardedOptimizer over AdamW, one with a plain AdamW over every parameter (the
 reference). The rank returns both models' parameters, which parameters its
 ``.local_optimizer`` holds, the bytes of every optimizer-state tensor reachable
-from the ShardedOptimizer, and what ``zero_grad`` left in ``.grad``. The grader
-computes the unsharded AdamW's state bytes itself and decides every check.
+from the ShardedOptimizer, and what ``zero_grad`` left in ``.grad``. Then the
+same pair twice more: with a learning-rate scheduler stepping both, and on a
+model with a single parameter, so that every rank but one owns nothing. The
+grader computes the unsharded AdamW's state bytes itself and decides every check.
 """
 
 from __future__ import annotations
 
 
+from datetime import timedelta
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from grader import probes
 from grader.child import RankContext
 from grader.compare import first_difference
 
@@ -28,6 +34,18 @@ DATA_SEED = 10
 # Not AdamW's defaults, so that kwargs that do not reach optimizer_cls show.
 OPTIMIZER_KWARGS = {"lr": 0.02, "betas": (0.8, 0.95), "weight_decay": 0.05}
 ATOL, RTOL = 1e-6, 1e-5
+STALL_TIMEOUT_S = 5.0  # the last scenario's collective timeout: a rank that failed leaves the others waiting
+
+
+def lr_factor(step: int) -> float:
+    """The scheduler's factor on the learning rate (LambdaLR): a different rate at every step."""
+    return 1.0 / (1 + step)
+
+
+def build_single_parameter_model() -> nn.Module:
+    """One parameter: with two ranks or more, every rank but its owner owns nothing."""
+    torch.manual_seed(MODEL_SEED)
+    return nn.Linear(WIDTH, WIDTH, bias=False)
 
 
 # --- shared by ranks and grader -----------------------------------------------------------
@@ -77,6 +95,10 @@ def _wrap(model: nn.Module, ctx: RankContext) -> DDP:
     return DDP(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
 
 
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _train_step(ddp: DDP, optimizer, step: int, ctx: RankContext):
     x, y = batch(step, ctx.rank)
     optimizer.zero_grad()
@@ -90,6 +112,7 @@ def _params(model: nn.Module) -> dict:
 
 
 def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         return _observe(ctx)
 
@@ -124,7 +147,66 @@ def _observe(ctx: RankContext) -> dict:
     obs["grads_after_zero_grad"] = [
         "none" if p.grad is None else ("zero" if not p.grad.any() else "nonzero") for p in model.parameters()
     ]
+    obs["scheduled"] = _observe_scheduled(ctx, ShardedOptimizer)
+    obs["owns_nothing"] = _observe_owns_nothing(ctx, ShardedOptimizer)
     return obs
+
+
+def _observe_scheduled(ctx: RankContext, ShardedOptimizer) -> dict:
+    """A LambdaLR scheduler on both optimizers: the learning rate changes after every step."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    reference = build_model()
+    reference_ddp = _wrap(reference, ctx)
+    reference_optimizer = torch.optim.AdamW(reference_ddp.parameters(), **OPTIMIZER_KWARGS)
+    reference_scheduler = LambdaLR(reference_optimizer, lr_factor)
+    model = build_model()
+    ddp = _wrap(model, ctx)
+    sharded = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, **OPTIMIZER_KWARGS)
+    try:
+        scheduler = LambdaLR(sharded, lr_factor)
+    except Exception as exc:  # e.g. not a torch.optim.Optimizer: the observation
+        return {"error": f"LambdaLR(sharded_optimizer, ...) raised {_error(exc)}"}
+    for step in range(STEPS):
+        _train_step(reference_ddp, reference_optimizer, step, ctx)
+        _train_step(ddp, sharded, step, ctx)
+        reference_scheduler.step()
+        scheduler.step()
+    return {"error": None, "reference": _params(reference), "sharded": _params(model),
+            "lrs": [float(group["lr"]) for group in sharded.param_groups]}
+
+
+def _observe_owns_nothing(ctx: RankContext, ShardedOptimizer) -> dict:
+    """A model with one parameter. Last in the run: a rank that fails here may leave the others waiting
+    in a broadcast, which the short timeout turns into an error instead of a hang."""
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
+    reference = build_single_parameter_model()
+    reference_ddp = _wrap(reference, ctx)
+    reference_optimizer = torch.optim.AdamW(reference_ddp.parameters(), **OPTIMIZER_KWARGS)
+    model = build_single_parameter_model()
+    ddp = _wrap(model, ctx)
+    out: dict = {"error": None}
+    try:
+        sharded = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, **OPTIMIZER_KWARGS)
+    except Exception as exc:  # the observation: which rank could not build its share
+        sharded, out["error"] = None, f"ShardedOptimizer(...) raised {_error(exc)}"
+    # Every rank learns whether every rank has an optimizer; if not, none steps (nobody is left waiting).
+    flag = torch.tensor([0 if sharded is None else 1], device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if flag.item() == 0:
+        out["skipped"] = True
+        return out
+    local = getattr(sharded, "local_optimizer", None)
+    out["owned"] = 0 if local is None else sum(len(g["params"]) for g in local.param_groups)
+    try:
+        for step in range(STEPS):
+            _train_step(reference_ddp, reference_optimizer, step, ctx)
+            _train_step(ddp, sharded, step, ctx)
+    except Exception as exc:
+        out["error"] = f"step() raised {_error(exc)}"
+        return out
+    out["reference"], out["sharded"] = _params(reference), _params(model)
+    return out
 
 
 # --- in the grader ----------------------------------------------------------------------------
@@ -154,6 +236,8 @@ def grade(g) -> None:
         check_state(g, observations, full_state, max(per_parameter_state), world_size)
         check_parameters(g, observations, world_size)
         check_zero_grad(g, observations, names, world_size)
+        check_scheduled(g, observations, world_size)
+        check_owns_nothing(g, observations, world_size)
 
 
 def check_local_optimizer(g, observations: list[dict], names: list[str], world_size: int) -> None:
@@ -252,3 +336,60 @@ def check_zero_grad(g, observations: list[dict], names: list[str], world_size: i
                  f"rank {rank}: after zero_grad(), {len(left)} of {len(names)} parameters still have a nonzero "
                  f".grad (e.g. {left[:1]}): zero_grad must clear every parameter, not only this rank's own",
                  rank=rank, world_size=world_size)
+
+
+def _first_difference(got: dict, expected: dict) -> tuple[str, float] | None:
+    for name, want in expected.items():
+        diff = (got[name].double() - want.double()).abs()
+        if not torch.all(diff <= ATOL + RTOL * want.double().abs()):
+            return name, diff.max().item()
+    return None
+
+
+def check_scheduled(g, observations: list[dict], world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        run = obs["scheduled"]
+        if run["error"]:
+            g.record("lr-change-applies", False, f"rank {rank}: {run['error']}", rank=rank, world_size=world_size)
+            return
+        difference = _first_difference(run["sharded"], run["reference"])
+        if difference is not None:
+            name, diff = difference
+            g.record("lr-change-applies", False,
+                     f"rank {rank}: with a LambdaLR scheduler setting lr = {OPTIMIZER_KWARGS['lr']} / (1 + step) in "
+                     f"the ShardedOptimizer's param_groups, after {STEPS} steps {name!r} differs from the unsharded "
+                     f"AdamW's under the same scheduler by up to {diff:.3g}: the local optimizer did not step with "
+                     "the new learning rate", rank=rank, world_size=world_size)
+            return
+    g.record("lr-change-applies", True)
+
+
+def check_owns_nothing(g, observations: list[dict], world_size: int) -> None:
+    if world_size < 2:
+        g.skip("rank-owns-nothing", "needs at least 2 ranks: one alone owns every parameter")
+        return
+    failed = [(rank, obs["owns_nothing"]) for rank, obs in enumerate(observations) if obs["owns_nothing"]["error"]]
+    # A rank that only lost its peer (or timed out waiting for it) is not the cause: name the one that failed first.
+    failed.sort(key=lambda item: any(w in item[1]["error"].lower() for w in ("by peer", "timed out", "timeout")))
+    if failed:
+        rank, run = failed[0]
+        g.record("rank-owns-nothing", False, f"with a model of a single parameter on {world_size} ranks, rank {rank} "
+                 f"{'(which owns nothing) ' if run.get('owned') == 0 else ''}failed: {run['error']}",
+                 rank=rank, world_size=world_size)
+        return
+    if any(obs["owns_nothing"].get("skipped") for obs in observations):
+        g.record("rank-owns-nothing", False, "with a model of a single parameter, a rank could not build its "
+                 "ShardedOptimizer", world_size=world_size)
+        return
+    for rank, obs in enumerate(observations):
+        run = obs["owns_nothing"]
+        difference = _first_difference(run["sharded"], run["reference"])
+        if difference is not None:
+            name, diff = difference
+            owns = "owns it" if run.get("owned") else "owns nothing"
+            g.record("rank-owns-nothing", False,
+                     f"with a model of a single parameter on {world_size} ranks, after {STEPS} steps {name!r} on rank "
+                     f"{rank} (which {owns}) differs from the unsharded AdamW's by up to {diff:.3g}",
+                     rank=rank, world_size=world_size)
+            return
+    g.record("rank-owns-nothing", True)

@@ -5,7 +5,8 @@ sure every replica starts from the same weights, and it averages gradients
 across ranks before the optimizer steps. Here you write both yourself.
 
 The grader has already joined the default process group (gloo on CPU) when
-your code runs: do not call init_process_group.
+your code runs: do not call init_process_group. (RANK, LOCAL_RANK and
+WORLD_SIZE are set, as under torchrun.)
 
     class SimpleDDP:
         __init__(self, model)

@@ -14,7 +14,8 @@ gradient is ready, while backward is still computing the earlier layers.
               from the last layer to the first). The cap is in MiB (2**20 bytes):
               a bucket closes when adding the next parameter would pass the cap;
               a parameter that reaches the cap exactly still fits; a parameter
-              larger than the cap gets a bucket of its own.
+              larger than the cap gets a bucket of its own. A parameter's size is
+              numel() * element_size(): models may be float64, or mix dtypes.
               Keep them as `self.buckets`, a list of lists of parameters, in the
               order their all-reduces will be issued.
             - Register a hook on each of those parameters (for instance
@@ -27,10 +28,12 @@ gradient is ready, while backward is still computing the earlier layers.
             Call the wrapped module.
         finish_gradient_synchronization(self)
             Wait for every pending all-reduce and leave each parameter's .grad
-            holding the average of that gradient over the ranks. Called after
-            loss.backward() and before optimizer.step().
+            holding the average of that gradient over the ranks, as precise as
+            the gradient's own dtype. Called after loss.backward() and before
+            optimizer.step().
 
-The process group is already initialized by the grader (gloo on CPU).
+The process group is already initialized by the grader (gloo on CPU), and
+RANK, LOCAL_RANK and WORLD_SIZE are set, as under torchrun.
 
 Replace each `raise NotImplementedError` below; keep the names and signatures.
 Grade it with:  ddp-grade exercises/08_bucketed.py      (stuck? ddp-grade hint 08)

@@ -4,8 +4,9 @@ A long job is stopped and restarted (a preemption, a crash, a time limit). The
 restarted job must continue exactly where the first one stopped: same weights,
 same optimizer state (momentum, Adam's averages and step count), next epoch.
 
-The grader starts the processes and the process group (gloo on CPU) and calls
-your two functions inside it; do not call init_process_group yourself.
+The grader starts the processes (with RANK, LOCAL_RANK and WORLD_SIZE set, as
+torchrun sets them) and the process group (gloo on CPU), and calls your two
+functions inside it; do not call init_process_group yourself.
 
     save_checkpoint(model, optimizer, epoch: int, path: str) -> None
         `model` may be wrapped in DistributedDataParallel; `epoch` is the

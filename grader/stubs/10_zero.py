@@ -7,9 +7,10 @@ update. ZeRO stage 1 splits that work: each parameter gets one owner rank,
 only the owner keeps the parameter's optimizer state and updates it, then it
 sends the new values to the other ranks.
 
-The grader starts the processes and the process group (gloo on CPU) and uses
-your class inside it, on a model wrapped in DistributedDataParallel (so the
-gradients are already averaged when step() is called).
+The grader starts the processes (with RANK, LOCAL_RANK and WORLD_SIZE set, as
+torchrun sets them) and the process group (gloo on CPU), and uses your class
+inside it, on a model wrapped in DistributedDataParallel (so the gradients are
+already averaged when step() is called).
 
     class ShardedOptimizer(torch.optim.Optimizer)
         __init__(self, params, optimizer_cls, **kwargs)
@@ -17,12 +18,16 @@ gradients are already averaged when step() is called).
             - Assign each parameter to one rank, balanced by size (number of
               elements), the same assignment on every rank.
             - Build `optimizer_cls(<this rank's parameters>, **kwargs)` and
-              keep it as `self.local_optimizer`.
+              keep it as `self.local_optimizer`. A rank may own no parameter
+              at all (a model with fewer parameters than ranks): it still
+              needs a local optimizer, and takes part in every broadcast.
             - Every parameter stays in `self.param_groups` (so that
               zero_grad, learning-rate schedulers, ... see all of them).
         step(self, closure=None)
             Step the local optimizer, then broadcast each parameter from its
             owner, so that every rank ends with the same, updated parameters.
+            A change to `self.param_groups` (a scheduler setting "lr") takes
+            effect at the next step: the local optimizer's groups follow it.
             Return what the local step returned.
         zero_grad(...)
             Clears the gradients of every parameter, as usual.

@@ -1,0 +1,37 @@
+"""Exercise 10, broken: optimizer_cls(mine, **kwargs) with an empty list on a rank that owns no
+parameter raises 'optimizer got an empty parameter list'."""
+# expect-fail: rank-owns-nothing
+
+import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        params = list(params)
+        # The base class keeps every parameter in self.param_groups: zero_grad works on all of them.
+        super().__init__(params, defaults=kwargs)
+        world_size = dist.get_world_size()
+
+        # Largest parameters first, each to the rank with the fewest elements so far
+        # (the sort is stable, so every rank computes the same assignment).
+        load = [0] * world_size
+        self.owner = {}
+        for p in sorted(params, key=lambda p: p.numel(), reverse=True):
+            rank = load.index(min(load))
+            self.owner[p] = rank
+            load[rank] += p.numel()
+
+        mine = [p for p in params if self.owner[p] == dist.get_rank()]
+        self.local_optimizer = optimizer_cls(mine, **kwargs)
+
+    def step(self, closure=None):
+        # A scheduler changes self.param_groups: the local optimizer must step with those settings.
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups):
+            local.update({key: value for key, value in group.items() if key != "params"})
+        loss = self.local_optimizer.step(closure)
+        # Each rank updated only its own parameters: the owner sends the new values to everyone.
+        for group in self.param_groups:
+            for p in group["params"]:
+                dist.broadcast(p.detach(), src=self.owner[p])
+        return loss
