@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from _world2 import run_world
 
@@ -150,9 +151,25 @@ def _ddp_scaler_rank(rank: int, world_size: int) -> dict:
     grad_finite = bool(model.module.weight.grad.isfinite().all())
     scaler.step(opt)
     scaler.update()
+
+    # Under autocast the gradients DDP reduces still have the parameters' dtype.
+    seen_dtypes = []
+
+    def recording_hook(state, bucket):
+        seen_dtypes.append(str(bucket.buffer().dtype))
+        return default_hooks.allreduce_hook(None, bucket)
+
+    lowp = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
+    lowp.register_comm_hook(None, recording_hook)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lowp(torch.randn(2, 8))
+    out.float().sum().backward()
     return {"grad_finite_after_backward": grad_finite,
             "stepped": not torch.equal(model.module.weight, before),
-            "scale": scaler.get_scale()}
+            "scale": scaler.get_scale(),
+            "autocast_output_dtype": str(out.dtype),
+            "bucket_dtypes_under_autocast": seen_dtypes,
+            "grad_dtype_under_autocast": str(lowp.module.weight.grad.dtype)}
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +183,14 @@ def test_ddp_inf_on_one_rank_makes_every_rank_skip(ddp_scaler):
         assert not seen["grad_finite_after_backward"], f"rank {rank}: all-reduce spread the inf"
         assert not seen["stepped"], f"rank {rank} stepped"
         assert seen["scale"] == 512.0, f"rank {rank} scale {seen['scale']}"
+
+
+@pytest.mark.slow
+def test_ddp_reduces_float32_gradients_under_autocast(ddp_scaler):
+    for rank, seen in enumerate(ddp_scaler):
+        assert seen["autocast_output_dtype"] == "torch.bfloat16", f"rank {rank}"
+        assert seen["bucket_dtypes_under_autocast"] == ["torch.float32"], f"rank {rank}"
+        assert seen["grad_dtype_under_autocast"] == "torch.float32", f"rank {rank}"
 
 
 def test_no_process_group_left_behind():
