@@ -35,6 +35,14 @@ TOPICS: dict[str, str] = {
     "checkpoint": "Checkpointing under DDP",
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
+    "mixed-precision": "Mixed precision with DDP: autocast, GradScaler, bf16 vs fp16",
+    "compile": "DDP with torch.compile: DDPOptimizer, optimize_ddp, compiled autograd",
+    "nccl": "NCCL and torch NCCL settings: debugging, interfaces, timeouts, flight recorder",
+    "comm-hooks": "DDP communication hooks: compression, PowerSGD, the GradBucket contract",
+    "dcp": "Distributed checkpoints: torch.distributed.checkpoint and resharding",
+    "fsdp": "FSDP: fully_shard, resharding, sharding strategies, DeviceMesh, HSDP",
+    "elastic": "torchrun and process groups: rendezvous, restarts, object collectives",
+    "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"

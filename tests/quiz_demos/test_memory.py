@@ -162,3 +162,15 @@ def test_adam_keeps_two_full_size_tensors_per_parameter():
     assert state["exp_avg"].shape == lin.weight.shape and state["exp_avg"].dtype == torch.float32
     assert state["exp_avg_sq"].shape == lin.weight.shape
     assert state["step"].numel() == 1
+
+
+def test_zero_grad_sets_gradients_to_none_and_the_step_skips_them():
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 3)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+    lin(torch.randn(2, 3)).sum().backward()
+    opt.zero_grad()
+    assert all(p.grad is None for p in lin.parameters())
+    before = [p.detach().clone() for p in lin.parameters()]
+    opt.step()                                  # no gradients: nothing moves, not even weight decay
+    assert all(torch.equal(a, b) for a, b in zip(before, lin.parameters()))
