@@ -44,6 +44,10 @@ def collectives_main(ctx) -> dict:
         t = torch.tensor([float(rank + 1)])
         dist.reduce(t, dst=0)
         out["reduce"] = t
+
+        t = torch.tensor([float(rank * 100)])
+        out["broadcast_returns"] = repr(dist.broadcast(t, src=1))
+        out["broadcast"] = t
     return out
 
 
@@ -84,6 +88,13 @@ def test_all_gather_concatenates_and_reduce_fills_only_the_destination(ranks):
     for r in ranks:
         assert torch.equal(r["all_gather"], torch.tensor([0.0, 1.0, 2.0]))
     assert ranks[0]["reduce"].item() == 6.0
+
+
+@pytest.mark.slow
+def test_broadcast_overwrites_every_rank_with_the_source_in_place(ranks):
+    for r in ranks:
+        assert r["broadcast_returns"] == "None"
+        assert torch.equal(r["broadcast"], torch.tensor([100.0]))  # rank 1's value
 
 
 def ring_all_reduce(inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int], list[torch.Tensor]]:

@@ -73,9 +73,13 @@ def test_dataloader_refuses_shuffle_together_with_a_sampler():
     assert len(list(DataLoader(range(10), sampler=sampler))) == 5  # shuffle left at its default
 
 
-def test_len_is_the_padded_share():
-    assert [len(DistributedSampler(range(1000), num_replicas=3, rank=r)) for r in range(3)] == [334] * 3
-    assert len(DistributedSampler(range(1000), num_replicas=3, rank=0, drop_last=True)) == 333
+def test_sampler_without_a_process_group_needs_num_replicas_and_rank():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="Default process group has not been initialized"):
+        DistributedSampler(range(10))
+    assert len(DistributedSampler(range(1000), num_replicas=3, rank=0)) == 334  # ceil(1000 / 3)
 
 
 def test_evaluation_with_padding_counts_some_samples_twice():
