@@ -11,8 +11,8 @@ One file per topic, ``<topic>.toml``::
     choices = ["...", "...", "..."]  # 3 to 5, in the order the letters below refer to
     answer = "b"                     # one letter: single choice; a list ["a", "c"]: choose all that apply
     explanation = "..."              # never refers to a choice by position or letter (choices are shuffled)
-    source = "torch/utils/data/distributed.py::DistributedSampler.__iter__"   # or a docs URL with #anchor
-    demo = "tests/quiz_demos/test_sampler.py::test_padding"   # where the claim can run on CPU
+    source = "torch/utils/data/distributed.py::DistributedSampler.__iter__"   # or a docs URL with #anchor (or a list)
+    demo = "tests/quiz_demos/test_sampler.py::test_padding"   # where the claim runs on CPU (or a list)
     checked = "2.13.0"               # the torch version the question was checked against
 
 Loading is lenient (a missing field becomes empty); :func:`validate_bank` reports every problem
@@ -64,6 +64,8 @@ DEMO = re.compile(r"^(?P<path>tests/quiz_demos/test_[\w]+\.py)::(?P<name>test_\w
 #: Giveaway limits, over the single-answer questions of the whole bank.
 MAX_LONGEST_SCORE = 0.35
 """Expected score of always picking the longest choice (ties split)."""
+MIN_LONGEST_SCORE = 0.15
+"""... and at least this much, or "never pick the longest" becomes the giveaway."""
 MAX_ELIMINATION_SCORE = 0.35
 """Expected score of picking at random among the choices without an absolute word."""
 ABSOLUTE_WORDS = ("always", "never", "every", "only", "all", "any", "none", "must")
@@ -103,8 +105,8 @@ class Question:
     explanation: str
     sources: tuple[str, ...]
     """Where the claim can be read: ``torch/<file>.py::Name`` or a docs URL with ``#anchor`` (one or more)."""
-    demo: str = ""
-    """``tests/quiz_demos/test_<x>.py::test_<y>``: the test that runs the claim on the installed torch."""
+    demos: tuple[str, ...] = ()
+    """``tests/quiz_demos/test_<x>.py::test_<y>``: the tests that run the claim on the installed torch."""
     checked: str = ""
     """The torch version the question was last checked against, e.g. ``2.13.0``."""
     origin: str = ""
@@ -114,6 +116,11 @@ class Question:
     def source(self) -> str:
         """The sources as one line (for the screen and the JSON output)."""
         return "; ".join(self.sources)
+
+    @property
+    def demo(self) -> str:
+        """The demonstrations as one line; empty when the claim is only cited."""
+        return "; ".join(self.demos)
 
     @property
     def correct(self) -> frozenset[int]:
@@ -151,8 +158,9 @@ def _question_from_entry(entry: dict, topic: str, origin: str) -> Question:
     answer = entry.get("answer", [])
     multi = isinstance(answer, list)
     letters = answer if multi else [answer]
-    source = entry.get("source")
+    source, demo = entry.get("source"), entry.get("demo")
     sources = source if isinstance(source, list) else [source]
+    demos = demo if isinstance(demo, list) else [demo]
     return Question(
         id=_text(entry.get("id")),
         topic=_text(entry.get("topic", topic)),
@@ -163,7 +171,7 @@ def _question_from_entry(entry: dict, topic: str, origin: str) -> Question:
         multi=multi,
         explanation=_text(entry.get("explanation")),
         sources=tuple(t for t in (_text(s) for s in sources) if t),
-        demo=_text(entry.get("demo")),
+        demos=tuple(t for t in (_text(d) for d in demos) if t),
         checked=_text(entry.get("checked")),
         origin=origin,
     )
@@ -247,8 +255,7 @@ def question_problems(q: Question) -> list[str]:
 def reference_problems(q: Question, torch_root: Path | None, repo_root: Path | None) -> list[str]:
     """Sources that do not name a place holding the claim, and a demo that names no test."""
     problems = [p for source in q.sources for p in source_problems(source, torch_root)]
-    if q.demo:
-        problems.extend(demo_problems(q.demo, repo_root))
+    problems.extend(p for demo in q.demos for p in demo_problems(demo, repo_root))
     return problems
 
 
@@ -351,6 +358,11 @@ def longest_choice_score(questions: list[Question]) -> float:
     return total / len(singles)
 
 
+def singles_count(questions: list[Question]) -> int:
+    """The number of single-answer questions."""
+    return sum(1 for q in questions if not q.multi)
+
+
 def absolute_words(choice: str) -> set[str]:
     """The absolute words (always, never, every, only, all, any, none, must) a choice uses."""
     found = {m.group(1) for m in _ABSOLUTE.finditer(choice)}
@@ -390,6 +402,9 @@ def giveaway_problems(questions: list[Question]) -> list[str]:
     if longest > MAX_LONGEST_SCORE:
         problems.append(f"picking the longest choice scores {longest:.0%} over the single-answer questions "
                         f"(at most {MAX_LONGEST_SCORE:.0%}): rebalance the lengths of the choices")
+    if singles_count(questions) >= 20 and longest < MIN_LONGEST_SCORE:
+        problems.append(f"picking the longest choice scores only {longest:.0%} (at least {MIN_LONGEST_SCORE:.0%}): "
+                        "the right answer is so rarely the longest that avoiding the longest choice pays")
     eliminated = elimination_score(questions)
     if eliminated > MAX_ELIMINATION_SCORE:
         problems.append(f"striking out the choices with absolute words scores {eliminated:.0%} "
@@ -472,7 +487,7 @@ def bank_figures(questions: list[Question]) -> dict:
         "longest_choice_score": round(longest_choice_score(questions), 3),
         "elimination_score": round(elimination_score(questions), 3),
         "multi_answer_counts": multi_answer_counts(questions),
-        "with_demo": sum(1 for q in questions if q.demo),
+        "with_demo": sum(1 for q in questions if q.demos),
     }
 
 
