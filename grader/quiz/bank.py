@@ -75,14 +75,16 @@ _ABSOLUTE = re.compile(r"(?<![\w-])(" + "|".join(ABSOLUTE_WORDS) + r")(?![\w-])"
 _ABSOLUTE_START = re.compile(r"^(" + "|".join(w.capitalize() for w in ABSOLUTE_WORDS) + r")(?![\w-])")
 #: Explanations must not point at a choice by position or letter: choices are shuffled on screen.
 POSITION_WORDS = re.compile(
-    r"\b(?:first|second|third|fourth|fifth|last|other|above|below|previous|next)\s+(?:choice|option|answer)s?\b"
-    r"|\b(?:choice|option|answer)s?\s+\(?[a-e]\)?(?![\w'-])"
-    r"|(?:^|\s)\(?[a-e]\)\s"
+    r"\b(?:first|second|third|fourth|fifth|last|above|below|previous|next)\s+(?:choice|option|answer)s?\b"
+    r"|\b(?:choice|option|answer|letter)s?\s+(?:\([a-e]\)|[a-e]\)|[b-e]\b|a(?=[,.;:!?)]|$))"
+    r"|(?:^|\s)\([a-e]\)\s"
     r"|\b(?:choice|option|answer)\s+(?:one|two|three|four|five|[1-5])\b",
     re.IGNORECASE,
 )
-#: Two questions whose texts share this much of their words (Jaccard) are near-duplicates.
+#: Two questions whose texts share this much of their words (Jaccard) are near-duplicates
+#: (compared only when they have enough words between them for the share to mean something).
 NEAR_DUPLICATE = 0.45
+NEAR_DUPLICATE_MIN_WORDS = 8
 
 
 class BankError(Exception):
@@ -447,7 +449,7 @@ def near_duplicate_problems(questions: list[Question], threshold: float = NEAR_D
     for i, a in enumerate(questions):
         for b in questions[i + 1:]:
             wa, wb = words[a.id], words[b.id]
-            if wa and wb and len(wa & wb) / len(wa | wb) >= threshold:
+            if len(wa | wb) >= NEAR_DUPLICATE_MIN_WORDS and len(wa & wb) / len(wa | wb) >= threshold:
                 problems.append(f"{a.id} and {b.id} are near-duplicates "
                                 f"({len(wa & wb) / len(wa | wb):.0%} of their words shared): merge or rewrite")
     return problems
