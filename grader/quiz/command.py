@@ -90,7 +90,7 @@ def quiz(ctx, topic_args, count, difficulty, seed, answers_arg, fmt, review, lis
     Examples:
       ddp-grade quiz -n 5 --topic sampler,launch
       ddp-grade quiz --review
-      ddp-grade quiz -n 3 --seed 1 --answers "a,bd,c" --format json
+      ddp-grade quiz -n 3 --seed 1 --answers "a,b,c" --format json
     """
     try:
         code = run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics)
