@@ -2,7 +2,8 @@
 
 The harness gives each run a fresh rendezvous on 127.0.0.1 (a TCPStore it holds, so no port is
 hard-coded), a deadline, and each rank's stack and output when something goes wrong. A driver is
-``def driver(ctx) -> dict`` in a demo module, named ``"quiz_demos.test_<topic>:<function>"``; it
+``def driver(ctx) -> dict`` in a demo module, named ``"quiz_demos.test_<topic>:<function>"`` (the
+ranks import it by that name: ``tests/`` is on the path, put there for ``tests/conftest.py``); it
 returns plain data (tensors, numbers, strings, lists, dicts).
 """
 
