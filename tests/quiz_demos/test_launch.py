@@ -92,7 +92,9 @@ def torchrun(tmp_path_factory):
     script = folder / "worker.py"
     script.write_text(WORKER.format(names=LAUNCH_VARIABLES))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
-    env["GLOO_SOCKET_IFNAME"] = "lo" if sys.platform.startswith("linux") else env.get("GLOO_SOCKET_IFNAME", "")
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform.rstrip("0123456789"))
+    if loopback and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = loopback  # the workers talk over loopback only
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
          "--monitor-interval", "0.2", str(script), str(folder)],
