@@ -194,6 +194,8 @@ def validate_bank(questions: list[Question], torch_root: Path | None = None,
     relative to. The size thresholds are separate: :func:`count_problems`.
     """
     torch_root = torch_root or installed_torch_root()
+    if repo_root is not None and not (repo_root / "tests").is_dir():
+        repo_root = None  # an installed copy without the tests: demos cannot be looked up
     problems: list[str] = []
     seen: set[str] = set()
     for q in questions:
