@@ -46,7 +46,7 @@ import click
 from grader.batch_output import (ROW_FIELDS, SEVERITY, Outcome, Submission, render_csv, render_json,  # noqa: F401
                                  render_junit, render_markdown, render_table, rows, worst_status)
 from grader.options import EXIT_INTERRUPTED, EXIT_UNUSABLE, format_option, grading_options, quiet_option
-from grader.results import EXIT_CODES, TIMEOUT, UNUSABLE, Report
+from grader.results import EXIT_CODES, GRADER_ERROR, TIMEOUT, UNUSABLE, UNUSABLE_FILE, Report, RunProblem
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
 WORKER_MARGIN_S = 60.0  # a worker silent for timeout + this long is stopped
@@ -215,7 +215,7 @@ def serve() -> None:
             try:
                 report = grade_file(job["path"], session, options, job["exercise"]).to_dict()
             except Exception as exc:  # the grader's own failure on this file: reported, the batch goes on
-                report = _unusable(job["path"], f"the grader failed on this file: {type(exc).__name__}: {exc}")
+                report = _unusable(job["path"], str(exc), exception=type(exc).__name__)
             out.write(json.dumps(report) + "\n")
     except KeyboardInterrupt:
         pass
@@ -224,8 +224,10 @@ def serve() -> None:
             session.close()
 
 
-def _unusable(path: str, problem: str, status: str = UNUSABLE) -> dict:
-    return Report("", "", path, status, problem=problem).to_dict()
+def _unusable(path: str, problem: str, status: str = UNUSABLE, exception: str = "", kind: str = GRADER_ERROR) -> dict:
+    """The report of a submission the batch could not grade: nothing to grade, or the grading itself failed."""
+    return Report("", "", path, status, run_problem=RunProblem(kind, status, exception=exception,
+                                                                 message=problem)).to_dict()
 
 
 def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=None, on_start=None,
@@ -239,7 +241,7 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
     todo: queue.Queue = queue.Queue()
     for i, s in enumerate(submissions):
         if s.problem:
-            outcomes[i].report = _unusable(s.path, s.problem)
+            outcomes[i].report = _unusable(s.path, s.problem, kind=UNUSABLE_FILE)
             if on_done:
                 on_done(outcomes[i])
         else:
