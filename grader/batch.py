@@ -378,20 +378,22 @@ def grade_many(paths, exercise_id, jobs, shard_text, sandbox, options, fmt, outp
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
     _check_writable(output_path, junit_path)
-    tool = _sandbox_tool(sandbox)
-    submissions = collect(list(paths), exercise_id)
-    record = None
-    if shard is not None:
-        names = [s.name for s in submissions]
-        record = shards.record(names, shard)
-        submissions = [submissions[k] for k in shards.positions(names, shard)]
-    line = live.BatchLine(len(submissions), live.mode_for(sys.stderr, quiet))
+    line = None
     try:
+        tool = _sandbox_tool(sandbox)
+        submissions = collect(list(paths), exercise_id)
+        record = None
+        if shard is not None:
+            names = [s.name for s in submissions]
+            record = shards.record(names, shard)
+            submissions = [submissions[k] for k in shards.positions(names, shard)]
+        line = live.BatchLine(len(submissions), live.mode_for(sys.stderr, quiet))
         outcomes = run_batch(submissions, jobs or default_jobs(), options.to_dict(),
                              on_done=lambda o: line.finish(o.submission.name, o.status),
                              on_start=lambda s: line.begin(s.name), sandbox=tool)
     except KeyboardInterrupt:
-        line.done()
+        if line is not None:
+            line.done()
         click.echo("interrupted: the workers were stopped", err=True)
         raise SystemExit(EXIT_INTERRUPTED)
     line.done()

@@ -496,6 +496,8 @@ def doctor(no_group):
 # Subcommands that live in their own modules, one line each.
 from grader.quiz.command import quiz  # noqa: E402
 from grader.batch import batch  # noqa: E402
+from grader.gradescope import gradescope  # noqa: E402
 
 main.add_command(quiz)
 main.add_command(batch)
+main.add_command(gradescope)

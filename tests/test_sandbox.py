@@ -88,3 +88,19 @@ def test_without_a_tool_sandbox_is_refused_with_one_line(monkeypatch):
                           env={**os.environ, "PATH": "/nonexistent"})
     assert done.returncode == 2
     assert "--sandbox needs bwrap" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_sandboxed_rank_cannot_change_the_file_it_was_given_in_home_or_tmp(tool, tmp_path):
+    home = Path.home() / f".ddp-grade-test-{uuid.uuid4().hex[:8]}"
+    try:
+        for folder in (home, tmp_path):  # both are hidden and the file is bound back in: read-only
+            folder.mkdir(exist_ok=True)
+            target = folder / "01_setup.py"
+            shutil.copy(FILES / "01_writes_outside.py", target)
+            before = target.read_bytes()
+            done = grade(target, tool, DDP_GRADE_TEST_OUTSIDE=str(target))
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+            assert target.read_bytes() == before, f"a rank rewrote {target}"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
