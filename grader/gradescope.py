@@ -149,7 +149,7 @@ def find_files(submission: Path, exercises: list[catalog.Exercise]) -> tuple[dic
             notes[ex.id] = f"no {ex.filename} in the submission (found: {seen})"
             continue
         found[ex.id] = chosen
-        others = [p for p in (exact or named) if p != chosen]
+        others = [p for p in named if p != chosen]
         if others:
             notes[ex.id] = (f"graded {chosen.relative_to(submission)}; also found "
                             + ", ".join(str(p.relative_to(submission)) for p in others))

@@ -149,7 +149,9 @@ def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path)
     env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path / "state"), "BATCH_TEST_TAG": tag}
     proc = subprocess.Popen([sys.executable, "-c", "from grader.cli import main; main()", "batch",
                              str(HOSTILE / "01_endless_loop.py"), "--timeout", "60", "-q"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # Ctrl-C must reach it even when these tests run as a background job (SIGINT ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(_processes_with(f"BATCH_TEST_TAG={tag}")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)  # the batch, a worker and its pool at least
