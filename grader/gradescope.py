@@ -197,8 +197,9 @@ def results(exercises: list[catalog.Exercise], reports: dict, notes: dict, visib
 
 
 def _test_output(check: dict | None, problem: str, why_none: str) -> str:
-    if check is None:  # nothing graded this exercise, or the grading stopped before the check ran
-        return why_none or _clip(problem or "not graded")
+    if check is None:  # nothing graded this exercise, or the file could not be graded at all
+        first = problem.splitlines()[0] if problem else "not graded"
+        return why_none or f"not graded: {first} (the whole problem is in the output above the tests)"
     status = check["status"]
     if status == "pass":
         return ""

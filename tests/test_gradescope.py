@@ -236,3 +236,25 @@ def test_run_autograder_grades_passing_failing_crashing_hanging_and_missing_subm
     assert got["crashing"]["score"] < total and "SIGSEGV" in got["crashing"]["output"]
     assert got["hanging"]["score"] < total and "timed out" in got["hanging"]["output"]
     assert got["missing"]["score"] == 0 and "no 01_setup.py in the submission" in got["missing"]["output"]
+
+
+def test_results_score_each_check_with_its_points_and_say_what_was_observed():
+    ex = catalog.by_id("01")
+    checks = [{"id": c.id, "status": "pass", "message": ""} for c in ex.checks]
+    checks[1] = {"id": ex.checks[1].id, "status": "fail", "message": "rank 1 joined with gloo", "rank": 1,
+                 "world_size": 2, "hint": "pass backend through"}
+    checks[-1] = {"id": ex.checks[-1].id, "status": "skip", "message": "runs with --backend nccl on GPUs only"}
+    graded = gradescope.results([ex], {"01": {"checks": checks, "problem": None}}, {}, "after_published", 12.4)
+    assert schema_errors(graded) == []
+    total = sum(c.points for c in ex.checks)
+    assert graded["score"] == total - ex.checks[1].points and graded["execution_time"] == 12
+    failed = graded["tests"][1]
+    assert failed["status"] == "failed" and failed["score"] == 0 and failed["visibility"] == "after_published"
+    assert failed["output"] == "rank 1 joined with gloo\n(rank 1, world size 2)\nhint: pass backend through"
+    skipped = graded["tests"][-1]  # does not apply on a CPU machine: a right answer still scores the total
+    assert skipped["status"] == "passed" and skipped["score"] == skipped["max_score"]
+    unusable = gradescope.results([ex], {"01": {"checks": [], "problem": "01_setup.py line 3: invalid syntax\n..."}},
+                                  {}, "visible", 1.0)
+    assert unusable["score"] == 0 and all(t["status"] == "failed" for t in unusable["tests"])
+    assert unusable["tests"][0]["output"].startswith("not graded: 01_setup.py line 3: invalid syntax")
+    assert "invalid syntax\n..." in unusable["output"]
