@@ -11,7 +11,8 @@ paid once per worker, not once per submission.
 With the sandbox (the default where ``bwrap`` or ``unshare`` works, see :mod:`grader.sandbox`)
 each submission gets a worker of its own, started inside a fresh sandbox that sees that
 submission's file and no other, and ended with it: nothing a submission starts survives into
-the next one's grading. That costs one Python start and torch import per submission.
+the next one's grading. That costs one Python start and torch import per submission; each
+worker slot starts the next submission's sandbox while the current one is graded.
 
 Every worker and everything it starts carries an environment variable with
 the worker's own marker, and its temporary files live in a folder the batch
@@ -50,6 +51,7 @@ from grader.results import EXIT_CODES, GRADER_ERROR, TIMEOUT, UNUSABLE, UNUSABLE
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
 WORKER_MARGIN_S = 60.0  # a worker silent for timeout + this long is stopped
+WORKER_DYNAMO = "DDP_GRADE_BATCH_DYNAMO"  # "0": the worker's pool skips torch._dynamo (no exercise it grades needs it)
 
 
 # --- finding the submissions ---------------------------------------------------------
@@ -108,23 +110,25 @@ class WorkerProcess:
     where ``visible`` (the one submission it will grade) is bound back in, read-only.
     """
 
-    def __init__(self, settings: dict, sandbox: str | None = None, visible: tuple[str, ...] = ()):
+    def __init__(self, settings: dict, sandbox: str | None = None, visible: tuple[str, ...] = (),
+                 dynamo: bool = True):
         self.settings = settings
         self.marker = uuid.uuid4().hex
         argv = [sys.executable, "-m", "grader.batch", "--serve"]
+        extra = {WORKER_DYNAMO: "1" if dynamo else "0"}
         if sandbox:
             from grader import sandbox as sb
 
             # Inside, /tmp is a fresh folder of the sandbox's own, gone when the worker ends.
             self.tmp = None
             argv = sb.wrap(argv, [os.path.abspath(p) for p in visible], sandbox)
-            env = {**os.environ, BATCH_MARKER: self.marker, "TMPDIR": "/tmp", "DDP_GRADE_SERVER": "0",
+            env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": "/tmp", "DDP_GRADE_SERVER": "0",
                    "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state"}
         else:
             # The worker's temporary files (its sessions', its pool's) go in a folder this process
             # removes, so they are gone even when the worker has to be killed.
             self.tmp = tempfile.mkdtemp(prefix="ddp-grade-batch-", dir=_short_temp_root())
-            env = {**os.environ, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
+            env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
         self.sandboxed = bool(sandbox)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1,
@@ -202,7 +206,7 @@ def serve() -> None:
     from grader.grading import grade_file
     from grader.options import GradeOptions
 
-    grading.warm_up(dynamo=True)
+    grading.warm_up(dynamo=os.environ.get(WORKER_DYNAMO, "1") != "0")
     session = None
     try:
         for line in sys.stdin:
@@ -251,20 +255,38 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
     lock = threading.Lock()
     stopping = threading.Event()
 
+    def next_index() -> int | None:
+        try:
+            return todo.get_nowait()
+        except queue.Empty:
+            return None
+
+    def start(i: int) -> WorkerProcess:
+        worker = WorkerProcess(settings, sandbox, (submissions[i].path,),
+                               dynamo=_needs_dynamo(submissions[i]) if sandbox else True)
+        with lock:
+            workers.append(worker)
+        return worker
+
     def work() -> None:
         worker = None
+        ahead = None  # sandboxed: the next submission and its worker, started while this one is graded
         try:
             while not stopping.is_set():
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
+                if ahead is not None:
+                    (i, worker), ahead = ahead, None
+                else:
+                    i = next_index()
+                    if i is None:
+                        return
+                    if worker is None:
+                        worker = start(i)
+                if sandbox and not stopping.is_set():
+                    j = next_index()
+                    if j is not None:
+                        ahead = (j, start(j))
                 if on_start:
                     on_start(submissions[i])
-                if worker is None:
-                    worker = WorkerProcess(settings, sandbox, (submissions[i].path,))
-                    with lock:
-                        workers.append(worker)
                 started = time.monotonic()
                 report = worker.grade(submissions[i], wait_s)
                 if report is None:
@@ -274,15 +296,16 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                     report = _unusable(submissions[i].path, f"grading did not finish within {wait_s:g} s; "
                                        "the grader was stopped", TIMEOUT)
                     report["seconds"] = round(time.monotonic() - started, 3)
-                elif sandbox:  # a sandbox holds one submission: the next one gets a fresh one
+                elif sandbox:  # a sandbox holds one submission: the next one has a fresh one
                     worker.stop()
                     worker = None
                 outcomes[i].report = report
                 if on_done:
                     on_done(outcomes[i])
         finally:
-            if worker is not None:
-                worker.stop()
+            for left in (worker, ahead[1] if ahead else None):
+                if left is not None:
+                    left.stop()
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(jobs, todo.qsize())))]
     for t in threads:
@@ -298,6 +321,14 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                 w.stop()
         raise
     return outcomes
+
+
+def _needs_dynamo(submission: Submission) -> bool:
+    """Whether the submission's exercise builds a DDP or a torch optimizer (unknown: assume so)."""
+    from grader import catalog
+
+    ex = catalog.by_id(submission.exercise) if submission.exercise else catalog.from_filename(submission.path)
+    return ex is None or ex.preload_dynamo
 
 
 def default_jobs() -> int:
