@@ -228,7 +228,8 @@ def serve() -> None:
             session.close()
 
 
-def _unusable(path: str, problem: str, status: str = UNUSABLE, exception: str = "", kind: str = GRADER_ERROR) -> dict:
+def _unusable(path: str, problem: str, status: str = UNUSABLE, exception: str = "",
+              kind: str = GRADER_ERROR) -> dict:
     """The report of a submission the batch could not grade: nothing to grade, or the grading itself failed."""
     return Report("", "", path, status, run_problem=RunProblem(kind, status, exception=exception,
                                                                  message=problem)).to_dict()
@@ -479,7 +480,8 @@ def merge(files, fmt, output_path, junit_path):
 def _emit(outcomes: list[Outcome], fmt: str, output_path: str | None, junit_path: str | None,
           shard: dict | None) -> None:
     """Print the result in ``fmt``; write the JSON and JUnit files asked for."""
-    for path, text in ((output_path, lambda: render_json(outcomes, shard)), (junit_path, lambda: render_junit(outcomes))):
+    files = ((output_path, lambda: render_json(outcomes, shard)), (junit_path, lambda: render_junit(outcomes)))
+    for path, text in files:
         if path:
             try:
                 with open(path, "w", encoding="utf-8") as f:

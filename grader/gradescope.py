@@ -34,7 +34,8 @@ from grader.options import DEFAULT_TIMEOUT_S, EXIT_OK, EXIT_UNUSABLE
 CONFIG = "ddp-grade.json"
 TORCH_VERSION = "2.13.0"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-KIT_DEPENDENCIES = ["numpy", "click>=8.1", "hypothesis>=6.80"]  # pyproject.toml's, torch apart (a test keeps them equal)
+# pyproject.toml's dependencies but torch, which setup.sh installs first (a test keeps them equal)
+KIT_DEPENDENCIES = ["numpy", "click>=8.1", "hypothesis>=6.80"]
 VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's values
 SANDBOX = ("auto", "on", "off")
 OUTPUT_LIMIT = 4000  # characters of a problem's details shown in one test's output
