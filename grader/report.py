@@ -304,7 +304,8 @@ _PROBLEM_WORDS = {
     R.UNUSABLE_FILE: lambda p: p.message,
     R.BAD_OPTION: lambda p: p.message,
     R.CHECK_STOPPED: lambda p: p.message,
-    R.GRADER_ERROR: lambda p: f"the grader failed on this file: {p.exception}: {p.message}",
+    R.GRADER_ERROR: lambda p: (f"the grader failed on this file: {p.exception}: {p.message}" if p.exception
+                               else p.message),
     R.IMPORT_ERROR: lambda p: f"importing {p.file} failed: {p.exception}: {p.message}{_at(p.where, False)}",
     R.MISSING_NAME: lambda p: f"{p.file} does not define {p.name}",
     R.NOT_IMPLEMENTED: lambda p: f"not implemented yet: {p.name}",
