@@ -5,7 +5,7 @@ the learner's classes, feeds the same input and runs forward and backward with t
 loss sum(output * G) for a fixed G, so that the output's gradient is G. It records
 the output, the input's gradient, every parameter's value and .grad, the bytes of
 the tensors its module holds, and the collectives made in forward and in backward.
-Four scenarios, in this order: the MLP, each layer alone, the MLP without biases,
+Four scenarios, in this order: each layer alone, the MLP, the MLP without biases,
 and feature counts not divisible by the world size (where a ValueError is expected).
 Grader side: the dense layers and MLP run in the grader's own process on the same
 weights and inputs; every rank's tensors are compared with them (or with this
@@ -172,14 +172,6 @@ def _on_device(data: dict, ctx: RankContext) -> dict:
 
 def _observe(ctx: RankContext, classes: dict, events: list) -> dict:
     obs = {}
-    # The MLP: the numbers, the collectives and the bytes held.
-    data = _on_device(build("mlp"), ctx)
-    mlp = classes["ParallelMLP"](data["fc1"], data["fc2"])
-    run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
-    run["params"] = _parameters(mlp, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"])
-    run["held_bytes"] = held_bytes(mlp)
-    obs["mlp"] = run
-
     for scenario, name in (("column", "ColumnParallelLinear"), ("row", "RowParallelLinear")):
         data = _on_device(build(scenario), ctx)
         layer = classes[name](data["full"])
@@ -192,6 +184,14 @@ def _observe(ctx: RankContext, classes: dict, events: list) -> dict:
         run = _forward_backward(layer, x, g, events, ctx)
         run["params"] = _parameters(layer, ["weight", "bias"])
         obs[scenario] = run
+
+    # The MLP: the numbers, the collectives and the bytes held.
+    data = _on_device(build("mlp"), ctx)
+    mlp = classes["ParallelMLP"](data["fc1"], data["fc2"])
+    run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
+    run["params"] = _parameters(mlp, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"])
+    run["held_bytes"] = held_bytes(mlp)
+    obs["mlp"] = run
 
     # From here on a rank that fails may leave the others in a collective: a short timeout turns that
     # into an error instead of a hang.
@@ -459,9 +459,10 @@ def check_held(g, observations: list[dict], want: dict, world_size: int) -> None
     for rank, obs in enumerate(observations):
         held = obs["mlp"]["held_bytes"]
         g.record("weights-sharded", held <= share,
-                 f"rank {rank}: its ParallelMLP holds {held} bytes of tensors; the dense MLP has {full}, and a "
-                 f"1/{world_size} share of it (fc2's bias whole) is {share}. A slice of the full weight is a view "
-                 "that keeps all of its storage: keep copies (.clone()), and no reference to the full layers",
+                 f"rank {rank}: its ParallelMLP holds {held} bytes of tensors; the dense MLP's weights and biases "
+                 f"are {full}, and a 1/{world_size} share (fc2's bias whole) is {share}. A slice of a full weight "
+                 "is a view that keeps all of its storage: keep copies (.clone()), and no reference to the full "
+                 "layers",
                  rank=rank, world_size=world_size)
     total = sum(o["mlp"]["held_bytes"] for o in observations)
     g.record("weights-sharded", total >= full,
