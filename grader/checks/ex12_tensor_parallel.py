@@ -438,6 +438,7 @@ def check_collectives(g, observations: list[dict], world_size: int) -> None:
                 break
             events = run[f"{phase}_events"]
             ok = len(events) == 1 and events[0]["op"] == "all_reduce" and events[0]["bytes"] == activation
+            ok = ok or (world_size == 1 and not events)  # one rank: skipping the all-reduce is right too
             if not ok:
                 g.record(check_id, False,
                          f"rank {rank}: ParallelMLP's {phase} made {len(events)} collective call(s): "
@@ -445,6 +446,9 @@ def check_collectives(g, observations: list[dict], world_size: int) -> None:
                          f"float32 = {activation} bytes", rank=rank, world_size=world_size)
                 break
         g.record(check_id, True)
+
+
+HELD_SLACK = 256  # bytes of small tensors a module may keep besides its weights (an index, a flag)
 
 
 def held_limit(want: dict, world_size: int) -> tuple[int, int]:
@@ -458,9 +462,10 @@ def check_held(g, observations: list[dict], want: dict, world_size: int) -> None
     share, full = held_limit(want, world_size)
     for rank, obs in enumerate(observations):
         held = obs["mlp"]["held_bytes"]
-        g.record("weights-sharded", held <= share,
+        g.record("weights-sharded", held <= share + HELD_SLACK,
                  f"rank {rank}: its ParallelMLP holds {held} bytes of tensors; the dense MLP's weights and biases "
-                 f"are {full}, and a 1/{world_size} share (fc2's bias whole) is {share}. A slice of a full weight "
+                 f"are {full}, and a 1/{world_size} share (fc2's bias whole) is {share}, {HELD_SLACK} more allowed. "
+                 "A slice of a full weight "
                  "is a view that keeps all of its storage: keep copies (.clone()), and no reference to the full "
                  "layers",
                  rank=rank, world_size=world_size)
