@@ -76,6 +76,8 @@ def _plain(value):
         return None
     if not isinstance(value, torch.Tensor):
         return f"a {type(value).__name__}"
+    if hasattr(value, "to_local"):  # a DTensor (torch's own tensor parallelism): this rank's part
+        value = value.to_local()
     out = torch.empty(value.shape, dtype=value.dtype)
     out.copy_(value.detach().to("cpu"))
     return out
@@ -114,6 +116,8 @@ def held_bytes(module: nn.Module) -> int:
             return
         seen.add(id(value))
         if isinstance(value, torch.Tensor):
+            if hasattr(value, "to_local"):  # a DTensor: what this rank stores
+                value = value.to_local()
             storage = value.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
         elif isinstance(value, nn.Module):
