@@ -2,14 +2,16 @@
 
 One run on this machine's CPU, gloo, float32: a transformer MLP (d -> 4d, GELU, 4d -> d) on
 a batch of tokens, forward and backward. Side by side:
-  - dense: the plain MLP in one process, with every core;
-  - ParallelMLP (solutions/12_tensor_parallel.py) on W ranks, the cores shared among them;
+  - dense: the plain MLP in one process;
+  - ParallelMLP (solutions/12_tensor_parallel.py) on W ranks;
   - torch's ColwiseParallel / RowwiseParallel (parallelize_module on a DeviceMesh) on W ranks.
 For each: the median time of a forward and backward, the parameter bytes each rank holds,
 and what each rank all-reduces per step (payload bytes and number of collectives, counted
-by wrapping the all-reduce functions each one calls).
+by wrapping the all-reduce functions each one calls). Every process computes with one
+thread by default (--threads), so that W ranks use W cores where dense uses one; on a busy
+machine several threads per process mostly wait for each other.
 
-    python benchmarks/bench_tensor_parallel.py [--reps 10] [--world-sizes 2 4] [--d 512]
+    python benchmarks/bench_tensor_parallel.py [--reps 10] [--world-sizes 2 4] [--d 512] [--threads 1]
 
 Not a test: timings depend on the machine. On one CPU the ranks share the same cores and
 memory bandwidth, so tensor parallelism cannot be faster than dense here; what it shows is
@@ -118,8 +120,8 @@ def one_step_traffic(module, x: torch.Tensor) -> tuple[int, int]:
     return counter.calls, counter.bytes
 
 
-def worker(rank: int, world_size: int, port: int, d: int, reps: int, results) -> None:
-    torch.set_num_threads(max(1, CORES // world_size))
+def worker(rank: int, world_size: int, port: int, d: int, reps: int, threads: int, results) -> None:
+    torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     ParallelMLP = load("solutions/12_tensor_parallel.py").ParallelMLP
@@ -141,11 +143,11 @@ def worker(rank: int, world_size: int, port: int, d: int, reps: int, results) ->
     dist.destroy_process_group()
 
 
-def run_world(world_size: int, d: int, reps: int) -> dict:
+def run_world(world_size: int, d: int, reps: int, threads: int) -> dict:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    mp.start_processes(worker, args=(world_size, store.port, d, reps, results), nprocs=world_size, join=True,
+    mp.start_processes(worker, args=(world_size, store.port, d, reps, threads, results), nprocs=world_size, join=True,
                        start_method="spawn")
     return results.get()
 
@@ -155,20 +157,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10, help="timed forward+backward steps (after a warm-up)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--d", type=int, default=512, help="model width d (the hidden layer is 4d)")
+    parser.add_argument("--threads", type=int, default=1, help="compute threads in each process")
     args = parser.parse_args()
 
-    torch.set_num_threads(CORES)
+    torch.set_num_threads(args.threads)
     dense = build(args.d)
     x = torch.randn(BATCH, SEQ, args.d, generator=torch.Generator().manual_seed(1))
     [dense_s] = step_times([dense], x, args.reps, lambda: None)
     rows = [("dense, 1 process", 1, (dense_s, held_bytes(dense), 0, 0))]
     for world_size in args.world_sizes:
-        measured = run_world(world_size, args.d, args.reps)
+        measured = run_world(world_size, args.d, args.reps, args.threads)
         rows += [(f"{label}, {world_size} ranks", world_size, values) for label, values in measured.items()]
 
     activation = BATCH * SEQ * args.d * 4
-    print(f"MLP {args.d} -> {4 * args.d} -> {args.d}, {BATCH} x {SEQ} tokens, float32, gloo on {CORES} CPU "
-          f"core(s) shared by the ranks; median of {args.reps} forward+backward steps after {WARMUP} warm-up\n")
+    print(f"MLP {args.d} -> {4 * args.d} -> {args.d}, {BATCH} x {SEQ} tokens, float32, gloo, {args.threads} "
+          f"thread(s) per process on {CORES} CPU core(s); median of {args.reps} forward+backward steps after "
+          f"{WARMUP} warm-up\n")
     print(f"{'':24}{'step':>10}{'params/rank':>14}{'all-reduces':>13}{'all-reduced/rank':>18}{'ring wire/rank':>16}")
     for label, world_size, (seconds, held, calls, sent) in rows:
         wire = sent * 2 * (world_size - 1) / world_size
