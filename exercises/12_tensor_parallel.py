@@ -18,11 +18,14 @@ Backward mirrors it. The output's gradient is already whole on every rank, so th
 row-parallel layer passes it on unchanged; fc1's input gradient is a sum over the
 ranks' blocks, so the column-parallel layer all-reduces it. Megatron calls the two
 operators f (identity in forward, all-reduce in backward, in front of fc1) and g
-(all-reduce in forward, identity in backward, after fc2).
+(all-reduce in forward, identity in backward, after fc2). Write each as a
+torch.autograd.Function (`ddp-grade hint 12` says why torch's differentiable
+all-reduces are neither).
 
 Blocks: a dimension of n features is cut into W (the world size) equal, contiguous
 blocks in rank order; rank r holds features [r * n / W, (r + 1) * n / W). When n is
-not divisible by W, __init__ raises ValueError saying n and W (as Megatron does).
+not divisible by W, __init__ raises ValueError saying n and W (Megatron refuses
+such splits too).
 
 The grader starts the processes (with RANK, LOCAL_RANK and WORLD_SIZE set, as torchrun
 sets them) and the process group (gloo on CPU); the ranks of the default group are
