@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 from torch import nn
 
@@ -213,3 +214,29 @@ def test_the_dense_reference_has_the_shapes_the_statement_names():
     assert ex.shard(mlp["grads"]["fc2.weight"], 1, 1, 4).shape == (ex.D_MODEL, ex.HIDDEN // 4)
     for world_size in (2, 3, 4):
         assert ex.HIDDEN % world_size == 0 and ex.uneven(world_size) % world_size != 0
+
+
+def test_watch_collectives_sees_functional_collectives_and_the_single_names_once():
+    """A world of one, in this process: each call is recorded once, under the collective it runs."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from grader import probes
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        events: list = []
+        with probes.watch_collectives(events):
+            x = torch.ones(4)
+            funcol.all_reduce(x, "sum", dist.group.WORLD).wait()
+            out = torch.empty(4)
+            with pytest.warns(FutureWarning):  # the deprecated name, which calls all_gather_single
+                dist.all_gather_into_tensor(out, x)
+            dist.all_gather_single(out, x)
+            dist.all_reduce(x)
+        assert [(e["op"], e["bytes"]) for e in events] == [
+            ("all_reduce", 16), ("all_gather_into_tensor", 16), ("all_gather_single", 16), ("all_reduce", 16)]
+        assert funcol.all_reduce.__name__ == "all_reduce" and not hasattr(funcol.all_reduce, "__wrapped__")
+    finally:
+        dist.destroy_process_group()
