@@ -1,5 +1,6 @@
-"""Exercise 12, wrong on purpose: divisibility is checked with assert, as Megatron's ensure_divisibility does: an
-AssertionError, not the ValueError the statement asks for (and gone under python -O)."""
+"""Exercise 12, wrong on purpose: divisibility is checked with assert, as Megatron's
+ensure_divisibility does: an AssertionError, not the ValueError the statement asks for (and gone
+under python -O)."""
 # expect-fail: uneven-refused
 # expect-pass: mlp-output weight-grads
 

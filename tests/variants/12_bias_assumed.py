@@ -1,5 +1,5 @@
-"""Exercise 12, wrong on purpose: full.bias is sliced without looking: nn.Linear(..., bias=False) has bias None, and
-the constructor raises TypeError."""
+"""Exercise 12, wrong on purpose: full.bias is sliced without looking: nn.Linear(..., bias=False) has
+bias None, and the constructor raises TypeError."""
 # expect-fail: bias-false
 # expect-pass: mlp-output weight-grads uneven-refused
 

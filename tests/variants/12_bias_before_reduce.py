@@ -1,4 +1,5 @@
-"""Exercise 12, wrong on purpose: the row-parallel layer adds the bias before the all-reduce, so the sum holds it world_size times."""
+"""Exercise 12, wrong on purpose: the row-parallel layer adds the bias before the all-reduce, so the
+sum holds it world_size times."""
 # expect-fail: row-output mlp-output
 # expect-pass: column-output forward-one-all-reduce backward-one-all-reduce
 

@@ -1,5 +1,5 @@
-"""Exercise 12, wrong on purpose: f's forward broadcasts the input from rank 0 to make sure every rank has the same one: the
-input already is, and every forward pays a broadcast."""
+"""Exercise 12, wrong on purpose: f's forward broadcasts the input from rank 0 to make sure every rank
+has the same one: the input already is, and every forward pays a broadcast."""
 # expect-fail: forward-one-all-reduce
 # expect-pass: mlp-output mlp-input-grad weight-grads backward-one-all-reduce
 

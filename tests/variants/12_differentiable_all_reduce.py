@@ -1,5 +1,6 @@
-"""Exercise 12, wrong on purpose: the row-parallel layer's all-reduce is torch.distributed.nn.functional.all_reduce, whose
-backward all-reduces the output's gradient again: every gradient below it is world_size times too large."""
+"""Exercise 12, wrong on purpose: the row-parallel layer's all-reduce is
+torch.distributed.nn.functional.all_reduce, whose backward all-reduces the output's gradient again:
+every gradient below it is world_size times too large."""
 # expect-fail: row-input-grad mlp-input-grad weight-grads backward-one-all-reduce
 # expect-pass: row-output mlp-output forward-one-all-reduce
 

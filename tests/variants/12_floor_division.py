@@ -1,4 +1,5 @@
-"""Exercise 12, wrong on purpose: no divisibility check: n // world_size features per rank silently drops the last ones."""
+"""Exercise 12, wrong on purpose: no divisibility check: n // world_size features per rank silently
+drops the last ones."""
 # expect-fail: uneven-refused
 # expect-pass: mlp-output weight-grads
 

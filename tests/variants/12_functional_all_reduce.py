@@ -1,5 +1,6 @@
-"""Exercise 12, wrong on purpose: the row-parallel layer's all-reduce is torch.distributed._functional_collectives.all_reduce,
-which is differentiable too: its backward sums the output's gradient over the ranks, world_size times too large."""
+"""Exercise 12, wrong on purpose: the row-parallel layer's all-reduce is
+torch.distributed._functional_collectives.all_reduce, which is differentiable too: its backward sums
+the output's gradient over the ranks, world_size times too large."""
 # expect-fail: row-input-grad mlp-input-grad weight-grads
 # expect-pass: row-output mlp-output forward-one-all-reduce
 

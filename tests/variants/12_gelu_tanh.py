@@ -1,4 +1,5 @@
-"""Exercise 12, wrong on purpose: the MLP uses the tanh approximation of GELU, not the exact one the dense MLP uses."""
+"""Exercise 12, wrong on purpose: the MLP uses the tanh approximation of GELU, not the exact one the
+dense MLP uses."""
 # expect-fail: mlp-output
 # expect-pass: column-output row-output forward-one-all-reduce backward-one-all-reduce
 

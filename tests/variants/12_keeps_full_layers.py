@@ -1,5 +1,5 @@
-"""Exercise 12, wrong on purpose: the MLP keeps the full layers as attributes (to check itself against), so every rank holds
-the whole model."""
+"""Exercise 12, wrong on purpose: the MLP keeps the full layers as attributes (to check itself
+against), so every rank holds the whole model."""
 # expect-fail: weights-sharded
 # expect-pass: mlp-output mlp-input-grad weight-grads
 

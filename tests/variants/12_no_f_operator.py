@@ -1,5 +1,5 @@
-"""Exercise 12, wrong on purpose: the column-parallel layer never all-reduces its input's gradient, so each rank keeps only its
-own block's term of it."""
+"""Exercise 12, wrong on purpose: the column-parallel layer never all-reduces its input's gradient, so
+each rank keeps only its own block's term of it."""
 # expect-fail: column-input-grad mlp-input-grad backward-one-all-reduce
 # expect-pass: column-output mlp-output forward-one-all-reduce weights-sharded
 

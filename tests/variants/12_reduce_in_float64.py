@@ -1,5 +1,5 @@
-"""Exercise 12, wrong on purpose: f's backward all-reduces the gradient in float64 "for accuracy", twice the bytes of the
-activation on the wire."""
+"""Exercise 12, wrong on purpose: f's backward all-reduces the gradient in float64 "for accuracy",
+twice the bytes of the activation on the wire."""
 # expect-fail: backward-one-all-reduce
 # expect-pass: mlp-output mlp-input-grad weight-grads forward-one-all-reduce
 

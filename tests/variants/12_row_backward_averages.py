@@ -1,5 +1,5 @@
-"""Exercise 12, wrong on purpose: g's backward averages the output's gradient over the ranks "to keep them in sync": the
-values do not change, but every backward pays a second all-reduce."""
+"""Exercise 12, wrong on purpose: g's backward averages the output's gradient over the ranks "to keep
+them in sync": the values do not change, but every backward pays a second all-reduce."""
 # expect-fail: backward-one-all-reduce
 # expect-pass: mlp-output mlp-input-grad weight-grads forward-one-all-reduce
 

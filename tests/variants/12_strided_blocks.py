@@ -1,5 +1,6 @@
-"""Exercise 12, wrong on purpose: rank r keeps features r, r + W, r + 2W, ... (a strided slice) instead of a contiguous
-block: the MLP still adds up, but each layer's block is not the one the statement names."""
+"""Exercise 12, wrong on purpose: rank r keeps features r, r + W, r + 2W, ... (a strided slice) instead
+of a contiguous block: the MLP still adds up, but each layer's block is not the one the statement
+names."""
 # expect-fail: column-output row-output weight-grads
 # expect-pass: mlp-output mlp-input-grad forward-one-all-reduce backward-one-all-reduce
 

@@ -1,4 +1,5 @@
-"""Exercise 12, wrong on purpose: the blocks are slices of the full weights, views that keep the whole tensors' storage alive."""
+"""Exercise 12, wrong on purpose: the blocks are slices of the full weights, views that keep the whole
+tensors' storage alive."""
 # expect-fail: weights-sharded
 # expect-pass: column-output row-output mlp-output mlp-input-grad weight-grads
 
