@@ -33,7 +33,7 @@ def right_run(scenario: str, rank: int, world_size: int, want: dict) -> dict:
         input_grad = input_grad[..., hidden]
     params = {}
     for path, dim in ex.SPLIT[scenario].items():
-        params[path] = {"missing": False, "is_parameter": True,
+        params[path] = {"missing": False, "in_parameters": True,
                         "value": ex.shard(want["values"][path], dim, rank, world_size).clone(),
                         "grad": ex.shard(want["grads"][path], dim, rank, world_size).clone()}
     event = {"op": "all_reduce", "bytes": ACTIVATION, "peer": None, "async_op": False}
@@ -119,6 +119,11 @@ def test_a_missing_backward_or_parameter_is_said_in_words():
     observations[1]["mlp"]["params"]["fc2.bias"] = {"missing": True}
     status, message = grade_all(observations, expected, 2)["weight-grads"]
     assert status == "fail" and "rank 1: ParallelMLP.fc2.bias does not exist" in message
+    observations, expected = right_observations(2)
+    observations[1]["column"]["params"]["bias"]["in_parameters"] = False
+    status, message = grade_all(observations, expected, 2)["weight-grads"]
+    assert status == "fail" and "rank 1: ColumnParallelLinear.bias is not among ColumnParallelLinear.parameters()" \
+        in message
     observations, expected = right_observations(2)
     observations[0]["mlp"]["params"]["fc1.weight"]["value"] = expected["mlp"]["values"]["fc1.weight"].clone()
     status, message = grade_all(observations, expected, 2)["weight-grads"]

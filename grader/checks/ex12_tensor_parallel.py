@@ -92,6 +92,7 @@ def _attribute(module, path: str):
 def _parameters(module: nn.Module, paths: list[str]) -> dict:
     """For each attribute path ("fc1.weight"): its value and .grad, or what is there instead."""
     out = {}
+    trained = {id(p) for p in module.parameters()}  # what an optimizer over module.parameters() steps
     for path in paths:
         value = _attribute(module, path)
         if value is None:
@@ -100,7 +101,7 @@ def _parameters(module: nn.Module, paths: list[str]) -> dict:
             out[path] = {"missing": False, "value": _plain(value)}
         else:
             out[path] = {"missing": False, "value": _plain(value), "grad": _plain(value.grad),
-                         "is_parameter": isinstance(value, nn.Parameter)}
+                         "in_parameters": id(value) in trained}
     return out
 
 
@@ -388,7 +389,7 @@ def check_mlp(g, observations: list[dict], want: dict, world_size: int) -> None:
 
 
 def _parameter_problem(params: dict, path: str, want_value: torch.Tensor, want_grad: torch.Tensor,
-                       owner: str) -> str | None:
+                       owner: str, against: str = "its block of the dense gradient") -> str | None:
     entry = params.get(path, {"missing": True})
     if entry["missing"]:
         return f"{owner}.{path} does not exist (the statement names it)"
@@ -397,11 +398,14 @@ def _parameter_problem(params: dict, path: str, want_value: torch.Tensor, want_g
     found = tensor_difference(entry["value"], want_value, name=f"{owner}.{path}")
     if found is not None and found.reason == "shape":
         return f"{owner}.{path} has shape {found.got}; its block of the dense layer's has {found.expected}"
+    if not entry.get("in_parameters", True):
+        return (f"{owner}.{path} is not among {owner}.parameters(), so an optimizer would never update it "
+                "(assign an nn.Parameter)")
     if entry["grad"] is None:
         return f"{owner}.{path}.grad is None after backward"
     found = _compare(entry["grad"], want_grad, f"{owner}.{path}.grad")
     if found is not None:
-        return f"{found}{_scaled(entry['grad'], want_grad)}"
+        return f"{found}{_scaled(entry['grad'], want_grad)}, against {against}"
     return None
 
 
@@ -417,11 +421,10 @@ def check_weight_grads(g, observations: list[dict], expected: dict, world_size: 
             for path, dim in SPLIT[scenario].items():
                 want_value = shard(expected[scenario]["values"][path], dim, rank, world_size)
                 want_grad = shard(expected[scenario]["grads"][path], dim, rank, world_size)
-                problem = _parameter_problem(run["params"], path, want_value, want_grad, owner)
+                against = "the whole dense gradient" if dim is None else f"rank {rank}'s block of the dense gradient"
+                problem = _parameter_problem(run["params"], path, want_value, want_grad, owner, against)
                 if problem is not None:
-                    part = "the whole" if dim is None else f"rank {rank}'s block of the"
-                    g.record("weight-grads", False, f"rank {rank}: {problem}; expected {part} dense "
-                             f"gradient", rank=rank, world_size=world_size)
+                    g.record("weight-grads", False, f"rank {rank}: {problem}", rank=rank, world_size=world_size)
                     return
     g.record("weight-grads", True)
 
