@@ -45,6 +45,7 @@ TOPICS: dict[str, str] = {
     "checkpoint": "Checkpointing under DDP",
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
+    "tensor-parallel": "Tensor parallelism: column and row splits, Megatron's f and g, sequence parallelism",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
