@@ -244,7 +244,9 @@ def reference(case: dict, world_size: int) -> tuple[list[dict], float]:
 def check_gradients(g, case: dict, per_rank: list[dict], world_size: int) -> None:
     expected, _ = reference(case, world_size)
     m = case["num_microbatches"]
-    for rank, step in enumerate(per_rank):
+    # From the last stage back, as the gradients flow: the first stage that differs shows where it goes wrong.
+    for rank in reversed(range(world_size)):
+        step = per_rank[rank]
         missing = [name for name, grad in step["grads"].items() if grad is None]
         if missing:
             g.record("grads-match", False,
@@ -256,6 +258,9 @@ def check_gradients(g, case: dict, per_rank: list[dict], world_size: int) -> Non
             continue
         message = (f"{describe(case, world_size)}: on rank {rank}, stage {rank}'s gradient {found} from the "
                    f"single-process model's on the whole batch")
+        if rank < world_size - 1:
+            message += (f"; the stages after it match, so the gradient rank {rank} received from rank {rank + 1} "
+                        "went into the wrong place (another micro-batch's output?)")
         if found.reason == "values":
             got, want = step["grads"][found.name].double(), expected[rank][found.name].double()
             scale = float((got * want).sum() / (want * want).sum()) if float((want * want).sum()) > 0 else 0.0
@@ -489,7 +494,9 @@ def timeline_text(schedule: str, run: dict) -> str:
         for label, slot in zip(order, places):
             row[slot] = label
         cells = "".join(cell.ljust(width) for cell in row).rstrip()
-        lines.append(f"  rank {rank}  {cells}   (at most {run['peak_live'][rank]} micro-batches' activations held)")
+        peak = run["peak_live"][rank]
+        held = "1 micro-batch's" if peak == 1 else f"{peak} micro-batches'"
+        lines.append(f"  rank {rank}  {cells}   (peak: {held} activations)")
     textbook = (w - 1) / (m + w - 1)
     lines.append(f"idle: {run['idle']:.0%} of the {run['span']} slots x {w} ranks; the textbook bubble of GPipe and "
                  f"1F1B is (W - 1) / (M + W - 1) = {w - 1}/{m + w - 1} = {textbook:.0%}")
