@@ -24,7 +24,6 @@ The report's sections hold, per schedule, ``data = {"schedule", "runs": [{"world
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections import Counter
 
@@ -105,8 +104,10 @@ class _Saved:
 class ObservedStage(nn.Module):
     """The learner's stage: its layers in ``body``, each forward and backward recorded.
 
-    The k-th forward is micro-batch k. A forward records ("F", k, rows); the gradient reaching
-    its output records ("B", k) when that micro-batch's backward enters the stage.
+    The k-th forward with gradients enabled is micro-batch k: it records ("F", k, rows), and the
+    gradient reaching its output records ("B", k) when that micro-batch's backward enters the
+    stage. A forward under torch.no_grad (e.g. to learn the output's shape) saves nothing for
+    backward and is not part of the schedule: it is recorded as "f" and left out of every check.
     """
 
     def __init__(self, body: nn.Module):
@@ -117,9 +118,12 @@ class ObservedStage(nn.Module):
         self.peak_live = 0  # the most micro-batches with saved tensors alive at one moment
 
     def forward(self, x):
+        rows = int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() else 0
+        if not torch.is_grad_enabled():
+            self.observed.append({"op": "f", "mb": -1, "rows": rows})
+            return self.body(x)
         k = sum(1 for e in self.observed if e["op"] == "F")
-        self.observed.append({"op": "F", "mb": k, "rows": int(x.shape[0]) if x.dim() else 0,
-                              "grad": torch.is_grad_enabled(), "t": time.monotonic()})
+        self.observed.append({"op": "F", "mb": k, "rows": rows})
         with torch.autograd.graph.saved_tensors_hooks(self._packer(k), _unpack):
             out = self.body(x)
         if isinstance(out, torch.Tensor) and out.requires_grad:
@@ -140,7 +144,7 @@ class ObservedStage(nn.Module):
 
     def _backward_hook(self, k: int):
         def hook(grad):
-            self.observed.append({"op": "B", "mb": k, "rows": 0, "grad": True, "t": time.monotonic()})
+            self.observed.append({"op": "B", "mb": k, "rows": 0})
         return hook
 
 
@@ -176,7 +180,7 @@ def _observe(ctx: RankContext) -> dict:
                              "value": float(returned) if isinstance(returned, (int, float)) else None},
                 "grads": {name: None if p.grad is None else p.grad.detach().cpu().clone()
                           for name, p in stage.body.named_parameters()},
-                "observed": [{k: e[k] for k in ("op", "mb", "rows", "grad")} for e in stage.observed],
+                "observed": [e for e in stage.observed if e["op"] != "f"],
                 "peak_live": stage.peak_live,
                 "events": [dict(e) for e in events[first:]],
             })
@@ -328,8 +332,6 @@ def check_micro_batches(g, case: dict, per_rank: list[dict], world_size: int) ->
         elif sorted(e["mb"] for e in backwards) != list(range(m)):
             problem = (f"rank {rank} ran the backward of {len(backwards)} micro-batch(es) through its stage, of the "
                        f"{m} it ran forward; each forward needs its own backward")
-        elif any(not e["grad"] for e in forwards):
-            problem = f"rank {rank} ran a forward with gradients disabled (torch.no_grad)"
         if problem:
             g.record("micro-batches", False, f"{describe(case, world_size)}: {problem} (rank {rank} ran: "
                      f"{_sequence(step)})", rank=rank, world_size=world_size)
