@@ -35,6 +35,7 @@ TOPICS: dict[str, str] = {
     "checkpoint": "Checkpointing under DDP",
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
+    "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
