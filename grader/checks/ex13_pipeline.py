@@ -33,6 +33,7 @@ from torch import nn
 from grader import probes
 from grader.child import RankContext
 from grader.compare import first_difference
+from grader.results import NOT_IMPLEMENTED
 
 SCHEDULES = ("gpipe", "1f1b")
 WIDTHS = (40, 64, 96, 80, 72)  # stage r maps WIDTHS[r] features to WIDTHS[r + 1]: every link has its own size
@@ -199,6 +200,8 @@ def grade(g) -> None:
             try:
                 outcome = g.run("pipeline_main", world_size, kwargs={"cases": cases})
             except g.Stopped as stop:
+                if schedule == "gpipe" and stop.problem.kind == NOT_IMPLEMENTED:
+                    raise  # the stub: "not implemented yet" says it all
                 raise g.with_context(stop, f"schedule={schedule!r}, world size {world_size}") from None
             steps = [obs["steps"] for obs in outcome.results()]
             check_run(g, cases, steps, world_size)
