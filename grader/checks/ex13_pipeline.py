@@ -486,7 +486,7 @@ def timeline_data(case: dict, per_rank: list[dict], world_size: int) -> dict:
 
 def timeline_text(schedule: str, run: dict) -> str:
     w, m = run["world_size"], run["num_microbatches"]
-    lines = [f"world size {w}, {m} micro-batches; F3 is micro-batch 3's forward, B3 its backward; each takes one "
+    lines = [f"world size {w}, {m} micro-batches; Fi is micro-batch i's forward, Bi its backward; each takes one "
              "time slot and waits for its neighbour's:"]
     orders, slots = run["order"], run["slots"]
     if slots is None:

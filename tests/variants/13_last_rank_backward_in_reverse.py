@@ -54,6 +54,7 @@ def pipeline_step(stage, batch, target, num_microbatches, loss_fn, schedule="gpi
         else:
             if i == 0:
                 send_shape(y, rank + 1)
+            # isend: under 1f1b rank + 1 may be sending us a gradient at this very moment.
             sends.append(dist.isend(y.detach(), rank + 1))
         saved[i] = (x, y)
 
