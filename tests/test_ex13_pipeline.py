@@ -51,7 +51,7 @@ def test_gpipe_timeline_is_the_textbook_staircase():
     slots = ex.unit_slots([gpipe_order(2)] * 2)
     assert slots == [[0, 1, 4, 5], [1, 2, 3, 4]]
     run = ex.timeline_data({"num_microbatches": 2}, [step(gpipe_order(2), 2)] * 2, 2)
-    text = ex.timeline_text("gpipe", run)
+    text = ex.timeline_text(run)
     assert "rank 0  F0 F1 .  .  B0 B1" in text and "rank 1  .  F0 F1 B0 B1" in text
     assert run["span"] == 6 and run["idle"] == round(1 - 8 / 12, 4)
     assert "(W - 1) / (M + W - 1) = 1/3 = 33%" in text

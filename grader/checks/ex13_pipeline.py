@@ -206,7 +206,7 @@ def grade(g) -> None:
             steps = [obs["steps"] for obs in outcome.results()]
             check_run(g, cases, steps, world_size)
             runs.append(timeline_data(cases[0], [s[0] for s in steps], world_size))
-        g.section(f"the {schedule} schedule as each rank ran it", timeline_text(schedule, runs[-1]),
+        g.section(f"the {schedule} schedule as each rank ran it", timeline_text(runs[-1]),
                   {"schedule": schedule, "runs": runs})
     if max(sizes) < 2:
         for check_id in ("neighbours-only", "messages-per-link"):
@@ -484,7 +484,7 @@ def timeline_data(case: dict, per_rank: list[dict], world_size: int) -> dict:
             "peak_live": [step["peak_live"] for step in per_rank]}
 
 
-def timeline_text(schedule: str, run: dict) -> str:
+def timeline_text(run: dict) -> str:
     w, m = run["world_size"], run["num_microbatches"]
     lines = [f"world size {w}, {m} micro-batches; Fi is micro-batch i's forward, Bi its backward; each takes one "
              "time slot and waits for its neighbour's:"]
