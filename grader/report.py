@@ -49,6 +49,10 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
                 lines.append(style(f"        {c.message}", dim=True))
             elif c.status == ERROR and verbose:
                 lines.append(style(f"        {c.message}", dim=True))
+    for section in report.sections:
+        lines.append("")
+        lines.append(style(f"{section['title']}:", bold=True))
+        lines.extend("  " + ln for ln in section["text"].splitlines())
     if report.details and (verbose or report.status == TIMEOUT or report.problem):
         lines.append("")
         lines.append(style("details:", bold=True))

@@ -46,6 +46,7 @@ TOPICS: dict[str, str] = {
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
     "tensor-parallel": "Tensor parallelism: column and row splits, Megatron's f and g, sequence parallelism",
+    "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
