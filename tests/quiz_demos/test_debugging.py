@@ -58,17 +58,27 @@ def eval_then_train(ctx, DDP) -> dict:
     return attempt(evaluate_then_train)
 
 
+def staged_group():
+    """A new group whose collectives time out after HANG_S. It is made with a long timeout and then
+    shortened: making a group waits for every rank, and the ranks reach it seconds apart (after a
+    staged hang on one rank only)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    group = dist.new_group(timeout=timedelta(seconds=120))
+    _set_pg_timeout(timedelta(seconds=HANG_S), group)
+    return group
+
+
 def guarded_collective(ctx) -> dict:
     import torch.distributed as dist
 
-    group = dist.new_group(timeout=timedelta(seconds=HANG_S))
+    group = staged_group()
     return attempt(lambda: dist.all_reduce(torch.ones(1), group=group) if ctx.rank == 0 else None)
 
 
 def uneven_batches(ctx, DDP) -> dict:
-    import torch.distributed as dist
-
-    group = dist.new_group(timeout=timedelta(seconds=HANG_S))
+    group = staged_group()
     ddp = DDP(nn.Linear(4, 1), process_group=group)
     return attempt(lambda: train_steps(ddp, 3 if ctx.rank == 0 else 2))
 
@@ -93,7 +103,9 @@ def detail_checks(ctx) -> dict:
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     dist.set_debug_level_from_env()
     try:
-        group = dist.new_group(timeout=timedelta(seconds=HANG_S))
+        # The wrapper DETAIL adds reports the mismatch at once; the long timeout only lets the
+        # ranks reach this point seconds apart.
+        group = dist.new_group(timeout=timedelta(seconds=120))
     finally:
         os.environ.pop("TORCH_DISTRIBUTED_DEBUG")
         dist.set_debug_level_from_env()
