@@ -262,6 +262,7 @@ COLLECTIVES = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
     "barrier", "all_gather_object", "broadcast_object_list",
+    "all_gather_single", "reduce_scatter_single", "_all_gather_base", "_reduce_scatter_base",
 )
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 
