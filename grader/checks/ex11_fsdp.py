@@ -279,13 +279,26 @@ def rank_main(ctx: RankContext) -> dict:
         out = {"sgd": _train(ctx, FullyShardedDP, "sgd", events, learner)}
         # A failure below is an observation: a short timeout turns a peer left waiting into an error.
         torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
-        for plan in ("adamw", "uneven"):
+        try:
+            out["adamw"] = _train(ctx, FullyShardedDP, "adamw", events, learner)
+        except Exception as exc:
+            out["adamw"] = {"error": _error(exc)}
+        if _everyone_ok(ctx, out["adamw"]["error"] is None):
             try:
-                out[plan] = _train(ctx, FullyShardedDP, plan, events, learner)
+                out["uneven"] = _train(ctx, FullyShardedDP, "uneven", events, learner)
             except Exception as exc:
-                out[plan] = {"error": _error(exc)}
-                break  # the group may be unusable now
+                out["uneven"] = {"error": _error(exc)}
         return out
+
+
+def _everyone_ok(ctx: RankContext, ok: bool) -> bool:
+    """Whether every rank's run ended well (else the group may be unusable: the next run is skipped)."""
+    flag = torch.tensor([1 if ok else 0], device=ctx.device)
+    try:
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    except Exception:
+        return False
+    return bool(flag.item() == 1)
 
 
 def _train(ctx: RankContext, FullyShardedDP, plan: str, events: list, learner: tuple[str, str]) -> dict:
@@ -414,12 +427,16 @@ def grade(g) -> None:
         check_held(g, sgd, world_size)
         check_probes(g, sgd, world_size)
         check_collectives(g, sgd, world_size)
-        adamw = [o.get("adamw") or {"error": "skipped after an earlier failure"} for o in observations]
+        adamw = [o["adamw"] for o in observations]
         if _errors(g, "matches-adamw", adamw, "the float64 model trained with AdamW", world_size):
             check_keys(g, adamw, "adamw", world_size)
             check_training(g, "matches-adamw", adamw, "adamw", world_size)
             check_frozen(g, adamw, "adamw", world_size)
-        uneven = [o.get("uneven") or {"error": "not run: the AdamW run failed first"} for o in observations]
+        if any("uneven" not in o for o in observations):
+            g.record("uneven-sizes", False, "not run: the run on the float64 model with AdamW failed first (see "
+                     "matches-adamw), and the model that needs padding was to run after it", world_size=world_size)
+            continue
+        uneven = [o["uneven"] for o in observations]
         if _errors(g, "uneven-sizes", uneven, "the model whose unit sizes do not divide by the world size",
                    world_size):
             check_training(g, "uneven-sizes", uneven, "uneven", world_size)
@@ -431,8 +448,7 @@ def _errors(g, check_id: str, observations: list[dict], what: str, world_size: i
     failed = [(rank, o["error"]) for rank, o in enumerate(observations) if o.get("error")]
     if not failed:
         return True
-    failed.sort(key=lambda item: any(w in item[1].lower() for w in ("by peer", "timed out", "timeout", "skipped",
-                                                                   "not run")))
+    failed.sort(key=lambda item: any(w in item[1].lower() for w in ("by peer", "timed out", "timeout")))
     rank, error = failed[0]
     g.record(check_id, False, f"on {what}, rank {rank} raised {error}", rank=rank, world_size=world_size)
     return False
@@ -451,8 +467,8 @@ def check_keys(g, observations: list[dict], plan: str, world_size: int) -> None:
         extra = [k for k in got if k not in expected]
         if missing or extra:
             g.record("full-state-dict", False,
-                     f"{_plan_text(plan)}, rank {rank}: full_state_dict() has keys {sorted(got)}; the module's "
-                     f"state_dict() has {sorted(expected)} (missing {missing}, unexpected {extra})",
+                     f"{_plan_text(plan)}, rank {rank}: full_state_dict() lacks {len(missing)} of the module's "
+                     f"{len(expected)} keys ({_some(missing)}) and has {len(extra)} others ({_some(extra)})",
                      rank=rank, world_size=world_size)
             return
         for key, want in expected.items():
@@ -468,6 +484,11 @@ def check_keys(g, observations: list[dict], plan: str, world_size: int) -> None:
                          f"{list(want.shape)} and dtype {_dtype(want)}", rank=rank, world_size=world_size)
                 return
     g.record("full-state-dict", True)
+
+
+def _some(keys: list[str], shown: int = 3) -> str:
+    listed = ", ".join(repr(k) for k in keys[:shown])
+    return listed + (", ..." if len(keys) > shown else "") if keys else "none"
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -544,7 +565,10 @@ def check_frozen(g, observations: list[dict], plan: str, world_size: int) -> Non
         for step, record in enumerate(obs["steps"]):
             value = record["state"].get(FROZEN)
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(initial.shape):
-                return  # full-state-dict says what is wrong with the keys
+                g.record("frozen-untouched", False, f"{_plan_text(plan)}, rank {rank}: full_state_dict() has no "
+                         f"{FROZEN!r} of shape {list(initial.shape)}, so the frozen parameter cannot be followed",
+                         rank=rank, world_size=world_size)
+                return
             found = tensor_difference(value, initial)
             if found is not None:
                 g.record("frozen-untouched", False,
@@ -579,12 +603,15 @@ def check_held(g, observations: list[dict], world_size: int) -> None:
                          rank=rank, world_size=world_size)
                 return
             if record["held"] > sizes["limit"]:
+                extra = record["held"] - sizes["slices"] - sizes["whole"]
+                copies = extra / sizes["full"]
+                like = f" ({copies:.1f} x the model's full parameters)" if copies >= 0.5 else ""
                 g.record("sharded-between-steps", False,
                          f"after step {step + 1}, rank {rank} holds {record['held']} bytes in tensors reachable from "
-                         f"the FullyShardedDP; its 1/{world_size} slices are {sizes['slices']} bytes of the "
-                         f"model's {sizes['full']} trainable bytes, the frozen parameter and buffer {sizes['whole']} "
-                         f"(at most {sizes['limit']} allowed). The trainable parameters it yields hold "
-                         f"{obs['trainable_numel']} elements", rank=rank, world_size=world_size)
+                         f"the FullyShardedDP: its 1/{world_size} slices are {sizes['slices']} bytes of the "
+                         f"model's {sizes['full']} trainable bytes, the frozen parameter and buffer {sizes['whole']}, "
+                         f"and {extra} bytes more{like}; at most {sizes['limit']} allowed. The trainable parameters "
+                         f"it yields hold {obs['trainable_numel']} elements", rank=rank, world_size=world_size)
                 return
     g.record("sharded-between-steps", True)
 
@@ -629,17 +656,26 @@ def check_collectives(g, observations: list[dict], world_size: int) -> None:
         for step, record in enumerate(obs["steps"]):
             where = f"step {step + 1}, rank {rank}"
             forward, backward = _windows(record["events"])
-            ok = _check_gathers(g, where, forward, backward, gathered, units, world_size, rank)
-            ok = _check_reductions(g, where, forward + backward, sliced, units, world_size, rank) and ok
-            if not ok:
-                return
+            _check_gathers(g, where, forward, backward, gathered, units, world_size, rank)
+            _check_reductions(g, where, forward + backward, sliced, units, world_size, rank)
+    # A failure recorded above is kept over these.
     g.record("gathers-per-unit", True)
     g.record("reduce-scatter-grads", True)
 
 
+def gathered_bytes(events: list[dict], world_size: int) -> list[int]:
+    """The size of what each all-gather in ``events`` assembled, in bytes, smallest first.
+
+    The probe records the first tensor argument: the output of all_gather_single and its older
+    names, the input slice of the list form all_gather(tensor_list, tensor).
+    """
+    return sorted(e["bytes"] * (world_size if e["op"] == "all_gather" else 1) for e in events
+                  if e["op"] in ALL_GATHERS)
+
+
 def _check_gathers(g, where, forward, backward, gathered, units, world_size, rank) -> bool:
-    in_forward = sorted(e["bytes"] for e in forward if e["op"] in ALL_GATHERS)
-    in_backward = sorted(e["bytes"] for e in backward if e["op"] in ALL_GATHERS)
+    in_forward = gathered_bytes(forward, world_size)
+    in_backward = gathered_bytes(backward, world_size)
     text = (f"(the units' padded sizes are {gathered} bytes for {world_size} ranks)")
     if in_forward != gathered:
         return g.record("gathers-per-unit", False,
@@ -680,7 +716,7 @@ def check_uneven_gathers(g, observations: list[dict], world_size: int) -> None:
     expected = sorted(padded(n, world_size) * 4 for n in sizes.values())
     for rank, obs in enumerate(observations):
         forward, _ = _windows(obs["steps"][0]["events"])
-        got = sorted(e["bytes"] for e in forward if e["op"] in ALL_GATHERS)
+        got = gathered_bytes(forward, world_size)
         if got != expected:
             shown = ", ".join(f"{name} {n} -> {padded(n, world_size)}" for name, n in sizes.items())
             g.record("uneven-sizes", False,
