@@ -439,22 +439,19 @@ def check_training(g, check_id: str, observations: list[dict], plan: str, world_
                              f"{_plan_text(plan)}, after step {step + 1}, rank {rank}: {name!r} differs from "
                              f"single-process training on the global batch ({world_size} x {BATCH} samples) by up "
                              f"to {found.max_abs:.3g} (relative {found.relative:.2g})"
-                             f"{_ratio_text(obs, step, name, expected, reference, plan)}",
+                             f"{_ratio_text(obs, step, name, expected, plan)}",
                              rank=rank, world_size=world_size)
                     return
     g.record(check_id, True)
 
 
-def _ratio_text(obs: dict, step: int, name: str, expected: dict, reference: list[dict], plan: str) -> str:
-    """Name a gradient scaled by the world size (summed, not averaged) when the SGD step shows one."""
-    if plan == "adamw":
+def _ratio_text(obs: dict, step: int, name: str, expected: dict, plan: str) -> str:
+    """On the first SGD step, name an update scaled by an integer (gradients summed over the ranks)."""
+    got_before = obs["initial"].get(name)
+    if plan == "adamw" or step != 0 or not isinstance(got_before, torch.Tensor):
         return ""
-    before = reference[step - 1][name] if step else build_model(0, plan).state_dict()[name]
-    got_before = obs["steps"][step - 1]["state"].get(name) if step else obs["initial"].get(name)
-    if not isinstance(got_before, torch.Tensor) or step:
-        return ""
-    want = (expected[name] - before).double()
-    got = (obs["steps"][step]["state"][name] - got_before).double()
+    want = (expected[name] - build_model(0, plan).state_dict()[name]).double()
+    got = (obs["steps"][0]["state"][name] - got_before).double()
     denom = (want * want).sum().item()
     if denom == 0:
         return ""
