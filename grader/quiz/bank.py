@@ -35,6 +35,7 @@ TOPICS: dict[str, str] = {
     "checkpoint": "Checkpointing under DDP",
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
+    "sharding": "ZeRO stage 3 by hand: slices, padding, gathers, freeing memory",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
