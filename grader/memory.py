@@ -46,6 +46,12 @@ def reachable_tensors(roots: list, learner_module: str) -> list[torch.Tensor]:
                 if hooks:
                     stack.append(hooks)
             stack.extend(getattr(obj, "__dict__", {}).values())
+            if hasattr(type(obj), "__tensor_flatten__"):  # a wrapper subclass (DTensor): the tensors inside
+                try:
+                    inner, _ = obj.__tensor_flatten__()
+                    stack.extend(getattr(obj, name) for name in inner)
+                except Exception:
+                    pass
         elif isinstance(obj, _SKIPPED):
             continue
         elif isinstance(obj, type):
@@ -90,10 +96,10 @@ def distinct_storages(tensors: list) -> dict[int, torch.UntypedStorage]:
     for t in tensors:
         try:
             storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, meta, some subclasses)
+            if storage.nbytes() > 0:
+                out[storage.data_ptr()] = storage
+        except (RuntimeError, NotImplementedError, TypeError):  # no storage of its own (sparse, meta, DTensor)
             continue
-        if storage.nbytes() > 0:
-            out[storage.data_ptr()] = storage
     return out
 
 
