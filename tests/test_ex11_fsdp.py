@@ -23,6 +23,15 @@ def test_the_even_model_needs_no_padding_and_the_uneven_one_needs_it_at_every_wo
         assert any(n % world_size for n in ex.unit_sizes("uneven").values())
 
 
+def test_no_units_slice_has_the_size_of_a_whole_unit():
+    """So that an all-gather recorded by its input (functional collectives) is not taken for another unit's."""
+    for plan in ("sgd", "uneven"):
+        for world_size in (2, 3, 4):
+            whole = {ex.padded(n, world_size) for n in ex.unit_sizes(plan).values()}
+            slices = {size // world_size for size in whole}
+            assert not whole & slices, (plan, world_size, whole & slices)
+
+
 def test_a_slice_never_holds_a_units_whole_weight():
     """Else a rank's own slice would count as its unit gathered."""
     for plan in ("sgd", "uneven"):
@@ -78,6 +87,23 @@ def test_the_expected_collectives_pass_in_either_form_and_with_the_first_units_b
             ex.check_collectives(g, _collectives(events), world_size)
             got = verdicts(g)
             assert got["gathers-per-unit"][0] == "pass" and got["reduce-scatter-grads"][0] == "pass"
+
+
+def test_functional_collectives_recorded_by_their_inputs_pass():
+    """torch.distributed._functional_collectives: the probe records each call's input."""
+    world_size = 2
+    events = []
+    for e in _events(world_size):
+        if e["op"] == "all_gather_single":
+            events.append({"op": "all_gather_into_tensor", "bytes": e["bytes"] // world_size})
+        elif e["op"] == "reduce_scatter_single":
+            events.append({"op": "reduce_scatter_tensor", "bytes": e["bytes"] * world_size})
+        else:
+            events.append(e)
+    g = grading(world_size)
+    ex.check_collectives(g, _collectives(events), world_size)
+    got = verdicts(g)
+    assert got["gathers-per-unit"][0] == "pass" and got["reduce-scatter-grads"][0] == "pass"
 
 
 def test_no_gather_in_backward_fails():

@@ -36,8 +36,9 @@ from grader import memory, probes
 from grader.child import RankContext
 from grader.compare import tensor_difference
 
-# Every unit's trainable size divides by 2, 3 and 4 (no padding): 576, 600, 600, 300 elements.
-EVEN = {"inputs": 23, "width": 24, "hidden": 24, "outputs": 12}
+# Every unit's trainable size divides by 2, 3 and 4 (no padding): 576, 600, 600, 900 elements; and no
+# unit's slice has another unit's size (a collective's size then names its unit, whichever tensor was recorded).
+EVEN = {"inputs": 23, "width": 24, "hidden": 24, "outputs": 36}
 # None divides evenly: 104, 182, 168 and 65 elements (each world size 2, 3 and 4 needs padding somewhere).
 UNEVEN = {"inputs": 7, "width": 13, "hidden": 12, "outputs": 5}
 UNITS = ("embed", "block", "hidden", "head")
@@ -567,19 +568,46 @@ def check_collectives(g, observations: list[dict], world_size: int) -> None:
     g.record("reduce-scatter-grads", True)
 
 
-def gathered_bytes(events: list[dict], world_size: int) -> list[int]:
+def gathered_bytes(events: list[dict], world_size: int, expected: list[int]) -> list[int]:
     """The size of what each all-gather in ``events`` assembled, in bytes, smallest first.
 
     The probe records the first tensor argument: the output of all_gather_single and its older
-    names, the input slice of the list form all_gather(tensor_list, tensor).
+    names, the input slice of the list form all_gather(tensor_list, tensor) and of the functional
+    collectives (all_gather_tensor, recorded as all_gather_into_tensor). A slice is world_size
+    times smaller than what it assembles, so an input that matches no unit but would be one
+    unit's slice counts as that unit.
     """
-    return sorted(e["bytes"] * (world_size if e["op"] == "all_gather" else 1) for e in events
-                  if e["op"] in ALL_GATHERS)
+    out = []
+    for e in events:
+        if e["op"] not in ALL_GATHERS:
+            continue
+        size = e["bytes"] * (world_size if e["op"] == "all_gather" else 1)
+        if size not in expected and size * world_size in expected:
+            size *= world_size
+        out.append(size)
+    return sorted(out)
+
+
+def reduced_bytes(events: list[dict], world_size: int, expected: list[int]) -> list[int]:
+    """The size of what each reduce-scatter in ``events`` left on this rank, in bytes, smallest first.
+
+    The probe records the output slice, but the input of the functional reduce_scatter_tensor:
+    an input world_size times a unit's slice counts as that slice.
+    """
+    out = []
+    for e in events:
+        if e["op"] not in REDUCE_SCATTERS:
+            continue
+        size = e["bytes"]
+        if size not in expected and size % world_size == 0 and size // world_size in expected:
+            size //= world_size
+        out.append(size)
+    return sorted(out)
 
 
 def _check_gathers(g, where, forward, backward, gathered, units, world_size, rank) -> bool:
-    in_forward = gathered_bytes(forward, world_size)
-    in_backward = gathered_bytes(backward, world_size)
+    in_forward = gathered_bytes(forward, world_size, gathered)
+    in_backward = gathered_bytes(backward, world_size, gathered)
     text = (f"(the units' padded sizes are {gathered} bytes for {world_size} ranks)")
     if in_forward != gathered:
         return g.record("gathers-per-unit", False,
@@ -597,7 +625,7 @@ def _check_gathers(g, where, forward, backward, gathered, units, world_size, ran
 
 
 def _check_reductions(g, where, events, sliced, units, world_size, rank) -> bool:
-    reductions = sorted(e["bytes"] for e in events if e["op"] in REDUCE_SCATTERS)
+    reductions = reduced_bytes(events, world_size, sliced)
     others = [e for e in events if e["op"] in probes.COLLECTIVES and e["op"] not in ALL_GATHERS + REDUCE_SCATTERS +
               HARMLESS]
     if others:
@@ -620,7 +648,7 @@ def check_uneven_gathers(g, observations: list[dict], world_size: int) -> None:
     expected = sorted(padded(n, world_size) * 4 for n in sizes.values())
     for rank, obs in enumerate(observations):
         forward, _ = _windows(obs["steps"][0]["events"])
-        got = gathered_bytes(forward, world_size)
+        got = gathered_bytes(forward, world_size, expected)
         if got != expected:
             shown = ", ".join(f"{name} {n} -> {padded(n, world_size)}" for name, n in sizes.items())
             g.record("uneven-sizes", False,
