@@ -40,7 +40,8 @@ class, in float32 and in float64:
               so that no full copy survives; while the unit runs, point those
               attribute names at views of the gathered buffer.
             - A parameter with requires_grad=False stays as it is, whole on
-              every rank, like a buffer: it is never trained nor communicated.
+              every rank, like a buffer: after the broadcast from rank 0 it
+              is neither trained nor communicated.
         forward(self, *args, **kwargs)
             Run the wrapped module. Just before a unit runs, all-gather its
             buffer from the slices (one all-gather per unit); just after, free
