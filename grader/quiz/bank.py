@@ -47,6 +47,7 @@ TOPICS: dict[str, str] = {
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
     "tensor-parallel": "Tensor parallelism: column and row splits, Megatron's f and g, sequence parallelism",
     "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
+    "sharding": "ZeRO stage 3 by hand: slices, padding, gathers, freeing memory",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
