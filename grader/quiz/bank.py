@@ -35,6 +35,8 @@ TOPICS: dict[str, str] = {
     "checkpoint": "Checkpointing under DDP",
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
+    "mixed-precision": "Mixed precision with DDP",
+    "elastic": "torchrun, rendezvous and restarts",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
