@@ -43,6 +43,9 @@ NORM_FACTORS = (4.0, 0.5, 0.5, 0.5, 0.5)
 RTOL, ATOL = 1e-4, 1e-6  # parameters after a step against the grader's recomputation
 RATIO_TOL = 1e-2  # the update's size relative to the gradient's, against what clipping gives
 LOSS_RTOL = 1e-3
+# What GradScaler raises when a step begins before update() ended the previous one.
+SCALER_NOT_UPDATED = ("unscale_() is being called after step()", "step() has already been called since the last update()",
+                      "unscale_() has already been called on this optimizer since the last update()")
 
 
 def build_model() -> nn.Module:
@@ -111,7 +114,7 @@ def _observe(ctx: RankContext, train_step_amp, dtype_index: int, dtype: torch.dt
         except NotImplementedError:
             raise
         except Exception as exc:
-            if step != INF_STEP:
+            if step != INF_STEP and not any(m in str(exc) for m in SCALER_NOT_UPDATED):
                 raise
             record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
             returned = None
@@ -233,6 +236,9 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
     steps_done = min(len(r["steps"]) for r in runs)
     for step in range(steps_done):
         records = [r["steps"][step] for r in runs]
+        if any(rec["error"] for rec in records):
+            steps_done = step
+            break  # the errors are reported below
         at = f"step {step}"
         for rank, rec in enumerate(records):
             wrong = [d for d in rec["computed_in"] if d != str(dtype)]
@@ -245,7 +251,7 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
                    "next step would add to it", rank)
             record("scale-updates", rec["scale_after"] == scales[step], _scale_message(rec, step, scales, rank), rank)
         for rank in range(1, world_size):
-            found = largest_difference(records[rank]["after"], records[0]["after"])
+            found = largest_difference(_comparable(records[rank]["after"]), _comparable(records[0]["after"]))
             record("params-identical", found is None,
                    f"{at}: after the step, rank {rank}'s parameters differ from rank 0's: {found}", rank)
 
@@ -255,7 +261,9 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
         for rank, rec in enumerate(records):
             record("loss-returned", *_loss_verdict(rec, losses[rank], f"{at}, rank {rank}"), rank)
         if step == INF_STEP:
-            check_skip(g, records, step, name, world_size)
+            if not check_skip(g, records, step, name, world_size):
+                steps_done = STEPS  # the steps after a NaN update say nothing more
+                break
             continue
         factor = clip_factor(g_norm, max_norms[step])
         want = sgd(before, grad, factor)
@@ -270,19 +278,30 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
                f"{found}", 0)
     for rank, r in enumerate(runs):
         errors = [(s, rec["error"]) for s, rec in enumerate(r["steps"]) if rec["error"]]
-        if errors:
-            step, error = errors[0]
-            record("skips-nonfinite", False, f"step {step}, rank {rank}: train_step_amp raised {error} when a "
-                   "gradient was inf; the scaler must skip that step and training go on", rank)
+        if not errors:
+            continue
+        step, error = errors[0]
+        if any(m in error for m in SCALER_NOT_UPDATED):
+            record("scale-updates", False, f"step {step}, rank {rank}: the scaler refused the step: {error.rstrip('.')}. The "
+                   "previous step did not end with scaler.update(), which resets the scaler for the next one", rank)
+        else:
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: when rank {world_size - 1}'s gradient was "
+                   f"inf, train_step_amp raised {error}; the scaler must skip that step, and training go on", rank)
     if steps_done > INF_STEP + 1:
         for rank, r in enumerate(runs):
             rec = r["steps"][INF_STEP + 1]
             if largest_difference(rec["after"], rec["before"]) is None:
                 record("skips-nonfinite", False, f"step {INF_STEP + 1}, rank {rank}: the step after the skipped one "
                        "left the parameters unchanged: training must go on with the smaller scale", rank)
+    first_error = min(((s, rank) for rank, r in enumerate(runs) for s, rec in enumerate(r["steps"]) if rec["error"]),
+                      default=None)
+    why = f": at step {first_error[0]}, train_step_amp raised on rank {first_error[1]}" if first_error else ""
+    if steps_done <= INF_STEP and not any(rec["error"] for r in runs for rec in r["steps"][INF_STEP:INF_STEP + 1]):
+        record("skips-nonfinite", False, f"the steps stopped at step {steps_done}, before step {INF_STEP}, whose "
+               f"gradient the grader makes inf{why}")
     if steps_done < STEPS:
         for check_id in ("matches-reference", "scale-updates"):
-            record(check_id, False, f"only {steps_done} of {STEPS} steps could be graded")
+            record(check_id, False, f"only {steps_done} of {STEPS} steps could be graded{why}")
 
 
 def _scale_message(rec: dict, step: int, scales: list[float], rank: int) -> str:
@@ -336,16 +355,24 @@ def _clip_verdict(before: dict, after: dict, grad: dict, g_norm: float, max_norm
     return False, situation
 
 
-def check_skip(g, records: list[dict], step: int, name: str, world_size: int) -> None:
-    """The step with one rank's gradient inf: every rank keeps its parameters, finite, and goes on."""
+def _comparable(params: dict) -> dict:
+    """NaN where NaN, so that two ranks holding the same NaNs count as identical."""
+    return {k: torch.nan_to_num(v.double(), nan=1e300, posinf=1e301, neginf=-1e301) for k, v in params.items()}
+
+
+def check_skip(g, records: list[dict], step: int, name: str, world_size: int) -> bool:
+    """The step with one rank's gradient inf: every rank keeps its parameters, finite. False when the
+    parameters are no longer finite (the steps after it cannot be graded)."""
     def record(check_id, ok, message="", rank=None):
         return g.record(check_id, ok, f"{name}: {message}", rank=rank, world_size=world_size)
 
+    finite = True
     for rank, rec in enumerate(records):
         if rec["error"]:
             continue  # reported with the others' errors
         bad = [k for k, v in rec["after"].items() if not bool(torch.isfinite(v).all())]
         if bad:
+            finite = False
             record("skips-nonfinite", False, f"step {step}, rank {rank}: rank {world_size - 1}'s gradient was inf, "
                    f"and afterwards {bad[0]} holds inf or NaN: the update was applied instead of skipped", rank)
             continue
@@ -355,3 +382,4 @@ def check_skip(g, records: list[dict], step: int, name: str, world_size: int) ->
                    f"but the parameters changed ({found}): every rank must skip this step", rank)
             continue
         record("skips-nonfinite", True)
+    return finite
