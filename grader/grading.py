@@ -66,6 +66,7 @@ class Grading:
         self._verdicts: dict[str, CheckResult] = {}
         self._clock = time.monotonic()
         self.sizes_run: list[int] = []  # the world sizes of the process groups actually run
+        self.timeline: list[dict] = []  # what a whole job did, in order, for the report (exercise 15)
         self.in_one_process = False  # a worker process ran the learner's code (no process group)
 
     @property
@@ -183,6 +184,10 @@ class Grading:
             "" if ok else info.hint)
         return ok
 
+    def add_timeline(self, entries: list[dict]) -> None:
+        """Events of a whole job for the report, in order: plain data, each with a "text" line."""
+        self.timeline.extend(entries)
+
     def skip(self, check_id: str, reason: str) -> None:
         info = self.exercise.check(check_id)
         self._verdicts[check_id] = CheckResult(check_id, info.title, SKIP, reason, points=info.points)
@@ -290,6 +295,7 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.status, report.run_problem = abort.problem.status, abort.problem
         not_run = report.problem.splitlines()[0]
     report.checks = g.results(not_run)
+    report.timeline = list(g.timeline)
     report.world_sizes = sorted(g.sizes_run) or ([] if g.in_one_process else report.world_sizes)
     report.in_one_process = g.in_one_process and not g.sizes_run
     if report.run_problem is None:

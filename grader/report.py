@@ -49,6 +49,10 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
                 lines.append(style(f"        {c.message}", dim=True))
             elif c.status == ERROR and verbose:
                 lines.append(style(f"        {c.message}", dim=True))
+    if report.timeline:
+        lines.append("")
+        lines.append(style("timeline (what the grader saw):", bold=True))
+        lines.extend(f"  {entry.get('text', '')}" for entry in report.timeline)
     if report.details and (verbose or report.status == TIMEOUT or report.problem):
         lines.append("")
         lines.append(style("details:", bold=True))

@@ -309,6 +309,23 @@ def _wrap_build_model(module, rec: _Recorder, models: list) -> None:
     module.build_model = logged_build_model
 
 
+# --- in the grader's ranks ---------------------------------------------------------------------
+
+
+def alone_main(ctx) -> dict:
+    """main() as the only worker, in the warm pool: a quick first run that shows an error at once.
+
+    The environment is what torchrun gives a single worker; the process group meets at the store
+    the grader holds for this run.
+    """
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"})
+    snapshot = os.path.join(ctx.run_dir, SNAPSHOT)
+    sys.argv = [ctx.learner_path, "--snapshot", snapshot]
+    main = ctx.function("main")
+    main()
+    return {"snapshot": os.path.exists(snapshot)}
+
+
 # --- in the grader's rank: start the agents, wait, stop whatever is left ----------------------
 
 
@@ -416,6 +433,516 @@ def _stop_tagged(tag: str) -> int:
         except (OSError, IndexError):
             continue
     return killed
+
+
+# --- in the grader: read the records --------------------------------------------------------
+
+
+def _read_lines(path: str) -> list[dict]:
+    """The events of one worker; a line cut short by a kill is skipped."""
+    out = []
+    try:
+        with open(path, "rb") as f:
+            for line in f.read().decode("utf-8", errors="replace").splitlines():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and isinstance(event.get("e"), str):
+                    out.append(event)
+    except OSError:
+        pass
+    return out
+
+
+def read_workers(folder: str) -> list[dict]:
+    """Every worker start of one job, from its event file, summed up."""
+    workers = []
+    for path in sorted(glob.glob(os.path.join(folder, "events", "events-*.jsonl"))):
+        events = _read_lines(path)
+        start = next((e for e in events if e["e"] == "start"), None)
+        if start is None:
+            continue
+        env = start.get("env") or {}
+        name = os.path.basename(path)[len("events-"):-len(".jsonl")]
+        worker = {
+            "node": str(start.get("node")), "attempt": int(start.get("attempt", 0)), "pid": start.get("pid"),
+            "rank": _int(env.get("RANK")), "local_rank": _int(env.get("LOCAL_RANK")),
+            "world_size": _int(env.get("WORLD_SIZE")), "group_rank": _int(env.get("GROUP_RANK")),
+            "restart_count": _int(env.get("TORCHELASTIC_RESTART_COUNT")),
+            "start": start["t"], "end": events[-1]["t"],
+            "found": next((e for e in events if e["e"] == "snapshot-found"), {}),
+            "loads": [e for e in events if e["e"] == "load"],
+            "writes": [e for e in events if e["e"] == "write"],
+            "set_epoch": [e.get("epoch") for e in events if e["e"] == "set_epoch"],
+            "killed": next((e for e in events if e["e"] == "killed"), None),
+            "error": next((e.get("error") for e in events if e["e"] == "error"), None),
+            "finished": any(e["e"] == "end" for e in events),
+            "steps": sum(1 for e in events if e["e"] == "step"),
+            "devices": sorted({(e.get("device"), e.get("cuda_current")) for e in events if e["e"] == "forward"},
+                              key=str),
+            "final": os.path.join(folder, "events", f"final-{name}.pt"),
+        }
+        worker.update(_training(events))
+        workers.append(worker)
+    return workers
+
+
+def _int(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _training(events: list[dict]) -> dict:
+    """The batches that fed optimizer steps, grouped by the sampler iteration each came from.
+
+    Returns ``epochs``: one entry per sampler iteration that fed a step, in order:
+    ``{"epoch": sampler.epoch, "rank": ..., "num_replicas": ..., "indices": [...], "steps": n}``.
+    """
+    iterations: list[dict] = []
+    epochs: list[dict] = []
+    last_forward = None
+    for e in events:
+        if e["e"] == "iter":
+            iterations.append(e)
+        elif e["e"] == "forward":
+            last_forward = (e.get("indices") or [], len(iterations) - 1)
+        elif e["e"] == "step" and last_forward is not None:
+            indices, index = last_forward
+            last_forward = None
+            if not epochs or epochs[-1]["iteration"] != index:
+                source = iterations[index] if index >= 0 else {}
+                epochs.append({"iteration": index, "epoch": source.get("epoch"), "rank": source.get("rank"),
+                               "num_replicas": source.get("num_replicas"), "indices": [], "steps": 0})
+            epochs[-1]["indices"].extend(int(i) for i in indices)
+            epochs[-1]["steps"] += 1
+    return {"epochs": epochs}
+
+
+def _who(w: dict) -> str:
+    return f"RANK {w['rank']} (node {w['node']}, LOCAL_RANK {w['local_rank']})"
+
+
+def _read_final(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+    except (OSError, Exception):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+# --- in the grader: the run nobody interrupted -----------------------------------------------
+
+
+def uninterrupted() -> dict:
+    """EPOCHS epochs of the exercise's training on WORLD_SIZE ranks, without a failure, in one process.
+
+    Each step: the mean over ranks of each rank's mean loss on its batch (what DDP's averaged
+    gradients are the gradient of), then SGD with momentum, written out (torch.optim would import
+    torch._dynamo here).
+    """
+    from torch.utils.data import DistributedSampler
+
+    with torch.random.fork_rng():
+        model = build_model()
+    dataset = build_dataset()
+    x_all, y_all = dataset.tensors
+    buffers: dict = {}
+    for epoch in range(EPOCHS):
+        orders = []
+        for rank in range(WORLD_SIZE):
+            sampler = DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=SEED)
+            sampler.set_epoch(epoch)
+            orders.append(list(sampler))
+        for step in range(STEPS_PER_EPOCH):
+            model.zero_grad()
+            losses = []
+            for order in orders:
+                idx = torch.tensor(order[step * BATCH_SIZE:(step + 1) * BATCH_SIZE])
+                losses.append(nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]))
+            (sum(losses) / WORLD_SIZE).backward()
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    buf = buffers.get(name)
+                    buf = p.grad.clone() if buf is None else buf.mul_(MOMENTUM).add_(p.grad)
+                    buffers[name] = buf
+                    p.add_(buf, alpha=-LR)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --- in the grader: the checks ------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    import uuid
+
+    g.run("alone_main", 1, label="main() as a single worker, without torchrun", graded_size=1)
+    sizes = "2 nodes x 2 and 1 node x 4"
+    outcome = g.run("jobs_main", 1, kwargs={"tag": uuid.uuid4().hex},
+                    label=f"torchrun, {sizes}, one worker killed in each", graded_size=WORLD_SIZE)
+    info = outcome.results()[0]
+    jobs = {name: {**job, "workers": read_workers(job["folder"])} for name, job in info["jobs"].items()}
+    g.add_timeline(timeline(jobs, info))
+    if all(not w["steps"] for job in jobs.values() for w in job["workers"]):
+        errors = sorted({w["error"] for job in jobs.values() for w in job["workers"] if w["error"]})
+        logs = "\n".join(a["log"] for job in jobs.values() for a in job["agents"].values())
+        g.stop("no worker took an optimizer step under torchrun; "
+               + (f"the workers raised: {errors[0]}" if errors else "the end of the agents' output:\n"
+                  + "\n".join(logs.rstrip().splitlines()[-12:])))
+    reference = uninterrupted()
+    for name, job in jobs.items():
+        check_exit(g, name, job, info["timeout_s"])
+        check_resume(g, name, job)
+        check_writers(g, name, job)
+        check_shards(g, name, job)
+        check_set_epoch(g, name, job)
+        check_final(g, name, job, reference)
+        check_snapshot(g, name, job)
+        check_devices(g, name, job)
+    check_atomic(g, "1 node x 4", jobs["1 node x 4"])
+
+
+def _record(g, check_id: str, ok: bool, job: str, message: str = "", rank: int | None = None) -> bool:
+    return g.record(check_id, ok, f"{job}: {message}", rank=rank, world_size=WORLD_SIZE)
+
+
+def _last_line(log: str) -> str:
+    lines = [ln for ln in log.strip().splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (errors or lines or [""])[-1].strip()[:300]
+
+
+def check_exit(g, name: str, job: dict, timeout_s: float) -> None:
+    for node, agent in sorted(job["agents"].items()):
+        code = agent["returncode"]
+        if code is None:
+            _record(g, "job-exits-0", False, name, f"the torchrun agent of node {node} had not finished after "
+                    f"{timeout_s:.0f} s and was stopped; its last words: {_last_line(agent['log'])}")
+        elif code != 0:
+            _record(g, "job-exits-0", False, name, f"the torchrun agent of node {node} exited with code {code}; "
+                    f"its last words: {_last_line(agent['log'])}")
+    g.record("job-exits-0", True)
+
+
+def _attempts(job: dict) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for w in job["workers"]:
+        out.setdefault(w["attempt"], []).append(w)
+    return out
+
+
+def _snapshot_path(job: dict) -> str:
+    return os.path.join(job["folder"], "snapshot", SNAPSHOT)
+
+
+def _kill(job: dict) -> dict | None:
+    return next((w for w in job["workers"] if w["killed"]), None)
+
+
+def _why_no_kill(name: str, job: dict) -> str:
+    plan = JOBS[name]["kill"]
+    target = next((w for w in _attempts(job).get(0, []) if w["rank"] == plan["rank"]), None)
+    if target is None:
+        return f"no worker with RANK {plan['rank']} started"
+    if "after_step" in plan:
+        return (f"{_who(target)} took {target['steps']} optimizer step(s), never reaching step {plan['after_step']} "
+                f"(epoch {KILL_EPOCH}, step 2 of {STEPS_PER_EPOCH}), where the grader kills it")
+    return (f"{_who(target)} never wrote a file next to the snapshot after its optimizer step "
+            f"{plan['write_after_step']} (the end of epoch {KILL_EPOCH}), where the grader kills it")
+
+
+def check_resume(g, name: str, job: dict) -> None:
+    """After the kill and torchrun's restart, every worker continues from the last complete snapshot."""
+    attempts = _attempts(job)
+    if _kill(job) is None:
+        _record(g, "resumes-from-snapshot", False, name, f"the grader's kill never happened: {_why_no_kill(name, job)}")
+        return
+    restarted = attempts.get(1, [])
+    if not restarted:
+        _record(g, "resumes-from-snapshot", False, name, "after the kill, torchrun never started the workers again")
+        return
+    found = restarted[0]["found"]
+    path = _snapshot_path(job)
+    if not found.get("exists"):
+        _record(g, "resumes-from-snapshot", False, name, f"when torchrun restarted the workers there was no "
+                f"snapshot at --snapshot {SNAPSHOT}: nothing to resume from")
+        return
+    if found.get("error"):
+        _record(g, "resumes-from-snapshot", False, name, f"when torchrun restarted the workers, the snapshot "
+                f"({found.get('size')} bytes) could not be read: {found['error']}")
+        return
+    saved = found.get("epoch")
+    resume_at = saved + 1 if isinstance(saved, int) else None
+    for w in sorted(restarted, key=lambda w: (w["rank"] is None, w["rank"])):
+        loads = [ld for ld in w["loads"] if ld.get("path") == os.path.abspath(path)]
+        trained = [e["epoch"] for e in w["epochs"]]
+        if not loads:
+            _record(g, "resumes-from-snapshot", False, name,
+                    f"after the restart {_who(w)} never loaded the snapshot (of epoch {saved}), and trained "
+                    f"{len(trained)} epoch(s) from the start: load it when it exists and continue at epoch "
+                    f"{resume_at}", rank=w["rank"])
+            return
+        failed = next((ld for ld in loads if ld.get("error")), None)
+        if failed:
+            _record(g, "resumes-from-snapshot", False, name, f"after the restart {_who(w)}'s torch.load of the "
+                    f"snapshot raised {failed['error']}", rank=w["rank"])
+            return
+        if resume_at is not None and len(trained) != EPOCHS - resume_at:
+            _record(g, "resumes-from-snapshot", False, name,
+                    f"after the restart {_who(w)} loaded the snapshot of epoch {saved} but trained {len(trained)} "
+                    f"epoch(s) (sampler epochs {trained}); continuing at epoch {resume_at} leaves "
+                    f"{EPOCHS - resume_at} of the {EPOCHS}", rank=w["rank"])
+            return
+        if trained and len(set(trained)) == len(trained) and trained[0] != resume_at:
+            _record(g, "resumes-from-snapshot", False, name,
+                    f"after the restart {_who(w)} loaded the snapshot of epoch {saved} and began with epoch "
+                    f"{trained[0]}, expected {resume_at} (the saved epoch + 1)", rank=w["rank"])
+            return
+    g.record("resumes-from-snapshot", True)
+
+
+def check_atomic(g, name: str, job: dict) -> None:
+    """Rank 0 killed half-way through writing: the path still holds the previous, complete snapshot."""
+    killed = _kill(job)
+    if killed is None or killed["killed"].get("why") != "while writing the snapshot":
+        _record(g, "snapshot-atomic", False, name, f"the grader's kill never happened: {_why_no_kill(name, job)}")
+        return
+    restarted = _attempts(job).get(1, [])
+    if not restarted:
+        _record(g, "snapshot-atomic", False, name, f"{_who(killed)} was killed half-way through writing the "
+                "snapshot, and torchrun never started the workers again")
+        return
+    found = restarted[0]["found"]
+    if not found.get("exists"):
+        _record(g, "snapshot-atomic", False, name, f"{_who(killed)} was killed half-way through writing the snapshot "
+                f"of epoch {KILL_EPOCH}, and afterwards there was no snapshot at all: the one of epoch "
+                f"{KILL_EPOCH - 1} was removed before the new one was complete")
+        return
+    if found.get("error"):
+        _record(g, "snapshot-atomic", False, name, f"{_who(killed)} was killed half-way through writing the snapshot "
+                f"of epoch {KILL_EPOCH}, and the restarted workers found a torn file at the path ({found.get('size')} "
+                f"bytes that do not load: {found['error'][:160]}). The snapshot of epoch {KILL_EPOCH - 1} was "
+                "overwritten in place: save to a temporary file and os.replace it onto the path")
+        return
+    g.record("snapshot-atomic", True)
+
+
+def check_writers(g, name: str, job: dict) -> None:
+    from grader import probes
+
+    path = os.path.abspath(_snapshot_path(job))
+    workers = job["workers"]
+    writers = probes.writers_of(path, [w["writes"] for w in workers])
+    if not writers:
+        _record(g, "rank0-writes-only", False, name, f"no worker wrote the snapshot ({SNAPSHOT}, given as "
+                "--snapshot)")
+        return
+    for index, records in sorted(writers.items()):
+        w = workers[index]
+        if w["rank"] != 0:
+            how = "; ".join(sorted({probes.describe_write(r, path) for r in records}))
+            node_note = " (LOCAL_RANK 0 of the second node: is the writer chosen by LOCAL_RANK?)" \
+                if w["local_rank"] == 0 and w["node"] != "a" else ""
+            _record(g, "rank0-writes-only", False, name, f"attempt {w['attempt']}: {_who(w)} wrote the snapshot "
+                    f"({how}); only global rank 0 may{node_note}", rank=w["rank"])
+            return
+    g.record("rank0-writes-only", True)
+
+
+def check_shards(g, name: str, job: dict) -> None:
+    """In each epoch of each attempt, the workers trained on disjoint samples, all of them together."""
+    for attempt, workers in sorted(_attempts(job).items()):
+        for k in range(max((len(w["epochs"]) for w in workers), default=0)):
+            owner: dict[int, dict] = {}
+            complete = len(workers) == WORLD_SIZE
+            for w in sorted(workers, key=lambda w: (w["rank"] is None, w["rank"])):
+                if k >= len(w["epochs"]):
+                    complete = False
+                    continue
+                epoch = w["epochs"][k]
+                complete = complete and epoch["steps"] == STEPS_PER_EPOCH
+                for i in epoch["indices"]:
+                    other = owner.get(i)
+                    if other is not None and other is not w:
+                        _record(g, "sampler-global-rank", False, name, _shared_shard(attempt, k, other, w, epoch),
+                                rank=w["rank"])
+                        return
+                    owner[i] = w
+            if complete and len(owner) < NUM_SAMPLES:
+                missing = sorted(set(range(NUM_SAMPLES)) - set(owner))
+                _record(g, "sampler-global-rank", False, name, f"attempt {attempt}, epoch {k + 1} of the attempt: "
+                        f"{len(missing)} of {NUM_SAMPLES} samples were never trained on (e.g. {missing[:5]}): the "
+                        f"sampler needs num_replicas=WORLD_SIZE ({WORLD_SIZE}) and rank=RANK")
+                return
+    g.record("sampler-global-rank", True)
+
+
+def _shared_shard(attempt: int, k: int, a: dict, b: dict, epoch: dict) -> str:
+    first = a["epochs"][k]
+    same = sorted(set(first["indices"]) & set(epoch["indices"]))
+    where = "two nodes got the same shard" if a["node"] != b["node"] else "two workers of one node got the same shard"
+    told = ""
+    if epoch.get("rank") is not None:
+        told = (f"; their DistributedSamplers had rank={first.get('rank')} and rank={epoch.get('rank')}, "
+                f"num_replicas={first.get('num_replicas')} and {epoch.get('num_replicas')}")
+        if epoch.get("rank") == b["local_rank"] and b["local_rank"] != b["rank"]:
+            told += f": {_who(b)} gave its LOCAL_RANK, use RANK (the rank among all nodes' workers)"
+    return (f"attempt {attempt}, epoch {k + 1} of the attempt: {_who(a)} and {_who(b)} both trained on samples "
+            f"{same[:6]}{'...' if len(same) > 6 else ''} ({len(same)} in common): {where}{told}")
+
+
+def check_set_epoch(g, name: str, job: dict) -> None:
+    for w in sorted(job["workers"], key=lambda w: (w["attempt"], w["rank"] is None, w["rank"])):
+        epochs = [e["epoch"] for e in w["epochs"]]
+        if len(set(epochs)) != len(epochs):
+            _record(g, "set-epoch", False, name, f"attempt {w['attempt']}: {_who(w)} trained {len(epochs)} epochs "
+                    f"with the sampler at epoch {epochs}, so they repeat one order: call sampler.set_epoch(epoch) "
+                    f"before each epoch" + ("" if w["set_epoch"] else " (set_epoch was never called)"),
+                    rank=w["rank"])
+            return
+    g.record("set-epoch", True)
+
+
+def check_final(g, name: str, job: dict, reference: dict) -> None:
+    from grader.compare import largest_difference
+
+    last = max(_attempts(job).items(), default=(0, []))[1]
+    if len(last) != WORLD_SIZE:
+        _record(g, "matches-uninterrupted", False, name, f"the last attempt had {len(last)} worker(s), expected "
+                f"{WORLD_SIZE}")
+        return
+    for w in sorted(last, key=lambda w: (w["rank"] is None, w["rank"])):
+        if not w["finished"]:
+            why = w["error"] or "no end was recorded"
+            _record(g, "matches-uninterrupted", False, name, f"{_who(w)} of attempt {w['attempt']} did not finish "
+                    f"main(): {why[:300]}", rank=w["rank"])
+            return
+        final = _read_final(w["final"])
+        if final is None:
+            _record(g, "matches-uninterrupted", False, name, f"{_who(w)}: the model built by build_model() could "
+                    "not be read after main() returned", rank=w["rank"])
+            return
+        found = largest_difference(final, reference)
+        if found is not None and (found.reason != "values" or found.max_abs > TOLERANCE):
+            _record(g, "matches-uninterrupted", False, name, f"after the job, {_who(w)}'s parameters differ from "
+                    f"{EPOCHS} epochs of training without a failure: {found}", rank=w["rank"])
+            return
+    g.record("matches-uninterrupted", True)
+
+
+def check_snapshot(g, name: str, job: dict) -> None:
+    """The snapshot left at the end: what the next restart would resume from."""
+    path = _snapshot_path(job)
+    try:
+        with open(path, "rb") as f:
+            snapshot = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        _record(g, "snapshot-complete", False, name, f"there is no snapshot at --snapshot {SNAPSHOT} after the job")
+        return
+    except Exception as exc:
+        _record(g, "snapshot-complete", False, name, f"the snapshot left after the job does not load with "
+                f"weights_only=True: {type(exc).__name__}: {str(exc)[:200]}")
+        return
+    keys = sorted(map(str, snapshot)) if isinstance(snapshot, dict) else None
+    missing = [k for k in ("model", "optimizer", "epoch") if keys is None or k not in snapshot]
+    if missing:
+        _record(g, "snapshot-complete", False, name, f"the snapshot holds {keys if keys is not None else type(snapshot).__name__}; missing {missing}"
+                + (": without the optimizer's state, SGD's momentum starts again from zero after a restart"
+                   if "optimizer" in missing else ""))
+        return
+    model, optimizer, epoch = snapshot["model"], snapshot["optimizer"], snapshot["epoch"]
+    if epoch != EPOCHS - 1:
+        _record(g, "snapshot-complete", False, name, f"the last snapshot says epoch {epoch!r}; the last epoch "
+                f"finished is {EPOCHS - 1} (0-based)")
+        return
+    if not isinstance(model, dict) or any(str(k).startswith("module.") for k in model):
+        _record(g, "snapshot-complete", False, name, "snapshot['model'] is not the unwrapped model's state_dict "
+                "(its keys start with 'module.': save model.module.state_dict(), or the model before wrapping)")
+        return
+    state = optimizer.get("state") if isinstance(optimizer, dict) else None
+    if not isinstance(state, dict) or len(state) != len(model) or \
+            not all(isinstance(v, dict) and "momentum_buffer" in v for v in state.values()):
+        held = len(state) if isinstance(state, dict) else 0
+        _record(g, "snapshot-complete", False, name, f"snapshot['optimizer'] holds state for {held} of "
+                f"{len(model)} parameters: save optimizer.state_dict() (SGD's momentum buffers)")
+        return
+    rank0 = next((w for w in max(_attempts(job).items(), default=(0, []))[1] if w["rank"] == 0), None)
+    final = _read_final(rank0["final"]) if rank0 else None
+    if final is not None:
+        from grader.compare import first_difference
+
+        found = first_difference(model, final)
+        if found is not None:
+            _record(g, "snapshot-complete", False, name, f"the last snapshot's model is not the trained model of "
+                    f"RANK 0: {found}")
+            return
+    g.record("snapshot-complete", True)
+
+
+def check_devices(g, name: str, job: dict) -> None:
+    if g.backend != "nccl":
+        g.skip("device-local-rank", "runs with NCCL only, on a machine with 4 GPUs (one per local rank)")
+        return
+    for w in job["workers"]:
+        wanted = f"cuda:{w['local_rank']}"
+        wrong = [d for d, _ in w["devices"] if d != wanted]
+        if wrong:
+            _record(g, "device-local-rank", False, name, f"{_who(w)} ran its model on {wrong[0]}; expected "
+                    f"{wanted}, the GPU of its LOCAL_RANK", rank=w["rank"])
+            return
+    g.record("device-local-rank", True)
+
+
+# --- in the grader: the timeline ----------------------------------------------------------------
+
+
+def timeline(jobs: dict, info: dict) -> list[dict]:
+    """Per job, per node and rank, in order: start, snapshot found, epochs, the kill, the restart, the end."""
+    out = []
+    for name, job in jobs.items():
+        workers = job["workers"]
+        t0 = min((w["start"] for w in workers), default=info.get("started", 0.0))
+        out.append({"job": name, "event": "command", "text": f"{name}: {next(iter(job['agents'].values()))['command']}"})
+        for w in sorted(workers, key=lambda w: (w["attempt"], w["node"], w["rank"] is None, w["rank"])):
+            found = w["found"]
+            if not found.get("exists"):
+                snapshot = None
+            elif found.get("error"):
+                snapshot = "unreadable"
+            else:
+                snapshot = found.get("epoch")
+            loaded = next((ld.get("epoch") for ld in w["loads"] if not ld.get("error")), None)
+            epochs = [e["epoch"] for e in w["epochs"]]
+            if w["killed"]:
+                k = w["killed"]
+                ended = f"killed by the grader {k.get('why')} (epoch {k.get('epoch')}, after step {k.get('steps')})"
+            elif w["finished"]:
+                ended = "finished"
+            elif w["error"]:
+                ended = f"stopped: {w['error'][:120]}"
+            else:
+                ended = "stopped by torchrun"
+            entry = {
+                "job": name, "event": "worker", "node": w["node"], "attempt": w["attempt"], "rank": w["rank"],
+                "local_rank": w["local_rank"], "pid": w["pid"], "start_s": round(w["start"] - t0, 2),
+                "end_s": round(w["end"] - t0, 2), "snapshot_found": snapshot, "loaded_epoch": loaded,
+                "epochs": epochs, "resumed_at": epochs[0] if w["attempt"] > 0 and epochs else None, "ended": ended,
+            }
+            found_text = "no snapshot" if snapshot is None else f"snapshot {'unreadable' if snapshot == 'unreadable' else f'of epoch {snapshot}'}"
+            restart = "restarted, " if w["attempt"] else ""
+            entry["text"] = (f"{name}, node {w['node']}, attempt {w['attempt']}: RANK {w['rank']} (LOCAL_RANK "
+                             f"{w['local_rank']}) {entry['start_s']:.1f}-{entry['end_s']:.1f} s: {restart}{found_text}"
+                             f"{f', loaded epoch {loaded}' if loaded is not None else ''}; trained epochs "
+                             f"{epochs or 'none'}; {ended}")
+            out.append(entry)
+        codes = {node: a["returncode"] for node, a in sorted(job["agents"].items())}
+        out.append({"job": name, "event": "exit", "codes": codes,
+                    "text": f"{name}: torchrun exited with " + ", ".join(
+                        f"node {n}: {'no exit (stopped)' if c is None else c}" for n, c in codes.items())})
+    return out
 
 
 if __name__ == "__main__":
