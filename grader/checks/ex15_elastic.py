@@ -27,6 +27,7 @@ import glob
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,17 +48,22 @@ STEPS_PER_EPOCH = NUM_SAMPLES // (WORLD_SIZE * BATCH_SIZE)
 SNAPSHOT = "snapshot.pt"
 TOLERANCE = 1e-5
 
-# The two jobs: how torchrun is started, and what the grader does to the first attempt.
-KILL_EPOCH = 2  # both kills happen in (or at the end of) this epoch; the snapshot of KILL_EPOCH - 1 is complete
+# The torchrun jobs, run at the same time: how torchrun is started, and what the grader does to the
+# first attempt. Both kills happen in (or at the end of) epoch KILL_EPOCH; the snapshot of
+# KILL_EPOCH - 1 is then the last complete one, and the run resumes at RESUME_EPOCH.
+KILL_EPOCH = 2
+RESUME_EPOCH = KILL_EPOCH
 JOBS = {
     "2 nodes x 2": {"nodes": ("a", "b"), "nproc": 2,
                     # RANK 3, after its second optimizer step of epoch KILL_EPOCH: mid-epoch
                     "kill": {"rank": 3, "after_step": KILL_EPOCH * STEPS_PER_EPOCH + 2}},
-    "1 node x 4": {"nodes": ("a",), "nproc": 4,
-                   # global rank 0, at its first write near the snapshot after epoch KILL_EPOCH's last step
-                   "kill": {"rank": 0, "write_after_step": (KILL_EPOCH + 1) * STEPS_PER_EPOCH}},
+    "1 node x 4": {"nodes": ("a",), "nproc": 4, "kill": {}},  # the same script, unchanged, uninterrupted
 }
-RESUME_EPOCH = KILL_EPOCH  # the epoch after the last complete snapshot (KILL_EPOCH - 1)
+# Before them, main() as a single worker in the warm pool, twice: killed half-way through writing
+# the snapshot of epoch KILL_EPOCH, then started again (a restart, without torchrun's cost).
+ALONE = "1 worker, restarted"
+ALONE_STEPS_PER_EPOCH = NUM_SAMPLES // BATCH_SIZE
+ALONE_KILL = {"rank": 0, "write_after_step": (KILL_EPOCH + 1) * ALONE_STEPS_PER_EPOCH}
 
 # Handed from the grader's rank to the agents, and from them to every worker.
 ENV_EVENTS = "DDP_GRADE_EX15_EVENTS"  # the folder of event files
@@ -99,7 +105,7 @@ class _Recorder:
         self.file.flush()
 
 
-def _attempt(folder: str, job: str, node: str, local_rank: str) -> int:
+def _attempt(folder: str, node: str, local_rank: str) -> int:
     """How many times this node's worker of this local rank has started before (one at a time)."""
     attempt = 0
     while True:
@@ -114,26 +120,38 @@ def _attempt(folder: str, job: str, node: str, local_rank: str) -> int:
 def worker_entry() -> None:
     """``python ex15_elastic.py LEARNER_FILE [the script's own arguments]``, started by torchrun."""
     learner_path, script_args = sys.argv[1], sys.argv[2:]
-    folder, job, node = os.environ[ENV_EVENTS], os.environ[ENV_JOB], os.environ[ENV_NODE]
+    folder, node = os.environ[ENV_EVENTS], os.environ[ENV_NODE]
+    attempt = _attempt(folder, node, os.environ.get("LOCAL_RANK", "x"))
+    plan = json.loads(os.environ.get(ENV_KILL) or "{}")
+    try:
+        _run_main(learner_path, script_args, folder, node, attempt, plan)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)  # the record is complete: skip seconds of interpreter teardown
+
+
+def _run_main(learner_path: str, script_args: list[str], folder: str, node: str, attempt: int, plan: dict,
+              import_learner=None) -> None:
+    """The learner's main() with the probes installed; its model's parameters saved when it returns."""
     env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                           "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")}
-    attempt = _attempt(folder, job, node, env["LOCAL_RANK"])
-    rec = _Recorder(folder, f"events-{node}-{attempt}-{env['LOCAL_RANK']}.jsonl")
+    name = f"{node}-{attempt}-{env['LOCAL_RANK']}"
+    rec = _Recorder(folder, f"events-{name}.jsonl")
     rec.event("start", pid=os.getpid(), node=node, attempt=attempt, env=env)
     snapshot_path = _snapshot_argument(script_args)
     rec.event("snapshot-found", **_peek(snapshot_path))
-    plan = json.loads(os.environ.get(ENV_KILL) or "{}")
-    armed = attempt == 0 and plan.get("rank") == int(env["RANK"] or -1)
+    armed = attempt == 0 and plan.get("rank") is not None and str(plan["rank"]) == env["RANK"]
     models: list = []
     _install_probes(rec, plan if armed else {}, os.path.dirname(snapshot_path) if snapshot_path else None, models)
-
     sys.argv = [learner_path, *script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(learner_path)))
     try:
-        from grader.child import import_learner
-
+        if import_learner is None:
+            from grader.child import import_learner
         module = import_learner(learner_path)
         _wrap_build_model(module, rec, models)
+        if not hasattr(module, "main"):
+            raise AttributeError(f"{os.path.basename(learner_path)} defines no main()")
         module.main()
     except BaseException as exc:
         rec.event("error", error=f"{type(exc).__name__}: {exc}"[:600])
@@ -141,10 +159,7 @@ def worker_entry() -> None:
     rec.event("end", steps=rec.steps)
     if models:
         _real_save({k: v.detach().to("cpu", copy=True) for k, v in models[-1].state_dict().items()},
-                   os.path.join(folder, f"final-{node}-{attempt}-{env['LOCAL_RANK']}.pt"))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the record is complete: skip seconds of interpreter teardown
+                   os.path.join(folder, f"final-{name}.pt"))
 
 
 _real_save = torch.save
@@ -313,17 +328,26 @@ def _wrap_build_model(module, rec: _Recorder, models: list) -> None:
 
 
 def alone_main(ctx) -> dict:
-    """main() as the only worker, in the warm pool: a quick first run that shows an error at once.
+    """main() as the only worker, in the warm pool, with the environment torchrun gives one worker.
 
-    The environment is what torchrun gives a single worker; the process group meets at the store
-    the grader holds for this run.
+    The process group meets at the store the grader holds for this run. ``attempt`` 0 is killed
+    half-way through writing the snapshot of epoch KILL_EPOCH; attempt 1 starts again on the same
+    folder, as torchrun would after that kill.
     """
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"})
-    snapshot = os.path.join(ctx.run_dir, SNAPSHOT)
-    sys.argv = [ctx.learner_path, "--snapshot", snapshot]
-    main = ctx.function("main")
-    main()
-    return {"snapshot": os.path.exists(snapshot)}
+    attempt = ctx.kwargs["attempt"]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+                       "TORCHELASTIC_RESTART_COUNT": str(attempt)})
+    folder = ctx.kwargs.get("folder") or os.path.join(ctx.run_dir, "alone")
+    for sub in ("events", "snapshot"):
+        os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    snapshot = os.path.join(folder, "snapshot", SNAPSHOT)
+
+    def import_learner(path):
+        return ctx.learner()  # the harness's import: an import error is reported as one
+
+    _run_main(ctx.learner_path, ["--snapshot", snapshot], os.path.join(folder, "events"), "alone", attempt,
+              ALONE_KILL, import_learner)
+    return {}
 
 
 # --- in the grader's rank: start the agents, wait, stop whatever is left ----------------------
@@ -537,8 +561,8 @@ def _read_final(path: str) -> dict | None:
 # --- in the grader: the run nobody interrupted -----------------------------------------------
 
 
-def uninterrupted() -> dict:
-    """EPOCHS epochs of the exercise's training on WORLD_SIZE ranks, without a failure, in one process.
+def uninterrupted(world_size: int) -> dict:
+    """EPOCHS epochs of the exercise's training on ``world_size`` ranks, without a failure, in one process.
 
     Each step: the mean over ranks of each rank's mean loss on its batch (what DDP's averaged
     gradients are the gradient of), then SGD with momentum, written out (torch.optim would import
@@ -553,17 +577,17 @@ def uninterrupted() -> dict:
     buffers: dict = {}
     for epoch in range(EPOCHS):
         orders = []
-        for rank in range(WORLD_SIZE):
-            sampler = DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=rank, shuffle=True, seed=SEED)
+        for rank in range(world_size):
+            sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
             sampler.set_epoch(epoch)
             orders.append(list(sampler))
-        for step in range(STEPS_PER_EPOCH):
+        for step in range(NUM_SAMPLES // (world_size * BATCH_SIZE)):
             model.zero_grad()
             losses = []
             for order in orders:
                 idx = torch.tensor(order[step * BATCH_SIZE:(step + 1) * BATCH_SIZE])
                 losses.append(nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]))
-            (sum(losses) / WORLD_SIZE).backward()
+            (sum(losses) / world_size).backward()
             with torch.no_grad():
                 for name, p in model.named_parameters():
                     buf = buffers.get(name)
@@ -579,34 +603,61 @@ def uninterrupted() -> dict:
 def grade(g) -> None:
     import uuid
 
-    g.run("alone_main", 1, label="main() as a single worker, without torchrun", graded_size=1)
-    sizes = "2 nodes x 2 and 1 node x 4"
+    alone = run_alone(g)
     outcome = g.run("jobs_main", 1, kwargs={"tag": uuid.uuid4().hex},
-                    label=f"torchrun, {sizes}, one worker killed in each", graded_size=WORLD_SIZE)
+                    label="torchrun: 2 nodes x 2 (a worker killed mid-epoch) and 1 node x 4", graded_size=WORLD_SIZE)
     info = outcome.results()[0]
-    jobs = {name: {**job, "workers": read_workers(job["folder"])} for name, job in info["jobs"].items()}
-    g.add_timeline(timeline(jobs, info))
-    if all(not w["steps"] for job in jobs.values() for w in job["workers"]):
-        errors = sorted({w["error"] for job in jobs.values() for w in job["workers"] if w["error"]})
-        logs = "\n".join(a["log"] for job in jobs.values() for a in job["agents"].values())
-        g.stop("no worker took an optimizer step under torchrun; "
-               + (f"the workers raised: {errors[0]}" if errors else "the end of the agents' output:\n"
-                  + "\n".join(logs.rstrip().splitlines()[-12:])))
-    reference = uninterrupted()
+    jobs = {ALONE: alone}
+    for name, job in info["jobs"].items():
+        jobs[name] = {**job, "workers": read_workers(job["folder"]), "world": WORLD_SIZE, "plan": JOBS[name]["kill"]}
+    g.add_timeline(timeline(jobs))
+    timed_out = [(name, node) for name, job in jobs.items() for node, a in job["agents"].items()
+                 if a["returncode"] is None]
+    if timed_out:
+        g.stop(_timeout_message(jobs, timed_out, info["timeout_s"]), status="timeout")
+    references = {}
     for name, job in jobs.items():
-        check_exit(g, name, job, info["timeout_s"])
-        check_resume(g, name, job)
+        reference = references.setdefault(job["world"], uninterrupted(job["world"]))
+        if job["agents"]:
+            check_exit(g, name, job)
+            check_devices(g, name, job)
+        if job["plan"]:
+            check_resume(g, name, job)
         check_writers(g, name, job)
         check_shards(g, name, job)
         check_set_epoch(g, name, job)
         check_final(g, name, job, reference)
         check_snapshot(g, name, job)
-        check_devices(g, name, job)
-    check_atomic(g, "1 node x 4", jobs["1 node x 4"])
+    check_atomic(g, ALONE, alone)
 
 
-def _record(g, check_id: str, ok: bool, job: str, message: str = "", rank: int | None = None) -> bool:
-    return g.record(check_id, ok, f"{job}: {message}", rank=rank, world_size=WORLD_SIZE)
+def run_alone(g) -> dict:
+    """main() as one worker, killed half-way through writing a snapshot, then started again."""
+    first = g.run("alone_main", 1, kwargs={"attempt": 0}, expect_ok=False, graded_size=1,
+                  label="main() as one worker, killed while it writes the snapshot of epoch 2")
+    folder = os.path.join(first.run_dir, "alone")
+    workers = read_workers(folder)
+    if not any(w["killed"] for w in workers):
+        g.stop_on_failures(first)  # the learner's own error (not implemented, an exception), with its line
+    g.run("alone_main", 1, kwargs={"attempt": 1, "folder": folder}, expect_ok=False, graded_size=1,
+          label="main() as one worker again, as after a restart")
+    return {"folder": folder, "workers": read_workers(folder), "agents": {}, "world": 1, "plan": ALONE_KILL}
+
+
+def _timeout_message(jobs: dict, timed_out: list, timeout_s: float) -> str:
+    lines = [f"torchrun had not finished after {timeout_s:.0f} s ("
+             + ", ".join(f"{name}, node {node}" for name, node in timed_out) + "); the grader stopped it."]
+    for name, node in timed_out:
+        for w in jobs[name]["workers"]:
+            if w["node"] == node and not w["finished"] and not w["killed"] and not w["error"]:
+                lines.append(f"{name}: attempt {w['attempt']}, {_who(w)} had trained epochs "
+                             f"{[e['epoch'] for e in w['epochs']]} ({w['steps']} steps) and was still running")
+    return "\n".join(lines)
+
+
+def _record(g, check_id: str, ok: bool, job: str, message: str = "", rank: int | None = None,
+            world: int = WORLD_SIZE) -> bool:
+    return g.record(check_id, ok, f"{job}: {message}", rank=rank, world_size=world)
 
 
 def _last_line(log: str) -> str:
@@ -615,13 +666,10 @@ def _last_line(log: str) -> str:
     return (errors or lines or [""])[-1].strip()[:300]
 
 
-def check_exit(g, name: str, job: dict, timeout_s: float) -> None:
+def check_exit(g, name: str, job: dict) -> None:
     for node, agent in sorted(job["agents"].items()):
         code = agent["returncode"]
-        if code is None:
-            _record(g, "job-exits-0", False, name, f"the torchrun agent of node {node} had not finished after "
-                    f"{timeout_s:.0f} s and was stopped; its last words: {_last_line(agent['log'])}")
-        elif code != 0:
+        if code != 0:
             _record(g, "job-exits-0", False, name, f"the torchrun agent of node {node} exited with code {code}; "
                     f"its last words: {_last_line(agent['log'])}")
     g.record("job-exits-0", True)
@@ -642,92 +690,102 @@ def _kill(job: dict) -> dict | None:
     return next((w for w in job["workers"] if w["killed"]), None)
 
 
-def _why_no_kill(name: str, job: dict) -> str:
-    plan = JOBS[name]["kill"]
+def _steps_per_epoch(job: dict) -> int:
+    return NUM_SAMPLES // (job["world"] * BATCH_SIZE)
+
+
+def _why_no_kill(job: dict) -> str:
+    plan = job["plan"]
     target = next((w for w in _attempts(job).get(0, []) if w["rank"] == plan["rank"]), None)
     if target is None:
         return f"no worker with RANK {plan['rank']} started"
     if "after_step" in plan:
         return (f"{_who(target)} took {target['steps']} optimizer step(s), never reaching step {plan['after_step']} "
-                f"(epoch {KILL_EPOCH}, step 2 of {STEPS_PER_EPOCH}), where the grader kills it")
-    return (f"{_who(target)} never wrote a file next to the snapshot after its optimizer step "
-            f"{plan['write_after_step']} (the end of epoch {KILL_EPOCH}), where the grader kills it")
+                f"(epoch {KILL_EPOCH}, step 2 of {_steps_per_epoch(job)}), where the grader kills it")
+    return (f"{_who(target)} took {target['steps']} optimizer step(s) and never wrote a file next to the snapshot "
+            f"after step {plan['write_after_step']} (the end of epoch {KILL_EPOCH}), where the grader kills it")
+
+
+def _by_rank(workers: list[dict]) -> list[dict]:
+    return sorted(workers, key=lambda w: (w["rank"] is None, w["rank"] if w["rank"] is not None else 0))
 
 
 def check_resume(g, name: str, job: dict) -> None:
-    """After the kill and torchrun's restart, every worker continues from the last complete snapshot."""
-    attempts = _attempts(job)
+    """After the kill and the restart, every worker continues from the last complete snapshot."""
+    world = job["world"]
     if _kill(job) is None:
-        _record(g, "resumes-from-snapshot", False, name, f"the grader's kill never happened: {_why_no_kill(name, job)}")
+        _record(g, "resumes-from-snapshot", False, name, f"the grader's kill never happened: {_why_no_kill(job)}",
+                world=world)
         return
-    restarted = attempts.get(1, [])
+    restarted = _attempts(job).get(1, [])
     if not restarted:
-        _record(g, "resumes-from-snapshot", False, name, "after the kill, torchrun never started the workers again")
+        _record(g, "resumes-from-snapshot", False, name, "after the kill, the workers were never started again",
+                world=world)
         return
     found = restarted[0]["found"]
-    path = _snapshot_path(job)
     if not found.get("exists"):
-        _record(g, "resumes-from-snapshot", False, name, f"when torchrun restarted the workers there was no "
-                f"snapshot at --snapshot {SNAPSHOT}: nothing to resume from")
+        _record(g, "resumes-from-snapshot", False, name, f"when the workers started again there was no snapshot at "
+                f"--snapshot {SNAPSHOT}: nothing to resume from", world=world)
         return
     if found.get("error"):
-        _record(g, "resumes-from-snapshot", False, name, f"when torchrun restarted the workers, the snapshot "
-                f"({found.get('size')} bytes) could not be read: {found['error']}")
+        _record(g, "resumes-from-snapshot", False, name, f"when the workers started again, the snapshot "
+                f"({found.get('size')} bytes) could not be read: {found['error'][:200]}", world=world)
         return
     saved = found.get("epoch")
     resume_at = saved + 1 if isinstance(saved, int) else None
-    for w in sorted(restarted, key=lambda w: (w["rank"] is None, w["rank"])):
-        loads = [ld for ld in w["loads"] if ld.get("path") == os.path.abspath(path)]
+    path = os.path.abspath(_snapshot_path(job))
+    for w in _by_rank(restarted):
+        loads = [ld for ld in w["loads"] if ld.get("path") == path]
         trained = [e["epoch"] for e in w["epochs"]]
         if not loads:
             _record(g, "resumes-from-snapshot", False, name,
-                    f"after the restart {_who(w)} never loaded the snapshot (of epoch {saved}), and trained "
-                    f"{len(trained)} epoch(s) from the start: load it when it exists and continue at epoch "
-                    f"{resume_at}", rank=w["rank"])
+                    f"after the restart {_who(w)} never loaded the snapshot (of epoch {saved}) and trained "
+                    f"{len(trained)} epoch(s), from the start: load it when it exists and continue at epoch "
+                    f"{resume_at}", rank=w["rank"], world=world)
             return
         failed = next((ld for ld in loads if ld.get("error")), None)
         if failed:
             _record(g, "resumes-from-snapshot", False, name, f"after the restart {_who(w)}'s torch.load of the "
-                    f"snapshot raised {failed['error']}", rank=w["rank"])
+                    f"snapshot raised {failed['error'][:200]}", rank=w["rank"], world=world)
             return
         if resume_at is not None and len(trained) != EPOCHS - resume_at:
             _record(g, "resumes-from-snapshot", False, name,
-                    f"after the restart {_who(w)} loaded the snapshot of epoch {saved} but trained {len(trained)} "
-                    f"epoch(s) (sampler epochs {trained}); continuing at epoch {resume_at} leaves "
-                    f"{EPOCHS - resume_at} of the {EPOCHS}", rank=w["rank"])
+                    f"after the restart {_who(w)} loaded the snapshot of epoch {saved} but then trained "
+                    f"{len(trained)} epoch(s) (sampler epochs {trained}); continuing at epoch {resume_at} leaves "
+                    f"{EPOCHS - resume_at} of the {EPOCHS}", rank=w["rank"], world=world)
             return
         if trained and len(set(trained)) == len(trained) and trained[0] != resume_at:
             _record(g, "resumes-from-snapshot", False, name,
                     f"after the restart {_who(w)} loaded the snapshot of epoch {saved} and began with epoch "
-                    f"{trained[0]}, expected {resume_at} (the saved epoch + 1)", rank=w["rank"])
+                    f"{trained[0]}, expected {resume_at} (the saved epoch + 1)", rank=w["rank"], world=world)
             return
     g.record("resumes-from-snapshot", True)
 
 
 def check_atomic(g, name: str, job: dict) -> None:
-    """Rank 0 killed half-way through writing: the path still holds the previous, complete snapshot."""
+    """Killed half-way through writing: the path still holds the previous, complete snapshot."""
     killed = _kill(job)
     if killed is None or killed["killed"].get("why") != "while writing the snapshot":
-        _record(g, "snapshot-atomic", False, name, f"the grader's kill never happened: {_why_no_kill(name, job)}")
+        _record(g, "snapshot-atomic", False, name, f"the grader's kill never happened: {_why_no_kill(job)}",
+                world=job["world"])
         return
     restarted = _attempts(job).get(1, [])
+    found = restarted[0]["found"] if restarted else {}
     if not restarted:
-        _record(g, "snapshot-atomic", False, name, f"{_who(killed)} was killed half-way through writing the "
-                "snapshot, and torchrun never started the workers again")
+        message = "the worker was not started again after the kill"
+    elif not found.get("exists"):
+        message = (f"the worker was killed half-way through writing the snapshot of epoch {KILL_EPOCH}, and then "
+                   f"there was no snapshot at all: the one of epoch {KILL_EPOCH - 1} was gone before the new one "
+                   "was complete")
+    elif found.get("error"):
+        message = (f"the worker was killed half-way through writing the snapshot of epoch {KILL_EPOCH}, and the "
+                   f"restarted worker found a torn file at the path ({found.get('size')} bytes that do not load: "
+                   f"{found['error'][:120]}): the snapshot of epoch {KILL_EPOCH - 1} had been overwritten in "
+                   "place. Save to a temporary file, then os.replace it onto the path")
+    else:
+        g.record("snapshot-atomic", True)
         return
-    found = restarted[0]["found"]
-    if not found.get("exists"):
-        _record(g, "snapshot-atomic", False, name, f"{_who(killed)} was killed half-way through writing the snapshot "
-                f"of epoch {KILL_EPOCH}, and afterwards there was no snapshot at all: the one of epoch "
-                f"{KILL_EPOCH - 1} was removed before the new one was complete")
-        return
-    if found.get("error"):
-        _record(g, "snapshot-atomic", False, name, f"{_who(killed)} was killed half-way through writing the snapshot "
-                f"of epoch {KILL_EPOCH}, and the restarted workers found a torn file at the path ({found.get('size')} "
-                f"bytes that do not load: {found['error'][:160]}). The snapshot of epoch {KILL_EPOCH - 1} was "
-                "overwritten in place: save to a temporary file and os.replace it onto the path")
-        return
-    g.record("snapshot-atomic", True)
+    _record(g, "snapshot-atomic", False, name, message, world=job["world"])
 
 
 def check_writers(g, name: str, job: dict) -> None:
@@ -738,70 +796,71 @@ def check_writers(g, name: str, job: dict) -> None:
     writers = probes.writers_of(path, [w["writes"] for w in workers])
     if not writers:
         _record(g, "rank0-writes-only", False, name, f"no worker wrote the snapshot ({SNAPSHOT}, given as "
-                "--snapshot)")
+                "--snapshot)", world=job["world"])
         return
     for index, records in sorted(writers.items()):
         w = workers[index]
         if w["rank"] != 0:
             how = "; ".join(sorted({probes.describe_write(r, path) for r in records}))
-            node_note = " (LOCAL_RANK 0 of the second node: is the writer chosen by LOCAL_RANK?)" \
-                if w["local_rank"] == 0 and w["node"] != "a" else ""
+            note = " (it is LOCAL_RANK 0 of another node: is the writer chosen by LOCAL_RANK?)" \
+                if w["local_rank"] == 0 and w["group_rank"] not in (0, None) else ""
             _record(g, "rank0-writes-only", False, name, f"attempt {w['attempt']}: {_who(w)} wrote the snapshot "
-                    f"({how}); only global rank 0 may{node_note}", rank=w["rank"])
+                    f"({how}); only global rank 0 may{note}", rank=w["rank"], world=job["world"])
             return
     g.record("rank0-writes-only", True)
 
 
 def check_shards(g, name: str, job: dict) -> None:
     """In each epoch of each attempt, the workers trained on disjoint samples, all of them together."""
+    world, per_epoch = job["world"], _steps_per_epoch(job)
     for attempt, workers in sorted(_attempts(job).items()):
         for k in range(max((len(w["epochs"]) for w in workers), default=0)):
             owner: dict[int, dict] = {}
-            complete = len(workers) == WORLD_SIZE
-            for w in sorted(workers, key=lambda w: (w["rank"] is None, w["rank"])):
+            complete = len(workers) == world
+            for w in _by_rank(workers):
                 if k >= len(w["epochs"]):
                     complete = False
                     continue
                 epoch = w["epochs"][k]
-                complete = complete and epoch["steps"] == STEPS_PER_EPOCH
+                complete = complete and epoch["steps"] == per_epoch
                 for i in epoch["indices"]:
                     other = owner.get(i)
                     if other is not None and other is not w:
-                        _record(g, "sampler-global-rank", False, name, _shared_shard(attempt, k, other, w, epoch),
-                                rank=w["rank"])
+                        _record(g, "sampler-global-rank", False, name, _shared_shard(attempt, k, other, w),
+                                rank=w["rank"], world=world)
                         return
                     owner[i] = w
             if complete and len(owner) < NUM_SAMPLES:
                 missing = sorted(set(range(NUM_SAMPLES)) - set(owner))
                 _record(g, "sampler-global-rank", False, name, f"attempt {attempt}, epoch {k + 1} of the attempt: "
                         f"{len(missing)} of {NUM_SAMPLES} samples were never trained on (e.g. {missing[:5]}): the "
-                        f"sampler needs num_replicas=WORLD_SIZE ({WORLD_SIZE}) and rank=RANK")
+                        f"sampler needs num_replicas=WORLD_SIZE ({world}) and rank=RANK", world=world)
                 return
     g.record("sampler-global-rank", True)
 
 
-def _shared_shard(attempt: int, k: int, a: dict, b: dict, epoch: dict) -> str:
-    first = a["epochs"][k]
-    same = sorted(set(first["indices"]) & set(epoch["indices"]))
+def _shared_shard(attempt: int, k: int, a: dict, b: dict) -> str:
+    ea, eb = a["epochs"][k], b["epochs"][k]
+    same = sorted(set(ea["indices"]) & set(eb["indices"]))
     where = "two nodes got the same shard" if a["node"] != b["node"] else "two workers of one node got the same shard"
     told = ""
-    if epoch.get("rank") is not None:
-        told = (f"; their DistributedSamplers had rank={first.get('rank')} and rank={epoch.get('rank')}, "
-                f"num_replicas={first.get('num_replicas')} and {epoch.get('num_replicas')}")
-        if epoch.get("rank") == b["local_rank"] and b["local_rank"] != b["rank"]:
-            told += f": {_who(b)} gave its LOCAL_RANK, use RANK (the rank among all nodes' workers)"
+    if eb.get("rank") is not None:
+        told = (f"; their DistributedSamplers had rank={ea.get('rank')} and rank={eb.get('rank')}, "
+                f"num_replicas={ea.get('num_replicas')} and {eb.get('num_replicas')}")
+        if eb.get("rank") == b["local_rank"] and b["local_rank"] != b["rank"]:
+            told += f": {_who(b)} gave its LOCAL_RANK where its RANK belongs (the rank among all nodes' workers)"
     return (f"attempt {attempt}, epoch {k + 1} of the attempt: {_who(a)} and {_who(b)} both trained on samples "
             f"{same[:6]}{'...' if len(same) > 6 else ''} ({len(same)} in common): {where}{told}")
 
 
 def check_set_epoch(g, name: str, job: dict) -> None:
-    for w in sorted(job["workers"], key=lambda w: (w["attempt"], w["rank"] is None, w["rank"])):
+    for w in sorted(job["workers"], key=lambda w: (w["attempt"], w["rank"] is None, w["rank"] or 0)):
         epochs = [e["epoch"] for e in w["epochs"]]
         if len(set(epochs)) != len(epochs):
             _record(g, "set-epoch", False, name, f"attempt {w['attempt']}: {_who(w)} trained {len(epochs)} epochs "
                     f"with the sampler at epoch {epochs}, so they repeat one order: call sampler.set_epoch(epoch) "
-                    f"before each epoch" + ("" if w["set_epoch"] else " (set_epoch was never called)"),
-                    rank=w["rank"])
+                    "before each epoch" + ("" if w["set_epoch"] else " (set_epoch was never called)"),
+                    rank=w["rank"], world=job["world"])
             return
     g.record("set-epoch", True)
 
@@ -809,65 +868,69 @@ def check_set_epoch(g, name: str, job: dict) -> None:
 def check_final(g, name: str, job: dict, reference: dict) -> None:
     from grader.compare import largest_difference
 
+    world = job["world"]
     last = max(_attempts(job).items(), default=(0, []))[1]
-    if len(last) != WORLD_SIZE:
+    if len(last) != world:
         _record(g, "matches-uninterrupted", False, name, f"the last attempt had {len(last)} worker(s), expected "
-                f"{WORLD_SIZE}")
+                f"{world}", world=world)
         return
-    for w in sorted(last, key=lambda w: (w["rank"] is None, w["rank"])):
+    for w in _by_rank(last):
         if not w["finished"]:
             why = w["error"] or "no end was recorded"
             _record(g, "matches-uninterrupted", False, name, f"{_who(w)} of attempt {w['attempt']} did not finish "
-                    f"main(): {why[:300]}", rank=w["rank"])
+                    f"main(): {_short_error(why)}", rank=w["rank"], world=world)
             return
         final = _read_final(w["final"])
         if final is None:
             _record(g, "matches-uninterrupted", False, name, f"{_who(w)}: the model built by build_model() could "
-                    "not be read after main() returned", rank=w["rank"])
+                    "not be read after main() returned", rank=w["rank"], world=world)
             return
         found = largest_difference(final, reference)
         if found is not None and (found.reason != "values" or found.max_abs > TOLERANCE):
             _record(g, "matches-uninterrupted", False, name, f"after the job, {_who(w)}'s parameters differ from "
-                    f"{EPOCHS} epochs of training without a failure: {found}", rank=w["rank"])
+                    f"{EPOCHS} epochs of training without a failure: {found}", rank=w["rank"], world=world)
             return
     g.record("matches-uninterrupted", True)
 
 
 def check_snapshot(g, name: str, job: dict) -> None:
     """The snapshot left at the end: what the next restart would resume from."""
-    path = _snapshot_path(job)
+    world = job["world"]
     try:
-        with open(path, "rb") as f:
+        with open(_snapshot_path(job), "rb") as f:
             snapshot = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        _record(g, "snapshot-complete", False, name, f"there is no snapshot at --snapshot {SNAPSHOT} after the job")
+        _record(g, "snapshot-complete", False, name, f"there is no snapshot at --snapshot {SNAPSHOT} after the job",
+                world=world)
         return
     except Exception as exc:
         _record(g, "snapshot-complete", False, name, f"the snapshot left after the job does not load with "
-                f"weights_only=True: {type(exc).__name__}: {str(exc)[:200]}")
+                f"weights_only=True: {type(exc).__name__}: {str(exc)[:200]}", world=world)
         return
     keys = sorted(map(str, snapshot)) if isinstance(snapshot, dict) else None
     missing = [k for k in ("model", "optimizer", "epoch") if keys is None or k not in snapshot]
     if missing:
-        _record(g, "snapshot-complete", False, name, f"the snapshot holds {keys if keys is not None else type(snapshot).__name__}; missing {missing}"
+        held = keys if keys is not None else type(snapshot).__name__
+        _record(g, "snapshot-complete", False, name, f"the snapshot holds {held}; missing {missing}"
                 + (": without the optimizer's state, SGD's momentum starts again from zero after a restart"
-                   if "optimizer" in missing else ""))
+                   if "optimizer" in missing else ""), world=world)
         return
     model, optimizer, epoch = snapshot["model"], snapshot["optimizer"], snapshot["epoch"]
     if epoch != EPOCHS - 1:
         _record(g, "snapshot-complete", False, name, f"the last snapshot says epoch {epoch!r}; the last epoch "
-                f"finished is {EPOCHS - 1} (0-based)")
+                f"finished is {EPOCHS - 1} (0-based)", world=world)
         return
     if not isinstance(model, dict) or any(str(k).startswith("module.") for k in model):
         _record(g, "snapshot-complete", False, name, "snapshot['model'] is not the unwrapped model's state_dict "
-                "(its keys start with 'module.': save model.module.state_dict(), or the model before wrapping)")
+                "(its keys start with 'module.': save model.module.state_dict(), or the model before wrapping)",
+                world=world)
         return
     state = optimizer.get("state") if isinstance(optimizer, dict) else None
     if not isinstance(state, dict) or len(state) != len(model) or \
             not all(isinstance(v, dict) and "momentum_buffer" in v for v in state.values()):
         held = len(state) if isinstance(state, dict) else 0
         _record(g, "snapshot-complete", False, name, f"snapshot['optimizer'] holds state for {held} of "
-                f"{len(model)} parameters: save optimizer.state_dict() (SGD's momentum buffers)")
+                f"{len(model)} parameters: save optimizer.state_dict() (SGD's momentum buffers)", world=world)
         return
     rank0 = next((w for w in max(_attempts(job).items(), default=(0, []))[1] if w["rank"] == 0), None)
     final = _read_final(rank0["final"]) if rank0 else None
@@ -877,7 +940,7 @@ def check_snapshot(g, name: str, job: dict) -> None:
         found = first_difference(model, final)
         if found is not None:
             _record(g, "snapshot-complete", False, name, f"the last snapshot's model is not the trained model of "
-                    f"RANK 0: {found}")
+                    f"RANK 0: {found}", world=world)
             return
     g.record("snapshot-complete", True)
 
@@ -896,53 +959,74 @@ def check_devices(g, name: str, job: dict) -> None:
     g.record("device-local-rank", True)
 
 
+def _short_error(text: str) -> str:
+    """An error in a few words: gloo's long messages about a peer that died become one phrase."""
+    for phrase in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"):
+        if phrase in text:
+            return f"lost a peer that died ({phrase})"
+    if "connectFullMesh failed" in text:
+        return "could not connect to its peers (gloo connectFullMesh failed)"
+    return re.sub(r"\[/[^\]]*\] ?", "", text)[:160]
+
+
 # --- in the grader: the timeline ----------------------------------------------------------------
 
 
-def timeline(jobs: dict, info: dict) -> list[dict]:
+def timeline(jobs: dict) -> list[dict]:
     """Per job, per node and rank, in order: start, snapshot found, epochs, the kill, the restart, the end."""
     out = []
     for name, job in jobs.items():
         workers = job["workers"]
-        t0 = min((w["start"] for w in workers), default=info.get("started", 0.0))
-        out.append({"job": name, "event": "command", "text": f"{name}: {next(iter(job['agents'].values()))['command']}"})
-        for w in sorted(workers, key=lambda w: (w["attempt"], w["node"], w["rank"] is None, w["rank"])):
-            found = w["found"]
-            if not found.get("exists"):
-                snapshot = None
-            elif found.get("error"):
-                snapshot = "unreadable"
-            else:
-                snapshot = found.get("epoch")
-            loaded = next((ld.get("epoch") for ld in w["loads"] if not ld.get("error")), None)
-            epochs = [e["epoch"] for e in w["epochs"]]
-            if w["killed"]:
-                k = w["killed"]
-                ended = f"killed by the grader {k.get('why')} (epoch {k.get('epoch')}, after step {k.get('steps')})"
-            elif w["finished"]:
-                ended = "finished"
-            elif w["error"]:
-                ended = f"stopped: {w['error'][:120]}"
-            else:
-                ended = "stopped by torchrun"
-            entry = {
-                "job": name, "event": "worker", "node": w["node"], "attempt": w["attempt"], "rank": w["rank"],
-                "local_rank": w["local_rank"], "pid": w["pid"], "start_s": round(w["start"] - t0, 2),
-                "end_s": round(w["end"] - t0, 2), "snapshot_found": snapshot, "loaded_epoch": loaded,
-                "epochs": epochs, "resumed_at": epochs[0] if w["attempt"] > 0 and epochs else None, "ended": ended,
-            }
-            found_text = "no snapshot" if snapshot is None else f"snapshot {'unreadable' if snapshot == 'unreadable' else f'of epoch {snapshot}'}"
-            restart = "restarted, " if w["attempt"] else ""
-            entry["text"] = (f"{name}, node {w['node']}, attempt {w['attempt']}: RANK {w['rank']} (LOCAL_RANK "
-                             f"{w['local_rank']}) {entry['start_s']:.1f}-{entry['end_s']:.1f} s: {restart}{found_text}"
-                             f"{f', loaded epoch {loaded}' if loaded is not None else ''}; trained epochs "
-                             f"{epochs or 'none'}; {ended}")
-            out.append(entry)
-        codes = {node: a["returncode"] for node, a in sorted(job["agents"].items())}
-        out.append({"job": name, "event": "exit", "codes": codes,
-                    "text": f"{name}: torchrun exited with " + ", ".join(
-                        f"node {n}: {'no exit (stopped)' if c is None else c}" for n, c in codes.items())})
+        t0 = min((w["start"] for w in workers), default=0.0)
+        if job["agents"]:
+            command = next(iter(job["agents"].values()))["command"]
+        else:
+            command = (f"main() with RANK=0 WORLD_SIZE=1, killed while writing the snapshot of epoch {KILL_EPOCH}, "
+                       "then main() again on the same --snapshot")
+        out.append({"job": name, "event": "command", "text": f"{name}: {command}"})
+        for w in sorted(workers, key=lambda w: (w["attempt"], w["node"], w["rank"] is None, w["rank"] or 0)):
+            out.append(_worker_entry(name, w, t0))
+        if job["agents"]:
+            codes = {node: a["returncode"] for node, a in sorted(job["agents"].items())}
+            out.append({"job": name, "event": "exit", "codes": codes,
+                        "text": f"{name}: torchrun exited with " + ", ".join(
+                            f"node {n}: {'no exit (stopped at the deadline)' if c is None else c}"
+                            for n, c in codes.items())})
     return out
+
+
+def _worker_entry(name: str, w: dict, t0: float) -> dict:
+    found = w["found"]
+    if not found.get("exists"):
+        snapshot = None
+    elif found.get("error"):
+        snapshot = "unreadable"
+    else:
+        snapshot = found.get("epoch")
+    loaded = next((ld.get("epoch") for ld in w["loads"] if not ld.get("error")), None)
+    epochs = [e["epoch"] for e in w["epochs"]]
+    if w["killed"]:
+        k = w["killed"]
+        ended = f"killed by the grader {k.get('why')} (sampler epoch {k.get('epoch')}, after step {k.get('steps')})"
+    elif w["finished"]:
+        ended = "finished"
+    elif w["error"]:
+        ended = f"stopped: {_short_error(w['error'])}"
+    else:
+        ended = "stopped by torchrun"
+    entry = {
+        "job": name, "event": "worker", "node": w["node"], "attempt": w["attempt"], "rank": w["rank"],
+        "local_rank": w["local_rank"], "pid": w["pid"], "start_s": round(w["start"] - t0, 2),
+        "end_s": round(w["end"] - t0, 2), "snapshot_found": snapshot, "loaded_epoch": loaded,
+        "epochs": epochs, "resumed_at": epochs[0] if w["attempt"] > 0 and epochs else None, "ended": ended,
+    }
+    found_text = {None: "no snapshot", "unreadable": "snapshot unreadable"}.get(snapshot, f"snapshot of epoch {snapshot}")
+    where = f"node {w['node']}, " if w["node"] != "alone" else ""
+    entry["text"] = (f"{name}, {where}attempt {w['attempt']}: RANK {w['rank']} (LOCAL_RANK {w['local_rank']}) "
+                     f"{entry['start_s']:.1f}-{entry['end_s']:.1f} s: {'restarted, ' if w['attempt'] else ''}"
+                     f"{found_text}{f', loaded epoch {loaded}' if loaded is not None else ''}; trained epochs "
+                     f"{epochs or 'none'}; {ended}")
+    return entry
 
 
 if __name__ == "__main__":
