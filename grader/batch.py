@@ -39,6 +39,7 @@ from pathlib import Path
 
 import click
 
+from grader import catalog
 from grader.options import EXIT_INTERRUPTED, format_option, grading_options, quiet_option
 from grader.results import EXIT_CODES, FAILED, PASSED, TIMEOUT, UNUSABLE, Report
 
@@ -233,7 +234,7 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                 on_done(outcomes[i])
         else:
             todo.put(i)
-    wait_s = settings["timeout_s"] + WORKER_MARGIN_S
+    wait_s = catalog.longest_timeout(settings["timeout_s"]) + WORKER_MARGIN_S
     workers: list[WorkerProcess] = []
     lock = threading.Lock()
     stopping = threading.Event()

@@ -285,7 +285,8 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.seconds = time.monotonic() - started
         return report
     report.backend, report.world_sizes = settled.backend, list(settled.world_sizes)
-    g = Grading(exercise, path, session, settled, timeout_s=options.timeout_s, on_event=on_event)
+    g = Grading(exercise, path, session, settled, timeout_s=max(options.timeout_s, exercise.timeout_s),
+                on_event=on_event)
     module = importlib.import_module(exercise.module)
     not_run = None
     try:
