@@ -546,6 +546,8 @@ def _training(events: list[dict]) -> dict:
 
 
 def _who(w: dict) -> str:
+    if w["node"] == "alone":
+        return f"RANK {w['rank']} (the only worker)"
     return f"RANK {w['rank']} (node {w['node']}, LOCAL_RANK {w['local_rank']})"
 
 
@@ -729,7 +731,7 @@ def check_resume(g, name: str, job: dict) -> None:
         return
     if found.get("error"):
         _record(g, "resumes-from-snapshot", False, name, f"when the workers started again, the snapshot "
-                f"({found.get('size')} bytes) could not be read: {found['error'][:200]}", world=world)
+                f"({found.get('size')} bytes) could not be read: {_first_sentence(found['error'])}", world=world)
         return
     saved = found.get("epoch")
     resume_at = saved + 1 if isinstance(saved, int) else None
@@ -746,7 +748,7 @@ def check_resume(g, name: str, job: dict) -> None:
         failed = next((ld for ld in loads if ld.get("error")), None)
         if failed:
             _record(g, "resumes-from-snapshot", False, name, f"after the restart {_who(w)}'s torch.load of the "
-                    f"snapshot raised {failed['error'][:200]}", rank=w["rank"], world=world)
+                    f"snapshot raised {_first_sentence(failed['error'], 200)}", rank=w["rank"], world=world)
             return
         if resume_at is not None and len(trained) != EPOCHS - resume_at:
             _record(g, "resumes-from-snapshot", False, name,
@@ -780,7 +782,7 @@ def check_atomic(g, name: str, job: dict) -> None:
     elif found.get("error"):
         message = (f"the worker was killed half-way through writing the snapshot of epoch {KILL_EPOCH}, and the "
                    f"restarted worker found a torn file at the path ({found.get('size')} bytes that do not load: "
-                   f"{found['error'][:120]}): the snapshot of epoch {KILL_EPOCH - 1} had been overwritten in "
+                   f"{_first_sentence(found['error'])}): the snapshot of epoch {KILL_EPOCH - 1} had been overwritten in "
                    "place. Save to a temporary file, then os.replace it onto the path")
     else:
         g.record("snapshot-atomic", True)
@@ -801,11 +803,12 @@ def check_writers(g, name: str, job: dict) -> None:
     for index, records in sorted(writers.items()):
         w = workers[index]
         if w["rank"] != 0:
-            how = "; ".join(sorted({probes.describe_write(r, path) for r in records}))
+            how = "; ".join(sorted({probes.describe_write(r, path).replace("the checkpoint", "the snapshot")
+                                    for r in records}))
             note = " (it is LOCAL_RANK 0 of another node: is the writer chosen by LOCAL_RANK?)" \
                 if w["local_rank"] == 0 and w["group_rank"] not in (0, None) else ""
             _record(g, "rank0-writes-only", False, name, f"attempt {w['attempt']}: {_who(w)} wrote the snapshot "
-                    f"({how}); only global rank 0 may{note}", rank=w["rank"], world=job["world"])
+                    f"({how}); only global rank 0 may write it{note}", rank=w["rank"], world=job["world"])
             return
     g.record("rank0-writes-only", True)
 
@@ -957,6 +960,10 @@ def check_devices(g, name: str, job: dict) -> None:
                     f"{wanted}, the GPU of its LOCAL_RANK", rank=w["rank"])
             return
     g.record("device-local-rank", True)
+
+
+def _first_sentence(text: str, limit: int = 160) -> str:
+    return re.split(r"(?<=[.!?]) ", str(text), maxsplit=1)[0][:limit]
 
 
 def _short_error(text: str) -> str:
