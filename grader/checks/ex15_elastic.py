@@ -908,7 +908,7 @@ def check_snapshot(g, name: str, job: dict) -> None:
         return
     except Exception as exc:
         _record(g, "snapshot-complete", False, name, f"the snapshot left after the job does not load with "
-                f"weights_only=True: {type(exc).__name__}: {str(exc)[:200]}", world=world)
+                f"weights_only=True: {type(exc).__name__}: {_first_sentence(exc)}", world=world)
         return
     keys = sorted(map(str, snapshot)) if isinstance(snapshot, dict) else None
     missing = [k for k in ("model", "optimizer", "epoch") if keys is None or k not in snapshot]
@@ -973,7 +973,7 @@ def _short_error(text: str) -> str:
             return f"lost a peer that died ({phrase})"
     if "connectFullMesh failed" in text:
         return "could not connect to its peers (gloo connectFullMesh failed)"
-    return re.sub(r"\[/[^\]]*\] ?", "", text)[:160]
+    return _first_sentence(re.sub(r"\[/[^\]]*\] ?", "", text))
 
 
 # --- in the grader: the timeline ----------------------------------------------------------------
