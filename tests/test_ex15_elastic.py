@@ -259,3 +259,18 @@ def test_no_agent_or_worker_outlives_a_grading_of_15(tmp_path, path, code):
     workers = [e for e in report["timeline"] if e["event"] == "worker"]
     assert {e["job"] for e in workers} == {ex.ALONE, *ex.JOBS}
     assert any(e["ended"].startswith("killed by the grader mid-epoch") for e in workers)
+
+
+def test_with_nccl_a_worker_on_another_gpu_than_its_local_rank_fails(tmp_path):
+    events = start("b", rank=2, local_rank=0, group_rank=1) + epoch(0, list(range(12)))
+    for e in events:
+        if e["e"] == "forward":
+            e["device"] = "cuda:2"
+    j = job(tmp_path, {"b-0-0": events})
+    g = Grading(catalog.by_id("15"), "solutions/15_elastic.py", None, Plan("nccl", [4]))
+    ex.check_devices(g, "2 nodes x 2", j)
+    status, message = verdicts(g)["device-local-rank"]
+    assert status == "fail" and "cuda:2" in message and "cuda:0, the GPU of its LOCAL_RANK" in message
+    g = grading()
+    ex.check_devices(g, "2 nodes x 2", j)
+    assert {c.id: c.status for c in g.results(None)}["device-local-rank"] == "skip"
