@@ -22,6 +22,10 @@ and on one machine, unchanged:
     torchrun --nnodes 1 --nproc-per-node 4 --rdzv-backend c10d \\
         --rdzv-endpoint 127.0.0.1:29400 --max-restarts 1 15_elastic.py --snapshot snapshot.pt
 
+(With torch 2.13, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's
+environment, or the restarted workers cannot form their group; the grader
+does. docs/elastic.md says why, and what changes on real machines and GPUs.)
+
     main() -> None
         - Join the default process group from the environment
           (init_process_group(backend) with the default env:// rendezvous):
