@@ -44,6 +44,7 @@ from pathlib import Path
 
 import click
 
+from grader import catalog
 from grader.batch_output import (ROW_FIELDS, SEVERITY, Outcome, Submission, render_csv, render_json,  # noqa: F401
                                  render_junit, render_markdown, render_table, rows, worst_status)
 from grader.options import EXIT_INTERRUPTED, EXIT_UNUSABLE, format_option, grading_options, quiet_option
@@ -251,7 +252,7 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                 on_done(outcomes[i])
         else:
             todo.put(i)
-    wait_s = settings["timeout_s"] + WORKER_MARGIN_S
+    wait_s = catalog.longest_timeout(settings["timeout_s"]) + WORKER_MARGIN_S
     workers: list[WorkerProcess] = []
     lock = threading.Lock()
     stopping = threading.Event()

@@ -25,7 +25,7 @@ import re
 
 import click
 
-from grader import __version__, kit
+from grader import __version__, catalog, kit
 from grader import progress as prog
 
 from grader.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE, format_option,
@@ -161,7 +161,7 @@ def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
 
     def run(on_event):
         done = subprocess.run(sandbox.wrap(inner, [path]), env=env, capture_output=True, text=True,
-                              timeout=options.timeout_s + 60)
+                              timeout=catalog.longest_timeout(options.timeout_s) + 60)
         try:
             report = report_from_dict(json.loads(done.stdout))
         except (ValueError, KeyError):

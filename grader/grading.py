@@ -192,6 +192,12 @@ class Grading:
         """
         self.sections.append({"title": title, "text": text, "data": data or {}})
 
+    def add_timeline(self, entries: list[dict]) -> None:
+        """Events of a whole job, in order, as the report's timeline section: plain dicts, each with a
+        "text" line (the text report shows the lines, the JSON report the events)."""
+        self.section("timeline (what the grader saw)", "\n".join(e.get("text", "") for e in entries),
+                     {"events": [dict(e) for e in entries]})
+
     def skip(self, check_id: str, reason: str) -> None:
         info = self.exercise.check(check_id)
         self._verdicts[check_id] = CheckResult(check_id, info.title, SKIP, reason, points=info.points)
@@ -289,7 +295,8 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.seconds = time.monotonic() - started
         return report
     report.backend, report.world_sizes = settled.backend, list(settled.world_sizes)
-    g = Grading(exercise, path, session, settled, timeout_s=options.timeout_s, on_event=on_event)
+    g = Grading(exercise, path, session, settled, timeout_s=max(options.timeout_s, exercise.timeout_s),
+                on_event=on_event)
     module = importlib.import_module(exercise.module)
     not_run = None
     try:
