@@ -39,6 +39,7 @@ class Exercise:
     summary: str = ""  # what it practises, for the README's table of exercises
     quiz_topics: tuple[str, ...] = ()  # asked about in interview mode after this exercise (all when empty)
     preload_dynamo: bool = False  # its ranks build a DDP or torch optimizer: preload torch._dynamo, which they import
+    timeout_s: float = 0.0  # the least deadline of its grading (whole torchrun jobs); --timeout applies above it
     checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
 
     @property
@@ -81,8 +82,14 @@ def _exercise(entry: dict) -> Exercise:
         summary=entry.get("summary", ""),
         quiz_topics=tuple(entry.get("quiz_topics", [])),
         preload_dynamo=bool(entry.get("preload_dynamo", False)),
+        timeout_s=float(entry.get("timeout_s", 0.0)),
         checks=checks,
     )
+
+
+def longest_timeout(timeout_s: float) -> float:
+    """The longest a grading with ``--timeout timeout_s`` can take, whichever exercise it grades."""
+    return max([timeout_s] + [ex.timeout_s for ex in exercises()])
 
 
 def by_id(exercise_id: str) -> Exercise | None:
