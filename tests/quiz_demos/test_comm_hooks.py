@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
-from _world2 import run_world
+from quiz_demos.world import run_world
 
 
 def _model():
@@ -93,7 +93,12 @@ def _ddp(hook, state=None, **kwargs):
     return model
 
 
-def _hooks_rank(rank: int, world_size: int) -> dict:
+def comm_hooks_main(ctx) -> dict:
+    with ctx.group():
+        return hook_observations(ctx.rank, ctx.world_size)
+
+
+def hook_observations(rank: int, world_size: int) -> dict:
     torch.manual_seed(100 + rank)
     x = torch.randn(4, 8)
     reference = _reference_average(x, world_size)
@@ -180,8 +185,8 @@ def _hooks_rank(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def hooks():
-    return run_world(_hooks_rank, world_size=2)
+def hooks(session):
+    return run_world(session, "quiz_demos.test_comm_hooks:comm_hooks_main", 2, timeout_s=180)
 
 
 pytestmark = pytest.mark.slow

@@ -1,8 +1,8 @@
 """Demonstrations for the quiz topic 'compile' (grader/quiz/bank/compile.toml).
 
-A gloo world of one process (in this process) is enough: DDPOptimizer splits the graph from the
-parameter sizes and DDP's bucket cap, whatever the world size. A counting backend records the
-graphs Dynamo hands to the compiler.
+A gloo world of one rank (through the grader's harness) is enough: DDPOptimizer splits the graph
+from the parameter sizes and DDP's bucket cap, whatever the world size. A counting backend records
+the graphs Dynamo hands to the compiler.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from quiz_demos.world import run_world
 
 pytestmark = pytest.mark.slow
 
@@ -26,16 +28,6 @@ class FourLayers(nn.Module):
         for layer in self.layers:
             x = torch.relu(layer(x))
         return x
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialized in this process")
-    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def compiled_graphs(optimize_ddp, bucket_cap_mb, wrap_first=True):
@@ -65,26 +57,41 @@ def compiled_graphs(optimize_ddp, bucket_cap_mb, wrap_first=True):
     return graphs
 
 
+def compile_main(ctx) -> dict:
+    with ctx.group():
+        return {
+            "split_1mb": compiled_graphs(True, bucket_cap_mb=1),
+            "whole_1mb": compiled_graphs(False, bucket_cap_mb=1),
+            "split_25mb": compiled_graphs(True, bucket_cap_mb=25),
+            "split_100mb": compiled_graphs(True, bucket_cap_mb=100),
+            "inner_compiled_1mb": compiled_graphs(True, bucket_cap_mb=1, wrap_first=False),
+        }
+
+
+@pytest.fixture(scope="module")
+def graphs(session):
+    return run_world(session, "quiz_demos.test_compile:compile_main", 1, timeout_s=180)[0]
+
+
 def test_optimize_ddp_is_on_by_default():
     assert torch._dynamo.config.optimize_ddp is True
     assert torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"
 
 
-def test_ddp_optimizer_breaks_the_graph_at_bucket_boundaries(world_of_one):
-    split = compiled_graphs(True, bucket_cap_mb=1)
-    whole = compiled_graphs(False, bucket_cap_mb=1)
+def test_ddp_optimizer_breaks_the_graph_at_bucket_boundaries(graphs):
+    split, whole = graphs["split_1mb"], graphs["whole_1mb"]
     assert len(split) == 4      # one subgraph per 1 MiB bucket
     assert len(whole) == 1      # no split: one graph, so every gradient is ready at once
     assert all("DDPOptimizer intentional graph-break" in g["reason"] for g in split)
 
 
-def test_split_count_follows_bucket_cap_and_the_small_first_bucket(world_of_one):
+def test_split_count_follows_bucket_cap_and_the_small_first_bucket(graphs):
     # Counting parameter sizes from the end of the graph: the first bucket closes at
     # 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), later ones at bucket_cap_mb.
     assert dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20
-    assert len(compiled_graphs(True, bucket_cap_mb=25)) == 2
-    assert len(compiled_graphs(True, bucket_cap_mb=100)) == 2      # a cap above the model size too
+    assert len(graphs["split_25mb"]) == 2
+    assert len(graphs["split_100mb"]) == 2      # a cap above the model size too
 
 
-def test_compiling_the_inner_module_also_gets_split_on_this_torch(world_of_one):
-    assert len(compiled_graphs(True, bucket_cap_mb=1, wrap_first=False)) == 4
+def test_compiling_the_inner_module_also_gets_split_on_this_torch(graphs):
+    assert len(graphs["inner_compiled_1mb"]) == 4

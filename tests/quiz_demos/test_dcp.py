@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from _world2 import run_world
+from quiz_demos.world import run_world
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,12 @@ def _model():
     return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
 
 
-def _dcp_rank(rank: int, world_size: int, root: str) -> dict:
+def dcp_main(ctx) -> dict:
+    with ctx.group():
+        return dcp_observations(ctx.rank, ctx.world_size, ctx.kwargs["root"])
+
+
+def dcp_observations(rank: int, world_size: int, root: str) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
@@ -58,9 +63,9 @@ def _dcp_rank(rank: int, world_size: int, root: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dcp")
-    return str(root), run_world(_dcp_rank, world_size=2, args=(str(root),))
+def saved(session, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("dcp"))
+    return root, run_world(session, "quiz_demos.test_dcp:dcp_main", 2, timeout_s=180, kwargs={"root": root})
 
 
 def test_get_model_state_dict_drops_the_ddp_prefix(saved):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from _world2 import run_world
+from quiz_demos.world import run_world
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,12 @@ def _kinds(model):
     return {name: type(p).__name__ for name, p in model.named_parameters()}
 
 
-def _fsdp_rank(rank: int, world_size: int) -> dict:
+def fsdp_main(ctx) -> dict:
+    with ctx.group():
+        return fsdp_observations(ctx.rank, ctx.world_size)
+
+
+def fsdp_observations(rank: int, world_size: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -94,8 +99,8 @@ def _fsdp_rank(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def fsdp():
-    return run_world(_fsdp_rank, world_size=2)
+def fsdp(session):
+    return run_world(session, "quiz_demos.test_fsdp:fsdp_main", 2, timeout_s=180)
 
 
 def test_fully_shard_turns_parameters_into_dim0_dtensor_shards(fsdp):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from _world2 import run_world
+from quiz_demos.world import run_world
 
 
 class SameLayerTwice(nn.Module):
@@ -66,7 +66,12 @@ def _bucket_view_and_sizes(bucket_cap_mb=None, gradient_as_bucket_view=False):
             "storage_bytes": [sum(s.values()) for s in storages], "grad_bytes": grad_bytes}
 
 
-def _memory_rank(rank: int, world_size: int) -> dict:
+def memory_main(ctx) -> dict:
+    with ctx.group():
+        return memory_observations(ctx.rank, ctx.world_size)
+
+
+def memory_observations(rank: int, world_size: int) -> dict:
     return {
         "reentrant_default": _weight_grad_sum(rank, world_size, use_reentrant=True),
         "reentrant_static_graph": _weight_grad_sum(rank, world_size, use_reentrant=True, static_graph=True),
@@ -78,8 +83,8 @@ def _memory_rank(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def memory_world():
-    return run_world(_memory_rank, world_size=2)
+def memory_world(session):
+    return run_world(session, "quiz_demos.test_memory:memory_main", 2, timeout_s=180)
 
 
 @pytest.mark.slow

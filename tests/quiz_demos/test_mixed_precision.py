@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from _world2 import run_world
+from quiz_demos.world import run_world
 
 
 def _scaled_step(model, opt, scaler, x):
@@ -138,7 +138,12 @@ def test_cuda_grad_scaler_without_cuda_disables_itself():
 
 # --- GradScaler under DDP: an inf on one rank -----------------------------------------------------
 
-def _ddp_scaler_rank(rank: int, world_size: int) -> dict:
+def mixed_precision_main(ctx) -> dict:
+    with ctx.group():
+        return ddp_scaler_observations(ctx.rank)
+
+
+def ddp_scaler_observations(rank: int) -> dict:
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(2, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -173,8 +178,8 @@ def _ddp_scaler_rank(rank: int, world_size: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ddp_scaler():
-    return run_world(_ddp_scaler_rank, world_size=2)
+def ddp_scaler(session):
+    return run_world(session, "quiz_demos.test_mixed_precision:mixed_precision_main", 2)
 
 
 @pytest.mark.slow
