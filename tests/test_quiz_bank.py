@@ -93,7 +93,6 @@ def test_packaged_bank_passes_the_validator():
     assert validate_bank(BANK) == []
 
 
-@pytest.mark.xfail(strict=False, reason="new topics merge from other branches")
 def test_bank_has_150_questions_in_14_topics():
     assert count_problems(BANK) == []
     assert len(BANK) >= MIN_TOTAL >= 150 and len(TOPICS) >= MIN_TOPICS >= 14
