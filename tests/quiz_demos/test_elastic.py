@@ -91,6 +91,9 @@ def launch(tmp_path_factory):
     # (pytorch/pytorch#135712, #167288); a store per attempt keeps this demonstration stable.
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform.rstrip("0123456789"))
+    if loopback and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = loopback  # the workers talk over loopback only
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     files = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     return done, files
