@@ -275,3 +275,62 @@ def test_with_nccl_a_worker_on_another_gpu_than_its_local_rank_fails(tmp_path):
     g = grading()
     ex.check_devices(g, "2 nodes x 2", j)
     assert {c.id: c.status for c in g.results(None)}["device-local-rank"] == "skip"
+
+
+# --- waiting for the agents ---------------------------------------------------------------
+
+
+def sleeping_agent(folder: Path, node: str) -> dict:
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    return {"job": "2 nodes x 2", "node": node, "folder": str(folder), "process": process}
+
+
+def test_agents_of_a_job_whose_restart_is_used_and_whose_workers_ended_are_stopped_early(tmp_path, monkeypatch):
+    """torchrun's exit barrier would keep them 300 s; the grader gives up LINGER_S after the last worker."""
+    import time
+
+    monkeypatch.setattr(ex, "LINGER_S", 0.5)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(ended.stdout)  # a worker process that has exited
+    killed, restarted = start("a", attempt=0), start("a", attempt=1)
+    killed[0]["pid"] = restarted[0]["pid"] = dead
+    write_events(tmp_path, "a-0-0", killed + [{"e": "killed", "why": "mid-epoch"}])
+    write_events(tmp_path, "a-1-0", restarted + epoch(2, list(range(12))))
+    agents = [sleeping_agent(tmp_path, "a"), sleeping_agent(tmp_path, "b")]
+    began = time.monotonic()
+    try:
+        ex._wait_for_agents(agents, time.monotonic() + 30)
+    finally:
+        for a in agents:
+            a["process"].kill()
+    assert time.monotonic() - began < 10
+    assert all(a["returncode"] is None and a["lingered_s"] >= 0.5 for a in agents)
+
+
+def test_agents_are_waited_for_while_no_restart_has_happened_or_a_worker_still_runs(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(ex, "LINGER_S", 0.1)
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_events(first, "a-0-0", start("a", attempt=0) + epoch(0, list(range(12))))  # no restart yet
+    running = start("a", attempt=1)
+    running[0]["pid"] = os.getpid()  # this very process: alive
+    write_events(second, "a-1-0", running)
+    agents = [sleeping_agent(first, "a"), sleeping_agent(second, "a")]
+    try:
+        ex._wait_for_agents(agents, time.monotonic() + 2)
+    finally:
+        for a in agents:
+            a["process"].kill()
+    assert all(a["returncode"] is None and "lingered_s" not in a for a in agents)
+
+
+def test_a_lingering_agent_fails_job_exits_0_and_says_why(tmp_path):
+    j = job(tmp_path, {"a-0-0": start("a")})
+    j["agents"] = {"a": {"returncode": None, "lingered_s": 20.3, "log": "RuntimeError: Connection reset by peer. x"},
+                   "b": {"returncode": 0, "log": ""}}
+    g = grading()
+    ex.check_exit(g, "2 nodes x 2", j)
+    status, message = verdicts(g)["job-exits-0"]
+    assert status == "fail" and "node a had not exited 20 s after the job's last worker ended" in message
+    assert "lost a peer that died" in message

@@ -72,6 +72,7 @@ ENV_NODE = "DDP_GRADE_EX15_NODE"  # which agent ("a" or "b")
 ENV_KILL = "DDP_GRADE_EX15_KILL"  # the kill plan, JSON
 ENV_TAG = "DDP_GRADE_EX15_TAG"  # a value only this grading's processes carry
 STOP_GRACE_S = 3.0  # an agent asked to stop (SIGTERM) gets this long to stop its workers
+LINGER_S = 20.0  # an agent still running this long after its job's last worker ended is stopped
 
 
 def build_model() -> nn.Module:
@@ -366,12 +367,7 @@ def jobs_main(ctx) -> dict:
         for node_index, node in enumerate(job["nodes"]):
             agents.append(_start_agent(ctx, name, job, node, node_index, folder, port, f"ddp-grade-{index}", tag))
     started = time.monotonic()
-    for agent in agents:
-        remaining = deadline - time.monotonic()
-        try:
-            agent["returncode"] = agent["process"].wait(timeout=max(0.1, remaining))
-        except subprocess.TimeoutExpired:
-            agent["returncode"] = None
+    _wait_for_agents(agents, deadline)
     timed_out = [a for a in agents if a["returncode"] is None]
     for agent in timed_out:
         _stop(agent["process"])
@@ -384,8 +380,54 @@ def jobs_main(ctx) -> dict:
         with open(agent["log_path"], "rb") as f:
             log = f.read().decode("utf-8", errors="replace")
         job["agents"][agent["node"]] = {"returncode": agent["returncode"], "command": agent["command"],
-                                        "log": log[-4000:]}
+                                        "log": _tail(log, 4000), "lingered_s": agent.get("lingered_s")}
     return out
+
+
+def _tail(text: str, limit: int) -> str:
+    """The last whole lines of ``text``, within ``limit`` characters."""
+    return text if len(text) <= limit else text[-limit:].split("\n", 1)[-1]
+
+
+def _wait_for_agents(agents: list[dict], deadline: float) -> None:
+    """Wait for every agent to exit, until the deadline; set each one's "returncode" (None: still running).
+
+    A job whose restart has been used and whose workers have all ended can only exit now. An agent
+    still running LINGER_S after that waits for something that will not come (torchrun's exit
+    barrier waits 300 s for a node whose agent failed): it is left running, marked with
+    "lingered_s", for the caller to stop, instead of holding the grading until its deadline.
+    """
+    ended_since: dict[str, float] = {}
+    while True:
+        waiting = [a for a in agents if a.get("returncode") is None and "lingered_s" not in a]
+        for agent in waiting:
+            agent["returncode"] = agent["process"].poll()
+        waiting = [a for a in waiting if a["returncode"] is None]
+        now = time.monotonic()
+        if not waiting or now >= deadline:
+            return
+        for folder in {a["folder"] for a in waiting}:
+            if not _job_over(folder):
+                ended_since.pop(folder, None)
+            elif now - ended_since.setdefault(folder, now) >= LINGER_S:
+                for agent in waiting:
+                    if agent["folder"] == folder:
+                        agent["lingered_s"] = now - ended_since[folder]
+        time.sleep(0.5)
+
+
+def _job_over(folder: str) -> bool:
+    """The job has restarted once (torchrun's --max-restarts 1) and none of its workers is running."""
+    workers = read_workers(folder)
+    return any(w["attempt"] >= 1 for w in workers) and not any(_alive(w["pid"]) for w in workers)
+
+
+def _alive(pid) -> bool:
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except (OSError, TypeError, ValueError, IndexError):
+        return False
 
 
 def _start_agent(ctx, name: str, job: dict, node: str, node_index: int, folder: str, port: str, run_id: str,
@@ -614,7 +656,7 @@ def grade(g) -> None:
         jobs[name] = {**job, "workers": read_workers(job["folder"]), "world": WORLD_SIZE, "plan": JOBS[name]["kill"]}
     g.add_timeline(timeline(jobs))
     timed_out = [(name, node) for name, job in jobs.items() for node, a in job["agents"].items()
-                 if a["returncode"] is None]
+                 if a["returncode"] is None and a.get("lingered_s") is None]
     if timed_out:
         g.stop(_timeout_message(jobs, timed_out, info["timeout_s"]), status="timeout")
     references = {}
@@ -665,16 +707,29 @@ def _record(g, check_id: str, ok: bool, job: str, message: str = "", rank: int |
 def _last_line(log: str) -> str:
     lines = [ln for ln in log.strip().splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
     errors = [ln for ln in lines if "Error" in ln or "error" in ln]
-    return (errors or lines or [""])[-1].strip()[:300]
+    return _short_error((errors or lines or [""])[-1].strip())[:300]
 
 
 def check_exit(g, name: str, job: dict) -> None:
     for node, agent in sorted(job["agents"].items()):
         code = agent["returncode"]
-        if code != 0:
+        if code is None and agent.get("lingered_s") is not None:
+            _record(g, "job-exits-0", False, name, f"the torchrun agent of node {node} had not exited "
+                    f"{agent['lingered_s']:.0f} s after the job's last worker ended (an agent waits at its exit for "
+                    f"the other nodes), and the grader stopped it; its last words: "
+                    f"{_last_line(agent['log'])}")
+        elif code != 0:
             _record(g, "job-exits-0", False, name, f"the torchrun agent of node {node} exited with code {code}; "
                     f"its last words: {_last_line(agent['log'])}")
     g.record("job-exits-0", True)
+
+
+def _exit_text(agent: dict) -> str:
+    if agent["returncode"] is not None:
+        return str(agent["returncode"])
+    if agent.get("lingered_s") is not None:
+        return f"no exit {agent['lingered_s']:.0f} s after the last worker ended (stopped by the grader)"
+    return "no exit (stopped at the deadline)"
 
 
 def _attempts(job: dict) -> dict[int, list[dict]]:
@@ -997,8 +1052,7 @@ def timeline(jobs: dict) -> list[dict]:
             codes = {node: a["returncode"] for node, a in sorted(job["agents"].items())}
             out.append({"job": name, "event": "exit", "codes": codes,
                         "text": f"{name}: torchrun exited with " + ", ".join(
-                            f"node {n}: {'no exit (stopped at the deadline)' if c is None else c}"
-                            for n, c in codes.items())})
+                            f"node {n}: {_exit_text(job['agents'][n])}" for n in codes)})
     return out
 
 
