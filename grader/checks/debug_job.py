@@ -381,24 +381,38 @@ def _waited(end: RankEnd) -> str:
 
 def describe_end(end: RankEnd) -> str:
     """One rank's end, in words: where it waited or what it raised."""
+    return f"rank {end.rank} {_end_words(end)}"
+
+
+def _end_words(end: RankEnd) -> str:
     if end.finished:
-        return f"rank {end.rank} finished"
+        return "finished"
     if end.crashed:
         where = f" at {end.where}" if end.where else ""
         cause = f": {end.cause}" if end.cause else ""
-        return f"rank {end.rank} {end.crashed}{where}{cause}"
+        return f"{end.crashed}{where}{cause}"
     if end.killed:
         where = f" (at {end.where})" if end.where else ""
-        return f"rank {end.rank} was still running{where} and was stopped"
+        return f"was still running{where} and was stopped"
     raised = end.raised or {}
     where = _where_text(raised.get("where"))
     at = f" at {where}" if where else ""
     waited = _waited(end)
     if waited:
-        return f"rank {end.rank} waited in {_wait_words(waited)}{at}"
-    message = str(raised.get("message", "")).strip()
-    first = message.splitlines()[0] if message else ""
-    return f"rank {end.rank} raised {raised.get('type', 'an exception')}{at}: {first[:300]}"
+        return f"waited in {_wait_words(waited)}{at}"
+    return f"raised {raised.get('type', 'an exception')}{at}: {_gist(str(raised.get('message', '')))}"
+
+
+def _gist(message: str) -> str:
+    """An exception's message cut to its first sentence, plus any line naming parameters."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    first = lines[0]
+    cut = first.find(". ")
+    first = first[:cut + 1] if 0 < cut < 300 else first[:300]
+    named = [ln for ln in lines[1:] if ln.startswith("Parameter")]
+    return " ".join([first, *named[:2]])
 
 
 def hung(job: Job) -> bool:
@@ -407,16 +421,27 @@ def hung(job: Job) -> bool:
 
 
 def ends_message(job: Job) -> str:
-    """Every rank's end in one sentence (the finished ones last), and whether the waits matched."""
-    broken = [describe_end(e) for e in job.ends if not e.finished]
+    """Every rank's end in one sentence (ranks that ended alike together, finished ones last),
+    and whether the ranks waited in different collectives."""
+    groups: dict[str, list[int]] = {}
+    for end in job.ends:
+        if not end.finished:
+            groups.setdefault(_end_words(end), []).append(end.rank)
+    parts = [f"{_ranks(ranks)} {words}" for words, ranks in groups.items()]
     done = [e.rank for e in job.ends if e.finished]
-    text = "; ".join(broken)
     if done:
-        text += f"; rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished main()"
+        parts.append(f"{_ranks(done)} finished main()")
+    text = "; ".join(parts)
     waits = {_waited(e) for e in job.ends if _waited(e)}
     if len(waits) > 1:
         text += " (the ranks were in different collectives)"
     return text
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
 # --- steps, epochs and samples ---------------------------------------------------------
@@ -502,7 +527,8 @@ def replay(model: nn.Module, per_rank: list[list[list[list[int]]]], x: torch.Ten
            after_step=None) -> list:
     """Train ``model`` in this process as DDP should have, step by step; its momentum buffers at the end.
 
-    ``per_rank[r][s]``: rank r's micro-batches (sample ids) of step s. Each micro-batch's loss is
+    ``per_rank[r][s]``: rank r's micro-batches (sample ids) of step s; ``loss_fn(model, x, y, step)``
+    is the mean loss of one micro-batch at that step. Each micro-batch's loss is
     divided by the number of micro-batches of that rank's step; gradients are averaged over the
     ranks (a rank with nothing at a step contributes zero, as under Join). SGD, written out (no
     torch.optim in the grader's process), with ``momentum`` and its starting ``buffers`` (one per
@@ -521,7 +547,7 @@ def replay(model: nn.Module, per_rank: list[list[list[list[int]]]], x: torch.Ten
             for ids in micro:
                 idx = torch.tensor([i for i in ids if i >= 0], dtype=torch.long)
                 if len(idx):
-                    (loss_fn(model, x[idx], y[idx]) / (len(micro) * world)).backward()
+                    (loss_fn(model, x[idx], y[idx], step) / (len(micro) * world)).backward()
         with torch.no_grad():
             for i, p in enumerate(params):
                 if p.grad is None:
@@ -623,11 +649,12 @@ def step_counts(steps: list[list[Step]]) -> str:
 
 def check_replay(g, job: Job, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, loss_fn,
                  check_id: str = "matches-replay", tolerance: float = 1e-5, momentum: float = 0.0,
-                 buffers: list | None = None, start: dict | None = None, after_step=None) -> bool:
+                 buffers: list | None = None, start: dict | None = None, after_step=None, explain=None) -> bool:
     """The model rank 0 ends with equals the grader's replay of the same steps in one process.
 
     The replay starts from ``start`` (default: rank 0's model at its first training step) and takes,
-    at each step, every rank's micro-batches of that step.
+    at each step, every rank's micro-batches of that step. ``explain(per_rank, start, final)``
+    may add, to a failure, what the model does match (e.g. another loss).
     """
     from grader.compare import largest_difference
 
@@ -652,7 +679,15 @@ def check_replay(g, job: Job, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     if found is None or found.max_abs <= tolerance:
         g.record(check_id, True)
         return True
+    extra = explain(per_rank, start if start is not None else first, final) if explain else ""
     g.record(check_id, False, f"after {len(steps[0])} steps, rank 0's model differs from one process "
-             f"training on the same global batches: {found} (tolerance {tolerance:g})",
+             f"training on the same global batches: {found} (tolerance {tolerance:g})" + (f"; {extra}" if extra else ""),
              rank=0, world_size=job.world_size)
     return False
+
+
+def same_state(a: dict, b: dict, tolerance: float = 1e-5) -> bool:
+    from grader.compare import largest_difference
+
+    found = largest_difference(a, b)
+    return found is None or found.max_abs <= tolerance

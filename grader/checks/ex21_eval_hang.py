@@ -39,7 +39,7 @@ def make_data() -> dict:
     return debug_job.make_data(seed=21, n_train=N_TRAIN, n_val=N_VAL)
 
 
-def loss_fn(model, x, y):
+def loss_fn(model, x, y, step):
     return F.cross_entropy(model(x), y)
 
 
