@@ -427,10 +427,10 @@ def ends_message(job: Job) -> str:
     for end in job.ends:
         if not end.finished:
             groups.setdefault(_end_words(end), []).append(end.rank)
-    parts = [f"{_ranks(ranks)} {words}" for words, ranks in groups.items()]
+    parts = [f"{rank_list(ranks)} {words}" for words, ranks in groups.items()]
     done = [e.rank for e in job.ends if e.finished]
     if done:
-        parts.append(f"{_ranks(done)} finished main()")
+        parts.append(f"{rank_list(done)} finished main()")
     text = "; ".join(parts)
     waits = {_waited(e) for e in job.ends if _waited(e)}
     if len(waits) > 1:
@@ -438,7 +438,8 @@ def ends_message(job: Job) -> str:
     return text
 
 
-def _ranks(ranks: list[int]) -> str:
+def rank_list(ranks: list[int]) -> str:
+    """"rank 0", "ranks 0 and 1", "ranks 0, 1 and 2"."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
@@ -590,7 +591,13 @@ def check_finishes(g, job: Job, check_id: str = "finishes") -> bool:
         return True
     crashed_or_raised = any(not e.finished and not _waited(e) and not e.killed for e in job.ends)
     what = "failed" if crashed_or_raised or not hung(job) else "hung (collectives waited for peers that never came)"
-    g.record(check_id, False, f"with {job.world_size} processes the job {what}: {ends_message(job)}",
+    forwards = training_forwards(job)
+    known = [n for n in forwards if n is not None]
+    counts = ""
+    if len(set(known)) > 1:
+        counts = " (training forwards so far: " + ", ".join(
+            f"rank {r}: {n}" for r, n in enumerate(forwards) if n is not None) + ")"
+    g.record(check_id, False, f"with {job.world_size} processes the job {what}: {ends_message(job)}{counts}",
              rank=next(e.rank for e in job.ends if not e.finished), world_size=job.world_size)
     return False
 
@@ -649,11 +656,14 @@ def step_counts(steps: list[list[Step]]) -> str:
 
 def check_replay(g, job: Job, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, lr: float, loss_fn,
                  check_id: str = "matches-replay", tolerance: float = 1e-5, momentum: float = 0.0,
-                 buffers: list | None = None, start: dict | None = None, after_step=None, explain=None) -> bool:
+                 buffers: list | None = None, start: dict | None = None, after_step=None, explain=None,
+                 uneven_epochs: int | None = None) -> bool:
     """The model rank 0 ends with equals the grader's replay of the same steps in one process.
 
     The replay starts from ``start`` (default: rank 0's model at its first training step) and takes,
-    at each step, every rank's micro-batches of that step. ``explain(per_rank, start, final)``
+    at each step, every rank's micro-batches of that step. With ``uneven_epochs`` (the number of
+    epochs) the ranks may take different numbers of steps in an epoch (as under Join): steps are
+    matched within each epoch, and a rank past its last step contributes nothing. ``explain(per_rank, start, final)``
     may add, to a failure, what the model does match (e.g. another loss).
     """
     from grader.compare import largest_difference
@@ -668,11 +678,17 @@ def check_replay(g, job: Job, model: nn.Module, x: torch.Tensor, y: torch.Tensor
                  rank=0, world_size=job.world_size)
         return False
     steps = [s for s, _ in per_rank_steps(job)]
-    if len({len(s) for s in steps}) != 1:
+    if uneven_epochs is not None:
+        per_rank, why = aligned_by_epoch(steps, uneven_epochs)
+        if why:
+            g.record(check_id, False, why, world_size=job.world_size)
+            return False
+    elif len({len(s) for s in steps}) != 1:
         g.record(check_id, False, f"the ranks took different numbers of optimizer steps ({step_counts(steps)})",
                  world_size=job.world_size)
         return False
-    per_rank = [[step.micro for step in rank_steps] for rank_steps in steps]
+    else:
+        per_rank = [[step.micro for step in rank_steps] for rank_steps in steps]
     replay(model, per_rank, x, y, lr=lr, loss_fn=loss_fn, momentum=momentum, buffers=buffers,
            after_step=after_step)
     found = largest_difference(final, cpu_state(model))
@@ -680,10 +696,38 @@ def check_replay(g, job: Job, model: nn.Module, x: torch.Tensor, y: torch.Tensor
         g.record(check_id, True)
         return True
     extra = explain(per_rank, start if start is not None else first, final) if explain else ""
-    g.record(check_id, False, f"after {len(steps[0])} steps, rank 0's model differs from one process "
+    g.record(check_id, False, f"after {len(per_rank[0])} steps, rank 0's model differs from one process "
              f"training on the same global batches: {found} (tolerance {tolerance:g})" + (f"; {extra}" if extra else ""),
              rank=0, world_size=job.world_size)
     return False
+
+
+def aligned_by_epoch(steps: list[list[Step]], epochs: int) -> tuple[list, str]:
+    """Each rank's micro-batches per global step, steps matched within each epoch ("" or why not)."""
+    grouped = [epochs_of(rank_steps, epochs) for rank_steps in steps]
+    counts = {len(g) for g in grouped}
+    if len(counts) != 1:
+        return [], "the ranks trained different numbers of epochs: " + ", ".join(
+            f"rank {r}: {len(g)}" for r, g in enumerate(grouped))
+    per_rank: list[list] = [[] for _ in steps]
+    for epoch in range(counts.pop()):
+        longest = max(len(g[epoch]) for g in grouped)
+        for rank, g in enumerate(grouped):
+            micro = [s.micro for s in g[epoch]]
+            per_rank[rank] += micro + [[]] * (longest - len(micro))
+    return per_rank, ""
+
+
+def training_forwards(job: Job) -> list[int | None]:
+    """How many training forwards each rank ran (None for a rank that sent no record)."""
+    counts = []
+    for record in job.records:
+        if record is None:
+            counts.append(None)
+            continue
+        model = record.get("trained")
+        counts.append(sum(1 for e in record["events"] if e.get("what") == "forward" and e["ddp"] == model))
+    return counts
 
 
 def same_state(a: dict, b: dict, tolerance: float = 1e-5) -> bool:
