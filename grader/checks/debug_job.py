@@ -12,7 +12,7 @@ Rank side (:func:`run_job`): set the variables torchrun sets, write the inputs t
 * ``batch``    each batch a DataLoader hands out (which loader, which pass over it);
 * ``forward``  each forward of the wrapped model with gradients enabled: the input rows;
 * ``sync``     each gradient all-reduce DDP makes (a communication hook of the grader's own);
-* ``step``     each optimizer step;
+* ``step``     each optimizer step, with the learning rate of its first parameter group;
 * collectives the script calls itself (``op``, bytes).
 
 A collective that waits :data:`COLLECTIVE_WAIT_S` for its peers is what a hang looks like: the
@@ -193,7 +193,12 @@ class _JobWatch:
             patch = probes.patched(owner, name, value)
             patch.__enter__()
             self._undo.append(patch)
-        self._step_hook = register_optimizer_step_post_hook(lambda optimizer, a, k: events.append({"what": "step"}))
+        def record_step(optimizer, args, kwargs):
+            groups = getattr(optimizer, "param_groups", None) or [{}]
+            lr = groups[0].get("lr")
+            events.append({"what": "step", "lr": float(lr) if isinstance(lr, (int, float)) else None})
+
+        self._step_hook = register_optimizer_step_post_hook(record_step)
         self._collectives = probes.watch_collectives(events)
         self._collectives.__enter__()
         return self
