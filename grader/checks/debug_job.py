@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -513,6 +514,42 @@ def epochs_of(steps: list[Step], epochs: int) -> list[list[Step]]:
 
 def samples(epoch: list[Step]) -> list[int]:
     return [i for s in epoch for m in s.micro for i in m]
+
+
+def data_split_verdict(steps: list[list[Step]], world_size: int, num_samples: int, epochs: int,
+                       batch_size: int) -> tuple[bool, str]:
+    """In every epoch each sample trains on one rank: at most world_size - 1 repeats (a sampler's
+    padding) and at most world_size * batch_size - 1 samples left out (a dropped remainder)."""
+    grouped = [epochs_of(rank_steps, epochs) for rank_steps in steps]
+    if any(len(g) != epochs for g in grouped):
+        return False, "the ranks trained " + ", ".join(f"rank {r}: {len(g)}" for r, g in enumerate(grouped)) + \
+            f" epochs, expected {epochs}"
+    for epoch in range(epochs):
+        owners: dict[int, list[int]] = {}
+        counts: Counter = Counter()
+        for rank, g in enumerate(grouped):
+            for i in samples(g[epoch]):
+                counts[i] += 1
+                owners.setdefault(i, [])
+                if rank not in owners[i]:
+                    owners[i].append(rank)
+        if -1 in counts:
+            return False, f"epoch {epoch}: some training batches hold rows that are not in the data set"
+        repeats = sum(counts.values()) - len(counts)
+        if repeats > world_size - 1:
+            shared = next((i for i, r in owners.items() if len(r) > 1), None)
+            if shared is not None:
+                return False, (f"epoch {epoch}: sample {shared} was trained on by {rank_list(owners[shared])}, "
+                               f"and {repeats} samples in all were repeated: "
+                               "each rank must train on its own part of the data")
+            twice = next(i for i, c in counts.items() if c > 1)
+            return False, f"epoch {epoch}: sample {twice} was trained on {counts[twice]} times"
+        unused = sorted(set(range(num_samples)) - set(counts))
+        if len(unused) > world_size * batch_size - 1:
+            return False, (f"epoch {epoch}: {len(unused)} of {num_samples} samples were not trained on "
+                           f"(e.g. {', '.join(map(str, unused[:5]))}); at most a remainder smaller than one global "
+                           f"batch ({world_size} x {batch_size}) may be left out")
+    return True, ""
 
 
 # --- replay ----------------------------------------------------------------------------

@@ -11,8 +11,6 @@ rank past its last batch contributes nothing, as under Join).
 
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,43 +64,8 @@ def grade(g) -> None:
             debug_job.not_checked(g, job, OTHER_CHECKS)
             return
         steps = [s for s, _ in debug_job.per_rank_steps(job)]
-        g.record("data-split", *data_split_verdict(steps, world_size), world_size=world_size)
+        g.record("data-split", *debug_job.data_split_verdict(steps, world_size, N_TRAIN, EPOCHS, BATCH_SIZE),
+                 world_size=world_size)
         debug_job.check_params_identical(g, job)
         debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
                                uneven_epochs=EPOCHS)
-
-
-def data_split_verdict(steps: list[list[debug_job.Step]], world_size: int,
-                       num_samples: int = N_TRAIN, epochs: int = EPOCHS) -> tuple[bool, str]:
-    """In every epoch each sample trains on one rank: at most world_size - 1 repeats (a sampler's
-    padding) and at most world_size * batch_size - 1 samples left out (a dropped remainder)."""
-    grouped = [debug_job.epochs_of(rank_steps, epochs) for rank_steps in steps]
-    if any(len(g) != epochs for g in grouped):
-        return False, "the ranks trained " + ", ".join(f"rank {r}: {len(g)}" for r, g in enumerate(grouped)) + \
-            f" epochs, expected {epochs}"
-    for epoch in range(epochs):
-        owners: dict[int, list[int]] = {}
-        counts: Counter = Counter()
-        for rank, g in enumerate(grouped):
-            for i in debug_job.samples(g[epoch]):
-                counts[i] += 1
-                owners.setdefault(i, [])
-                if rank not in owners[i]:
-                    owners[i].append(rank)
-        if -1 in counts:
-            return False, f"epoch {epoch}: some training batches hold rows that are not in the data set"
-        repeats = sum(counts.values()) - len(counts)
-        if repeats > world_size - 1:
-            shared = next((i for i, r in owners.items() if len(r) > 1), None)
-            if shared is not None:
-                return False, (f"epoch {epoch}: sample {shared} was trained on by {debug_job.rank_list(owners[shared])}, "
-                               f"and {repeats} samples in all were repeated: "
-                               "each rank must train on its own part of the data")
-            twice = next(i for i, c in counts.items() if c > 1)
-            return False, f"epoch {epoch}: sample {twice} was trained on {counts[twice]} times"
-        unused = sorted(set(range(num_samples)) - set(counts))
-        if len(unused) > world_size * BATCH_SIZE - 1:
-            return False, (f"epoch {epoch}: {len(unused)} of {num_samples} samples were not trained on "
-                           f"(e.g. {', '.join(map(str, unused[:5]))}); at most a remainder smaller than one global "
-                           f"batch ({world_size} x {BATCH_SIZE}) may be left out")
-    return True, ""
