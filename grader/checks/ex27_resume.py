@@ -93,10 +93,11 @@ def grade(g) -> None:
             debug_job.not_checked(g, job, OTHER_CHECKS)
             return
         checkpoint = job.records[0]["checkpoint"]
-        g.record("resumed", *resumed_verdict(job, checkpoint["model"]), world_size=world_size)
+        resumed, why = resumed_verdict(job, checkpoint["model"])
+        g.record("resumed", resumed, why, world_size=world_size)
         steps = [s for s, _ in debug_job.per_rank_steps(job)]
         g.record("epochs-continue", *epochs_verdict(steps, world_size), world_size=world_size)
-        debug_job.check_params_identical(g, job)
+        g.record("params-identical", *identical_verdict(job, resumed), world_size=world_size)
         debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
                                momentum=MOMENTUM, buffers=[b.clone() if b is not None else None
                                                            for b in checkpoint["buffers"]],
@@ -112,6 +113,22 @@ def resumed_verdict(job: debug_job.Job, weights: dict) -> tuple[bool, str]:
         found = first_difference(first, weights)
         if found is not None:
             return False, (f"rank {rank}'s first training step did not start from the checkpoint's weights: {found}")
+    return True, ""
+
+
+def identical_verdict(job: debug_job.Job, resumed: bool) -> tuple[bool, str]:
+    """The ranks' models are bit-identical at the end; when they started alike, say where the split comes from."""
+    _, reference = debug_job.trained_model(job, 0)
+    for rank in range(1, job.world_size):
+        _, final = debug_job.trained_model(job, rank)
+        found = None if reference is None or final is None else first_difference(final, reference)
+        if found is None:
+            continue
+        why = f"after training, rank {rank}'s model differs from rank 0's: {found}"
+        if resumed:
+            why += ("; every rank started from the checkpoint's weights and DDP gave them the same averaged "
+                    "gradients, so the updates differed: the optimizer's state is not the same on every rank")
+        return False, why
     return True, ""
 
 
