@@ -1,6 +1,6 @@
-"""How long `ddp-grade batch` takes on one set of submissions with --jobs 1, 2 and 4.
+"""How long `ddp-grade batch` takes on one set of submissions with --jobs 1, 2 and 4, sandboxed or not.
 
-    python benchmarks/bench_batch.py [--repeat 1]
+    python benchmarks/bench_batch.py [--repeat 1] [--jobs 1 2 4] [--sandbox on off]
 
 The set: the solutions of exercises 01, 02, 05 and 07, three hostile files that
 fail fast (segfault, os._exit, one rank raises) and one that hangs until its
@@ -36,6 +36,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--sandbox", nargs="+", choices=["on", "off"], default=["off", "on"],
+                        help="on: a sandbox per submission (needs bwrap or unshare); off: --no-sandbox")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     try:
@@ -45,14 +47,17 @@ def main() -> None:
         env = {**os.environ, "DDP_GRADE_STATE_DIR": str(work / "state")}
         print(f"{len(FILES)} submissions, {os.cpu_count()} CPU cores, load average "
               f"{os.getloadavg()[0]:.1f} at the start")
-        print(f"{'jobs':>5}  {'seconds':>8}  exit")
+        print(f"{'sandbox':>7}  {'jobs':>5}  {'seconds':>8}  exit")
         for _ in range(args.repeat):
-            for jobs in args.jobs:
-                started = time.monotonic()
-                proc = subprocess.run(
-                    [sys.executable, "-c", "from grader.cli import main; main()", "batch", str(work / "class"),
-                     "--jobs", str(jobs), "--timeout", "10", "-q"], env=env, capture_output=True, text=True)
-                print(f"{jobs:>5}  {time.monotonic() - started:>8.1f}  {proc.returncode}")
+            for sandbox in args.sandbox:
+                for jobs in args.jobs:
+                    started = time.monotonic()
+                    proc = subprocess.run(
+                        [sys.executable, "-c", "from grader.cli import main; main()", "batch", str(work / "class"),
+                         "--jobs", str(jobs), "--timeout", "10", "-q", "--sandbox" if sandbox == "on" else
+                         "--no-sandbox"], env=env, capture_output=True, text=True)
+                    print(f"{sandbox:>7}  {jobs:>5}  {time.monotonic() - started:>8.1f}  {proc.returncode}",
+                          flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

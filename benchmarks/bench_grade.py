@@ -3,6 +3,8 @@
 All are timed as whole commands (a fresh Python each time, as a learner runs
 them), several times; the medians are printed side by side:
 - the floor: spawn the ranks, gloo init, destroy;
+- the solution run once, plainly: `mp.spawn` of 03's `train_ddp` on the grader's model and data
+  (only for 03, the default file): what a learner's own test script costs;
 - a cold grading (`--no-server`: this command's own pool, torch imported in it);
 - a warm grading: the same command once the background grading server is up (the
   first grading of a session of work starts it).
@@ -45,6 +47,27 @@ if __name__ == "__main__":
 """
 
 
+SOLUTION_ONCE = r"""
+import importlib.util, os, socket, sys, tempfile
+import torch.multiprocessing as mp
+from grader.checks import ex03_train as ex
+
+spec = importlib.util.spec_from_file_location("solution", sys.argv[1])
+solution = importlib.util.module_from_spec(spec); spec.loader.exec_module(solution)
+
+def rank(r, world_size, path):
+    solution.train_ddp(r, world_size, model_fn=ex.TinyNet,
+                       dataset=ex.make_dataset(world_size * ex.BATCH_SIZE * ex.STEPS_PER_EPOCH),
+                       epochs=ex.EPOCHS, batch_size=ex.BATCH_SIZE, lr=ex.LR, checkpoint_path=path)
+
+if __name__ == "__main__":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(rank, args=(int(sys.argv[2]), os.path.join(d, "ckpt.pt")), nprocs=int(sys.argv[2]), join=True)
+"""
+
+
 def _wait_for_server(env: dict, seconds: float = 120) -> None:
     check = [sys.executable, "-c", "import sys; from grader import server; sys.exit(0 if server.status()['running'] else 1)"]
     deadline = time.monotonic() + seconds
@@ -76,20 +99,27 @@ def main() -> None:
     grade_cmd = [sys.executable, "-m", "grader", args.file, "--no-server"]
     warm_cmd = [sys.executable, "-m", "grader", args.file]
     floor_cmd = [sys.executable, str(floor_script), str(args.world_size)]
+    once_script = ROOT / "benchmarks" / ".solution_once.py"
+    once_script.write_text(SOLUTION_ONCE)
+    once_cmd = [sys.executable, str(once_script), str(ROOT / args.file), str(args.world_size)]
+    with_once = Path(args.file).name == "03_train.py"
     state = tempfile.mkdtemp(prefix="bench-", dir="/tmp")
     warm_env = {**os.environ, "DDP_GRADE_SERVER": "1", "DDP_GRADE_STATE_DIR": state}
     try:
         timed(floor_cmd), timed(grade_cmd)  # warm the file cache
-        floors, grades, warms = [], [], []
+        floors, grades, warms, onces = [], [], [], []
         for _ in range(args.repeat):
             floors.append(timed(floor_cmd))
             grades.append(timed(grade_cmd))
+            if with_once:
+                onces.append(timed(once_cmd, {**os.environ, "PYTHONPATH": str(ROOT)}))
         timed(warm_cmd, warm_env)  # cold, and starts the server
         _wait_for_server(warm_env)
         for _ in range(args.repeat):
             warms.append(timed(warm_cmd, warm_env))
     finally:
         floor_script.unlink(missing_ok=True)
+        once_script.unlink(missing_ok=True)
         subprocess.run([sys.executable, "-c", "from grader import server; server.stop()"], env=warm_env, cwd=ROOT)
         shutil.rmtree(state, ignore_errors=True)
 
@@ -98,6 +128,10 @@ def main() -> None:
     print(f"{'what':58} {'median s':>9} {'min s':>7} {'ratio':>6}")
     print(f"{'floor: spawn ' + str(args.world_size) + ' ranks, gloo init, destroy':58} "
           f"{floor:9.2f} {min(floors):7.2f} {1.0:6.2f}")
+    if onces:
+        once = statistics.median(onces)
+        print(f"{'mp.spawn of the solution once (' + str(args.world_size) + ' ranks, same model and data)':58} "
+              f"{once:9.2f} {min(onces):7.2f} {once / floor:6.2f}")
     warm = statistics.median(warms)
     print(f"{'ddp-grade ' + args.file + ' --no-server (cold)':58} {grade:9.2f} {min(grades):7.2f} {grade / floor:6.2f}")
     print(f"{'ddp-grade ' + args.file + ' (warm: grading server up)':58} {warm:9.2f} {min(warms):7.2f} "

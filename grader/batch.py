@@ -8,11 +8,20 @@ crash, a hang, a patched module) reaches another, and the pools stay warm from
 one submission to the next: the cost of starting Python and importing torch is
 paid once per worker, not once per submission.
 
+With the sandbox (the default where ``bwrap`` or ``unshare`` works, see :mod:`grader.sandbox`)
+each submission gets a worker of its own, started inside a fresh sandbox that sees that
+submission's file and no other, and ended with it: nothing a submission starts survives into
+the next one's grading. That costs one Python start and torch import per submission; each
+worker slot starts the next submission's sandbox while the current one is graded.
+
 Every worker and everything it starts carries an environment variable with
 the worker's own marker, and its temporary files live in a folder the batch
 removes; a worker that stops answering (its submission's
 timeout plus a margin) is killed with everything carrying its marker, its
 submission is reported as timed out, and a fresh worker takes the next one.
+
+``--shard I/N`` grades the I-th of N parts (see :mod:`grader.shards`); ``batch merge`` puts
+the parts' JSON outputs back together.
 
 Exit code: the worst result of the batch, in this order (worst first):
 2 (a submission could not be graded), 3 (one timed out), 1 (a check failed), 0.
@@ -20,12 +29,9 @@ Exit code: the worst result of the batch, in this order (worst first):
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -34,40 +40,19 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
-from grader.options import EXIT_INTERRUPTED, format_option, grading_options, quiet_option
-from grader.results import EXIT_CODES, FAILED, PASSED, TIMEOUT, UNUSABLE, Report
+from grader import catalog
+from grader.batch_output import (ROW_FIELDS, SEVERITY, Outcome, Submission, render_csv, render_json,  # noqa: F401
+                                 render_junit, render_markdown, render_table, rows, worst_status)
+from grader.options import EXIT_INTERRUPTED, EXIT_UNUSABLE, format_option, grading_options, quiet_option
+from grader.results import EXIT_CODES, GRADER_ERROR, TIMEOUT, UNUSABLE, UNUSABLE_FILE, Report, RunProblem
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
 WORKER_MARGIN_S = 60.0  # a worker silent for timeout + this long is stopped
-SEVERITY = [PASSED, FAILED, TIMEOUT, UNUSABLE]  # worst last
-EXERCISE_FILE = re.compile(r"^(\d\d)_\w+\.py$")
-ROW_FIELDS = ["submission", "file", "exercise", "status", "exit_code", "check", "check_status", "message",
-              "points", "seconds"]
-
-
-@dataclass
-class Submission:
-    """One file to grade, and the name it has in the table."""
-
-    name: str
-    path: str
-    exercise: str | None = None  # --exercise, else from the file name
-    problem: str | None = None  # set when there is nothing to grade (reported as unusable)
-
-
-@dataclass
-class Outcome:
-    submission: Submission
-    report: dict = field(default_factory=dict)  # Report.to_dict()
-
-    @property
-    def status(self) -> str:
-        return self.report.get("status", UNUSABLE)
+WORKER_DYNAMO = "DDP_GRADE_BATCH_DYNAMO"  # "0": the worker's pool skips torch._dynamo (no exercise it grades needs it)
 
 
 # --- finding the submissions ---------------------------------------------------------
@@ -105,10 +90,13 @@ def collect(paths: list[str], exercise: str | None = None) -> list[Submission]:
 
 
 def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
+    """The files in ``folder`` named for an exercise of the catalog (``03_train.py``, ``03_mine.py``)."""
+    from grader import catalog
+
     out = []
     for f in sorted(folder.iterdir()):
-        m = EXERCISE_FILE.match(f.name)
-        if m and f.is_file() and (exercise is None or m.group(1) == exercise):
+        ex = catalog.from_filename(f) if f.suffix == ".py" else None
+        if ex is not None and f.is_file() and (exercise is None or ex.id == exercise):
             out.append(f)
     return out
 
@@ -117,18 +105,35 @@ def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
 
 
 class WorkerProcess:
-    """One ``python -m grader.batch --serve`` process: a submission in, a report out."""
+    """One ``python -m grader.batch --serve`` process: a submission in, a report out.
 
-    def __init__(self, settings: dict):
+    With ``sandbox`` (a tool name from :mod:`grader.sandbox`) the worker runs inside a sandbox
+    where ``visible`` (the one submission it will grade) is bound back in, read-only.
+    """
+
+    def __init__(self, settings: dict, sandbox: str | None = None, visible: tuple[str, ...] = (),
+                 dynamo: bool = True):
         self.settings = settings
         self.marker = uuid.uuid4().hex
-        # The worker's temporary files (its sessions', its pool's) go in a folder this process
-        # removes, so they are gone even when the worker has to be killed.
-        self.tmp = tempfile.mkdtemp(prefix="ddp-grade-batch-", dir=_short_temp_root())
-        env = {**os.environ, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grader.batch", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1, start_new_session=True)
+        argv = [sys.executable, "-m", "grader.batch", "--serve"]
+        extra = {WORKER_DYNAMO: "1" if dynamo else "0"}
+        if sandbox:
+            from grader import sandbox as sb
+
+            # Inside, /tmp is a fresh folder of the sandbox's own, gone when the worker ends.
+            self.tmp = None
+            argv = sb.wrap(argv, [os.path.abspath(p) for p in visible], sandbox)
+            env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": "/tmp", "DDP_GRADE_SERVER": "0",
+                   "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state"}
+        else:
+            # The worker's temporary files (its sessions', its pool's) go in a folder this process
+            # removes, so they are gone even when the worker has to be killed.
+            self.tmp = tempfile.mkdtemp(prefix="ddp-grade-batch-", dir=_short_temp_root())
+            env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
+        self.sandboxed = bool(sandbox)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1,
+                                     start_new_session=True)
         self.replies: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -139,7 +144,9 @@ class WorkerProcess:
 
     def grade(self, submission: Submission, wait_s: float) -> dict | None:
         """The report as a dict; None when the worker died or stopped answering (it is then stopped)."""
-        job = {"path": submission.path, "exercise": submission.exercise, **self.settings}
+        # A sandboxed worker starts in its own folder: it gets the file by its absolute path.
+        path = os.path.abspath(submission.path) if self.sandboxed else submission.path
+        job = {"path": path, "exercise": submission.exercise, **self.settings}
         try:
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
@@ -150,14 +157,17 @@ class WorkerProcess:
             died = self.proc.poll()
             self.stop()
             if died is not None:  # it ended by itself: the grader's own failure, said as such
-                return _unusable(submission.path, f"the grading worker ended with exit code {died} while "
+                how = " (in the sandbox)" if self.sandboxed else ""
+                return _unusable(submission.path, f"the grading worker{how} ended with exit code {died} while "
                                  f"grading this file; try `ddp-grade grade {submission.path}`")
             return None
         try:
-            return json.loads(line)
+            report = json.loads(line)
         except ValueError:
             self.stop()
             return None
+        report["path"] = submission.path
+        return report
 
     def stop(self) -> None:
         """End the worker and everything it started (its ranks carry its marker)."""
@@ -177,7 +187,8 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait()
         reap_strays(self.marker, BATCH_MARKER)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _short_temp_root() -> str:
@@ -196,7 +207,7 @@ def serve() -> None:
     from grader.grading import grade_file
     from grader.options import GradeOptions
 
-    grading.warm_up(dynamo=True)
+    grading.warm_up(dynamo=os.environ.get(WORKER_DYNAMO, "1") != "0")
     session = None
     try:
         for line in sys.stdin:
@@ -209,7 +220,7 @@ def serve() -> None:
             try:
                 report = grade_file(job["path"], session, options, job["exercise"]).to_dict()
             except Exception as exc:  # the grader's own failure on this file: reported, the batch goes on
-                report = _unusable(job["path"], f"the grader failed on this file: {type(exc).__name__}: {exc}")
+                report = _unusable(job["path"], str(exc), exception=type(exc).__name__)
             out.write(json.dumps(report) + "\n")
     except KeyboardInterrupt:
         pass
@@ -218,38 +229,66 @@ def serve() -> None:
             session.close()
 
 
-def _unusable(path: str, problem: str, status: str = UNUSABLE) -> dict:
-    return Report("", "", path, status, problem=problem).to_dict()
+def _unusable(path: str, problem: str, status: str = UNUSABLE, exception: str = "",
+              kind: str = GRADER_ERROR) -> dict:
+    """The report of a submission the batch could not grade: nothing to grade, or the grading itself failed."""
+    return Report("", "", path, status, run_problem=RunProblem(kind, status, exception=exception,
+                                                                 message=problem)).to_dict()
 
 
-def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=None) -> list[Outcome]:
-    """Grade every submission with ``jobs`` workers; results in the submissions' order."""
+def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=None, on_start=None,
+              sandbox: str | None = None) -> list[Outcome]:
+    """Grade every submission with ``jobs`` workers; results in the submissions' order.
+
+    ``on_start(submission)`` and ``on_done(outcome)`` are called as each starts and ends;
+    ``sandbox``: the tool (see :mod:`grader.sandbox`) that gives each submission a fresh sandbox.
+    """
     outcomes = [Outcome(s) for s in submissions]
     todo: queue.Queue = queue.Queue()
     for i, s in enumerate(submissions):
         if s.problem:
-            outcomes[i].report = _unusable(s.path, s.problem)
+            outcomes[i].report = _unusable(s.path, s.problem, kind=UNUSABLE_FILE)
             if on_done:
                 on_done(outcomes[i])
         else:
             todo.put(i)
-    wait_s = settings["timeout_s"] + WORKER_MARGIN_S
+    wait_s = catalog.longest_timeout(settings["timeout_s"]) + WORKER_MARGIN_S
     workers: list[WorkerProcess] = []
     lock = threading.Lock()
     stopping = threading.Event()
 
+    def next_index() -> int | None:
+        try:
+            return todo.get_nowait()
+        except queue.Empty:
+            return None
+
+    def start(i: int) -> WorkerProcess:
+        worker = WorkerProcess(settings, sandbox, (submissions[i].path,),
+                               dynamo=_needs_dynamo(submissions[i]) if sandbox else True)
+        with lock:
+            workers.append(worker)
+        return worker
+
     def work() -> None:
         worker = None
+        ahead = None  # sandboxed: the next submission and its worker, started while this one is graded
         try:
             while not stopping.is_set():
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
-                if worker is None:
-                    worker = WorkerProcess(settings)
-                    with lock:
-                        workers.append(worker)
+                if ahead is not None:
+                    (i, worker), ahead = ahead, None
+                else:
+                    i = next_index()
+                    if i is None:
+                        return
+                    if worker is None:
+                        worker = start(i)
+                if sandbox and not stopping.is_set():
+                    j = next_index()
+                    if j is not None:
+                        ahead = (j, start(j))
+                if on_start:
+                    on_start(submissions[i])
                 started = time.monotonic()
                 report = worker.grade(submissions[i], wait_s)
                 if report is None:
@@ -259,12 +298,16 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                     report = _unusable(submissions[i].path, f"grading did not finish within {wait_s:g} s; "
                                        "the grader was stopped", TIMEOUT)
                     report["seconds"] = round(time.monotonic() - started, 3)
+                elif sandbox:  # a sandbox holds one submission: the next one has a fresh one
+                    worker.stop()
+                    worker = None
                 outcomes[i].report = report
                 if on_done:
                     on_done(outcomes[i])
         finally:
-            if worker is not None:
-                worker.stop()
+            for left in (worker, ahead[1] if ahead else None):
+                if left is not None:
+                    left.stop()
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(jobs, todo.qsize())))]
     for t in threads:
@@ -282,80 +325,12 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
     return outcomes
 
 
-# --- results -----------------------------------------------------------------------------
+def _needs_dynamo(submission: Submission) -> bool:
+    """Whether the submission's exercise builds a DDP or a torch optimizer (unknown: assume so)."""
+    from grader import catalog
 
-
-def worst_status(outcomes: list[Outcome]) -> str:
-    return max((o.status for o in outcomes), key=SEVERITY.index, default=PASSED)
-
-
-def rows(outcomes: list[Outcome]) -> list[dict]:
-    """One row per submission and check (one row with an empty check when none ran)."""
-    out = []
-    for o in outcomes:
-        r = o.report
-        base = {"submission": o.submission.name, "file": o.submission.path, "exercise": r.get("exercise", ""),
-                "status": o.status, "exit_code": EXIT_CODES[o.status]}
-        checks = r.get("checks") or []
-        if not checks:
-            out.append({**base, "check": "", "check_status": "", "message": r.get("problem") or "",
-                        "points": 0, "seconds": r.get("seconds", 0.0)})
-        for c in checks:
-            out.append({**base, "check": c["id"], "check_status": c["status"], "message": c.get("message", ""),
-                        "points": c.get("points", 0) if c["status"] == "pass" else 0,
-                        "seconds": round(c.get("seconds", 0.0), 3)})
-    return out
-
-
-def render_table(outcomes: list[Outcome]) -> str:
-    """The summary: one line per submission, then the totals."""
-    head = ("submission", "ex", "status", "checks", "seconds", "problem")
-    lines = []
-    for o in outcomes:
-        r = o.report
-        counts = r.get("counts") or {}
-        graded = sum(counts.values()) - counts.get("skip", 0)
-        checks = f"{counts.get('pass', 0)}/{graded}" if r.get("checks") else "-"
-        problem = (r.get("problem") or "").splitlines()[0] if r.get("problem") else ""
-        if not problem and o.status == FAILED:
-            problem = "failed: " + ", ".join(c["id"] for c in r.get("checks", []) if c["status"] == "fail")
-        lines.append((o.submission.name, r.get("exercise") or "-", o.status, checks,
-                      f"{r.get('seconds', 0.0):.1f}", _clip(problem, 70)))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)] if lines else [len(h) for h in head]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
-    text = [fmt.format(*head), fmt.format(*("-" * w for w in widths[:-1]), "-" * len(head[-1]))]
-    text += [fmt.format(*line) for line in lines]
-    tally = {s: sum(1 for o in outcomes if o.status == s) for s in SEVERITY}
-    worst = worst_status(outcomes)
-    text.append("")
-    text.append(f"{len(outcomes)} submission{'s' if len(outcomes) != 1 else ''}: {tally[PASSED]} passed, "
-                f"{tally[FAILED]} failed, {tally[TIMEOUT]} timed out, {tally[UNUSABLE]} could not be graded "
-                f"(exit {EXIT_CODES[worst]}).")
-    return "\n".join(text)
-
-
-def render_json(outcomes: list[Outcome]) -> str:
-    worst = worst_status(outcomes)
-    return json.dumps({
-        "schema": 1,
-        "exit_code": EXIT_CODES[worst],
-        "status": worst,
-        "rows": rows(outcomes),
-        "reports": [{"submission": o.submission.name, **o.report} for o in outcomes],
-    }, indent=2)
-
-
-def render_csv(outcomes: list[Outcome]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=ROW_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows(outcomes):
-        writer.writerow({**row, "message": row["message"].replace("\n", " | ")})
-    return buffer.getvalue()
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    ex = catalog.by_id(submission.exercise) if submission.exercise else catalog.from_filename(submission.path)
+    return ex is None or ex.preload_dynamo
 
 
 def default_jobs() -> int:
@@ -369,58 +344,191 @@ def default_jobs() -> int:
     return max(2, (os.cpu_count() or 2) // 4)
 
 
-# --- the command ---------------------------------------------------------------------------
+# --- the commands ------------------------------------------------------------------------
 
 
-@click.command()
+class _BatchGroup(click.Group):
+    """``batch PATH...`` grades (the ``grade`` subcommand); ``batch merge FILE...`` merges shards."""
+
+    def parse_args(self, ctx, args):
+        if not args or args[0] not in self.commands:  # --help too: the grading command's options
+            args = ["grade", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_BatchGroup)
+def batch():
+    """Grade many submissions: files, folders of NN_*.py files, or folders of learners' folders.
+
+    `ddp-grade batch PATH...` is `ddp-grade batch grade PATH...`; `ddp-grade batch merge FILE...`
+    puts the JSON outputs of `--shard I/N` runs back together.
+    """
+
+
+@batch.command("grade")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option("--exercise", "exercise_id", metavar="NN",
               help="Grade only exercise NN (files in folders: NN_*.py; a file named directly is graded as NN).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1, max=64), default=None,
               help="Submissions graded at the same time (default: a quarter of the CPU cores, at least 2).")
+@click.option("--shard", "shard_text", metavar="I/N",
+              help="Grade only part I of N (1 <= I <= N), split by sorted submission name, the same on every "
+                   "machine; `ddp-grade batch merge` combines the parts' outputs.")
+@click.option("--sandbox/--no-sandbox", default=None,
+              help="Grade each submission in a sandbox of its own (loopback only, home folder hidden, nothing "
+                   "outlives it). On by default when bwrap or unshare works here.")
 @grading_options
-@format_option("text", "json", "csv")
+@format_option("text", "json", "csv", "markdown")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the JSON output to FILE (what `batch merge` reads).")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write JUnit XML to FILE: one test suite per submission.")
 @quiet_option
-def batch(paths, exercise_id, jobs, options, fmt, quiet):
+def grade_many(paths, exercise_id, jobs, shard_text, sandbox, options, fmt, output_path, junit_path, quiet):
     """Grade many submissions: files, folders of NN_*.py files, or folders of learners' folders.
 
     One bad submission (a crash, a hang, a missing file) never stops the rest;
     the exit code is the worst result: 2 (could not grade one) > 3 (timeout) > 1 (failed) > 0.
+    `ddp-grade batch merge FILE...` combines the -o outputs of --shard runs.
 
     \b
     Examples:
       ddp-grade batch submissions/ --exercise 03 --jobs 2
       ddp-grade batch alice/ bob/ --format csv > results.csv
+      ddp-grade batch submissions/ --shard 2/8 -o results/shard-2.json
     """
-    from grader import catalog
+    from grader import catalog, live, shards
 
     if exercise_id is not None:
         exercise_id = exercise_id.zfill(2)
         if catalog.by_id(exercise_id) is None:
             known = ", ".join(e.id for e in catalog.exercises())
             raise click.UsageError(f"unknown exercise {exercise_id!r}: choose one of {known}")
-    submissions = collect(list(paths), exercise_id)
-    settings = options.to_dict()
-    total = len(submissions)
-    done = [0]
-
-    def progress(outcome: Outcome) -> None:
-        done[0] += 1
-        if not quiet:
-            click.echo(f"[{done[0]}/{total}] {outcome.status:<8} {outcome.submission.name}", err=True)
-
+    shard = None
+    if shard_text is not None:
+        try:
+            shard = shards.parse(shard_text)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    _check_writable(output_path, junit_path)
+    line = None
     try:
-        outcomes = run_batch(submissions, jobs or default_jobs(), settings, progress)
+        tool = _sandbox_tool(sandbox)
+        submissions = collect(list(paths), exercise_id)
+        record = None
+        if shard is not None:
+            names = [s.name for s in submissions]
+            record = shards.record(names, shard)
+            submissions = [submissions[k] for k in shards.positions(names, shard)]
+        line = live.BatchLine(len(submissions), live.mode_for(sys.stderr, quiet))
+        outcomes = run_batch(submissions, jobs or default_jobs(), options.to_dict(),
+                             on_done=lambda o: line.finish(o.submission.name, o.status),
+                             on_start=lambda s: line.begin(s.name), sandbox=tool)
     except KeyboardInterrupt:
+        if line is not None:
+            line.done()
         click.echo("interrupted: the workers were stopped", err=True)
         raise SystemExit(EXIT_INTERRUPTED)
+    line.done()
+    _emit(outcomes, fmt, output_path, junit_path, record)
+    if shard is not None and fmt == "text":
+        click.echo(f"(shard {shard}: {len(outcomes)} of the {len(record['submissions'])} submissions)")
+    raise SystemExit(EXIT_CODES[worst_status(outcomes)])
+
+
+@batch.command("merge")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=str))
+@format_option("text", "json", "csv", "markdown")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write the merged JSON output to FILE.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also write JUnit XML to FILE: one test suite per submission.")
+def merge(files, fmt, output_path, junit_path):
+    """Combine the JSON outputs of `ddp-grade batch --shard I/N` runs into one result.
+
+    Every shard 1/N ... N/N must be given once. Outputs that overlap (a shard twice), a
+    missing shard, or shards cut from different submissions or into different counts are
+    refused with exit 2 and a message naming the files, before anything is written.
+    Otherwise the exit code is the worst result, as for the whole batch graded at once.
+
+    \b
+    Example:
+      ddp-grade batch merge results/shard-*.json --format csv > results.csv
+    """
+    from grader import batch_output, shards
+
+    _check_writable(output_path, junit_path)
+    pieces = []
+    for name in files:
+        try:
+            with open(name, encoding="utf-8") as f:
+                outcomes, shard_field = batch_output.read_json(f.read())
+            pieces.append(shards.piece(name, outcomes, shard_field))
+        except OSError as exc:
+            _fail(f"cannot read {name}: {exc.strerror or exc}")
+        except shards.MergeError as exc:
+            _fail(str(exc))
+        except ValueError as exc:
+            _fail(f"{name}: {exc.args[0] if exc.args else exc} (write shard outputs with -o FILE or --format json)")
+    try:
+        merged = shards.merge(pieces)
+    except shards.MergeError as exc:
+        _fail(str(exc))
+    _emit(merged, fmt, output_path, junit_path, None)
+    raise SystemExit(EXIT_CODES[worst_status(merged)])
+
+
+def _emit(outcomes: list[Outcome], fmt: str, output_path: str | None, junit_path: str | None,
+          shard: dict | None) -> None:
+    """Print the result in ``fmt``; write the JSON and JUnit files asked for."""
+    files = ((output_path, lambda: render_json(outcomes, shard)), (junit_path, lambda: render_junit(outcomes)))
+    for path, text in files:
+        if path:
+            try:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text() + ("" if path == junit_path else "\n"))
+            except OSError as exc:
+                _fail(f"cannot write {path}: {exc.strerror or exc}")
     if fmt == "json":
-        click.echo(render_json(outcomes))
+        click.echo(render_json(outcomes, shard))
     elif fmt == "csv":
         click.echo(render_csv(outcomes), nl=False)
+    elif fmt == "markdown":
+        click.echo(render_markdown(outcomes), nl=False)
     else:
         click.echo(render_table(outcomes))
-    raise SystemExit(EXIT_CODES[worst_status(outcomes)])
+
+
+def _check_writable(*paths: str | None) -> None:
+    """Refuse at once, not after an hour of grading, an output file that cannot be written."""
+    for path in paths:
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                _fail(f"cannot write {path}: no folder {folder}")
+            if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+                _fail(f"cannot write {path}: permission denied")
+
+
+def _sandbox_tool(asked: bool | None) -> str | None:
+    """The sandbox tool to use: asked for (--sandbox: refuse without one), refused (--no-sandbox), or default."""
+    from grader import sandbox
+
+    if asked is False:
+        return None
+    found = sandbox.tool()
+    if found is None:
+        if asked:
+            _fail("--sandbox needs bwrap (the bubblewrap package) or unshare with user namespaces; neither "
+                  "works here (see `ddp-grade doctor`)")
+        click.echo("ddp-grade: no sandbox here (neither bwrap nor unshare works): grading without one. "
+                   "Install bubblewrap, or pass --no-sandbox to grade unsandboxed without this notice.", err=True)
+    return found
+
+
+def _fail(message: str) -> None:
+    click.echo(f"ddp-grade: error: {message}", err=True)
+    raise SystemExit(EXIT_UNUSABLE)
 
 
 if __name__ == "__main__":

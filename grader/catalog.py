@@ -43,6 +43,7 @@ class Exercise:
     summary: str = ""  # what it practises, for the README's table of exercises
     quiz_topics: tuple[str, ...] = ()  # asked about in interview mode after this exercise (all when empty)
     preload_dynamo: bool = False  # its ranks build a DDP or torch optimizer: preload torch._dynamo, which they import
+    timeout_s: float = 0.0  # the least deadline of its grading (whole torchrun jobs); --timeout applies above it
     checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
     track: str = WRITE  # "write": functions to write; "debug": a broken training script to fix
     symptom: tuple[str, ...] = ()  # debug track: the checks the script as shipped fails (what the report shows)
@@ -94,6 +95,7 @@ def _exercise(entry: dict) -> Exercise:
         summary=entry.get("summary", ""),
         quiz_topics=tuple(entry.get("quiz_topics", [])),
         preload_dynamo=bool(entry.get("preload_dynamo", False)),
+        timeout_s=float(entry.get("timeout_s", 0.0)),
         checks=checks,
         track=_track(entry),
         symptom=tuple(entry.get("symptom", [])),
@@ -110,6 +112,11 @@ def _track(entry: dict) -> str:
 def of_track(track: str) -> tuple[Exercise, ...]:
     """The exercises of one track, in catalog order."""
     return tuple(ex for ex in exercises() if ex.track == track)
+
+
+def longest_timeout(timeout_s: float) -> float:
+    """The longest a grading with ``--timeout timeout_s`` can take, whichever exercise it grades."""
+    return max([timeout_s] + [ex.timeout_s for ex in exercises()])
 
 
 def by_id(exercise_id: str) -> Exercise | None:

@@ -11,7 +11,10 @@ Exit codes (every command):
 
 Per command: `list`, `hint`, `solution`, `reset`, `restore` exit 0 or 2 (unknown exercise,
 kit files not found); `doctor` exits 0 when grading can work here, 1 when something is wrong;
-`interview` exits 0 when the exercise passed at the end, 1 when not, 130 on Ctrl-C.
+`interview` exits 0 when the exercise passed at the end, 1 when not, 130 on Ctrl-C;
+`batch` and `batch merge` exit with the worst result of the submissions (2 > 3 > 1 > 0; merge: 2 when
+it refuses its parts); `gradescope run` exits 0 whenever it wrote results.json, 2 when the bundle
+cannot be used.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import re
 
 import click
 
-from grader import __version__, kit
+from grader import __version__, catalog, kit
 from grader import progress as prog
 
 from grader.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE, format_option,
@@ -158,7 +161,7 @@ def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
 
     def run(on_event):
         done = subprocess.run(sandbox.wrap(inner, [path]), env=env, capture_output=True, text=True,
-                              timeout=options.timeout_s + 60)
+                              timeout=catalog.longest_timeout(options.timeout_s) + 60)
         try:
             report = report_from_dict(json.loads(done.stdout))
         except (ValueError, KeyError):
@@ -501,6 +504,8 @@ def doctor(no_group):
 # Subcommands that live in their own modules, one line each.
 from grader.quiz.command import quiz  # noqa: E402
 from grader.batch import batch  # noqa: E402
+from grader.gradescope import gradescope  # noqa: E402
 
 main.add_command(quiz)
 main.add_command(batch)
+main.add_command(gradescope)

@@ -67,6 +67,7 @@ class Grading:
         self._clock = time.monotonic()
         self.sizes_run: list[int] = []  # the world sizes of the process groups actually run
         self.in_one_process = False  # a worker process ran the learner's code (no process group)
+        self.sections: list[dict] = []  # see section()
 
     @property
     def backend(self) -> str:
@@ -183,6 +184,20 @@ class Grading:
             "" if ok else info.hint)
         return ok
 
+    def section(self, title: str, text: str, data: dict | None = None) -> None:
+        """Add what the grading observed beyond verdicts to the report (e.g. the schedule each rank ran).
+
+        ``text`` is shown under the checks, ``data`` (plain JSON values) goes into the JSON report.
+        Kept when the grading stops later.
+        """
+        self.sections.append({"title": title, "text": text, "data": data or {}})
+
+    def add_timeline(self, entries: list[dict]) -> None:
+        """Events of a whole job, in order, as the report's timeline section: plain dicts, each with a
+        "text" line (the text report shows the lines, the JSON report the events)."""
+        self.section("timeline (what the grader saw)", "\n".join(e.get("text", "") for e in entries),
+                     {"events": [dict(e) for e in entries]})
+
     def skip(self, check_id: str, reason: str) -> None:
         info = self.exercise.check(check_id)
         self._verdicts[check_id] = CheckResult(check_id, info.title, SKIP, reason, points=info.points)
@@ -284,7 +299,8 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.seconds = time.monotonic() - started
         return report
     report.backend, report.world_sizes = settled.backend, list(settled.world_sizes)
-    g = Grading(exercise, path, session, settled, timeout_s=options.timeout_s, on_event=on_event)
+    g = Grading(exercise, path, session, settled, timeout_s=max(options.timeout_s, exercise.timeout_s),
+                on_event=on_event)
     module = importlib.import_module(exercise.module)
     not_run = None
     try:
@@ -294,6 +310,7 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.status, report.run_problem = abort.problem.status, abort.problem
         not_run = report.problem.splitlines()[0]
     report.checks = g.results(not_run)
+    report.sections = list(g.sections)
     report.world_sizes = sorted(g.sizes_run) or ([] if g.in_one_process else report.world_sizes)
     report.in_one_process = g.in_one_process and not g.sizes_run
     if report.run_problem is None:

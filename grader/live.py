@@ -99,3 +99,108 @@ class LiveLine:
         if self.mode == TTY and self._shown:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+
+class BatchLine:
+    """The live line of ``ddp-grade batch``: done / total, how they went, time spent and left, what is graded now.
+
+    On a terminal one line is rewritten in place (and erased at the end); elsewhere each finished
+    submission is one plain line, ``[3/20] passed alice/03_train.py``; with ``--quiet`` nothing.
+    """
+
+    def __init__(self, total: int, mode: str, stream=None, clock=time.monotonic, width=None):
+        self.total = total
+        self.mode = mode
+        self.stream = stream if stream is not None else sys.stderr
+        self.clock = clock
+        self.width = width  # of the terminal; None: ask it when drawing
+        self.started = clock()
+        self.done_count = 0
+        self.statuses: dict[str, int] = {}
+        self.current: list[str] = []  # submissions being graded now, in the order they started
+        self._shown = False
+        self._lock = threading.RLock()
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def begin(self, name: str) -> None:
+        with self._lock:
+            self.current.append(name)
+            self._redraw()
+
+    def finish(self, name: str, status: str) -> None:
+        with self._lock:
+            if name in self.current:
+                self.current.remove(name)
+            self.done_count += 1
+            self.statuses[status] = self.statuses.get(status, 0) + 1
+            if self.mode == PLAIN:
+                self.stream.write(f"[{self.done_count}/{self.total}] {status:<8} {name}\n")
+                self.stream.flush()
+            self._redraw()
+
+    def text(self) -> str:
+        """The line as drawn now (without control characters)."""
+        elapsed = self.clock() - self.started
+        counts = [f"{self.statuses.get('passed', 0)} passed", f"{self.statuses.get('failed', 0)} failed"]
+        for status, words in (("timeout", "timed out"), ("unusable", "could not be graded")):
+            if self.statuses.get(status):
+                counts.append(f"{self.statuses[status]} {words}")
+        line = f"batch {self.done_count}/{self.total} done ({', '.join(counts)}), {duration(elapsed)}"
+        if 0 < self.done_count < self.total:
+            line += f", about {duration(elapsed / self.done_count * (self.total - self.done_count))} left"
+        if self.current:
+            line += "; grading " + ", ".join(self.current)
+        return line
+
+    def _redraw(self) -> None:
+        if self.mode != TTY:
+            return
+        if self._ticker is None:
+            self._start_ticker()
+        self._draw()
+
+    def _start_ticker(self) -> None:
+        stop = self._stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(TICK_S):
+                with self._lock:
+                    if not stop.is_set():
+                        self._draw()
+
+        self._ticker = threading.Thread(target=tick, name="ddp-grade-batch-line", daemon=True)
+        self._ticker.start()
+
+    def _draw(self) -> None:
+        import shutil
+
+        width = self.width or shutil.get_terminal_size((100, 24)).columns
+        text = self.text()
+        if len(text) > width - 1:  # a line longer than the terminal would wrap, and \r would not reach its start
+            text = text[: max(width - 4, 1)] + "..."
+        with self._lock:
+            self.stream.write("\r\x1b[K" + text)
+            self.stream.flush()
+            self._shown = True
+
+    def done(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join(timeout=1)
+            self._ticker = None
+        if self.mode == TTY and self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def duration(seconds: float) -> str:
+    """42 s, 3 min 05 s, 1 h 02 min."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"

@@ -262,8 +262,22 @@ COLLECTIVES = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
     "barrier", "all_gather_object", "broadcast_object_list",
+    "all_gather_single", "reduce_scatter_single",  # torch 2.13's names (the *_tensor ones call them)
 )
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+# torch.distributed._functional_collectives runs collectives without calling the functions above
+# (its autograd-aware forms too). Each is recorded under the name of the collective it runs; the
+# bytes are those of its input.
+FUNCTIONAL_COLLECTIVES = {
+    "all_reduce": "all_reduce", "all_reduce_inplace": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_gather_tensor": "all_gather_into_tensor", "all_gather_single": "all_gather_into_tensor",
+    "all_gather_tensor_autograd": "all_gather_into_tensor", "all_gather_single_autograd": "all_gather_into_tensor",
+    "reduce_scatter_tensor": "reduce_scatter_tensor", "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd": "reduce_scatter_tensor",
+    "reduce_scatter_single_autograd": "reduce_scatter_tensor",
+    "broadcast": "broadcast", "all_to_all_single": "all_to_all_single",
+    "all_to_all_single_autograd": "all_to_all_single",
+}
 
 
 def _nbytes(value) -> int:
@@ -279,7 +293,8 @@ _FIRST_ARGUMENT = ("tensor", "tensor_list", "output", "output_tensor", "object_l
 
 @contextlib.contextmanager
 def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
-    """Record every collective and point-to-point call made through ``torch.distributed``.
+    """Record every collective and point-to-point call made through ``torch.distributed``
+    (and its functional collectives).
 
     Each event: ``{"op", "bytes", "peer", "async_op"}`` (``peer`` for send/recv,
     a global rank). Only the outermost call is recorded (torch's ``send`` is
@@ -320,12 +335,21 @@ def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
         replacement = wrap(name, originals[name])
         setattr(c10d, name, replacement)
         setattr(dist, name, replacement)
+    import torch.distributed._functional_collectives as funcol
+
+    functional = {}
+    for name, op in FUNCTIONAL_COLLECTIVES.items():
+        if hasattr(funcol, name):
+            functional[name] = getattr(funcol, name)
+            setattr(funcol, name, wrap(op, functional[name]))
     try:
         yield events
     finally:
         for name, original in originals.items():
             setattr(c10d, name, original)
             setattr(dist, name, original)
+        for name, original in functional.items():
+            setattr(funcol, name, original)
 
 
 def _describe_call(name: str, signature, args, kwargs) -> dict:

@@ -49,6 +49,10 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
                 lines.append(style(f"        {c.message}", dim=True))
             elif c.status == ERROR and verbose:
                 lines.append(style(f"        {c.message}", dim=True))
+    for section in report.sections:
+        lines.append("")
+        lines.append(style(f"{section['title']}:", bold=True))
+        lines.extend("  " + ln for ln in section["text"].splitlines())
     if report.details and (verbose or report.status == TIMEOUT or report.problem):
         lines.append("")
         lines.append(style("details:", bold=True))
@@ -304,7 +308,8 @@ _PROBLEM_WORDS = {
     R.UNUSABLE_FILE: lambda p: p.message,
     R.BAD_OPTION: lambda p: p.message,
     R.CHECK_STOPPED: lambda p: p.message,
-    R.GRADER_ERROR: lambda p: f"the grader failed on this file: {p.exception}: {p.message}",
+    R.GRADER_ERROR: lambda p: (f"the grader failed on this file: {p.exception}: {p.message}" if p.exception
+                               else p.message),
     R.IMPORT_ERROR: lambda p: f"importing {p.file} failed: {p.exception}: {p.message}{_at(p.where, False)}",
     R.MISSING_NAME: lambda p: f"{p.file} does not define {p.name}",
     R.NOT_IMPLEMENTED: lambda p: f"not implemented yet: {p.name}",

@@ -134,6 +134,7 @@ class Report:
     world_sizes: list[int] = field(default_factory=list)  # of the process groups that ran
     seconds: float = 0.0
     in_one_process: bool = False  # the learner's code ran in one worker process, not in a group
+    sections: list[dict] = field(default_factory=list)  # what the grading observed beyond verdicts (see Grading.section)
 
     @property
     def problem(self) -> str | None:
@@ -191,6 +192,7 @@ class Report:
             "score": {"points": self.points, "max_points": self.max_points},
             "counts": self.counts(),
             "checks": [c.to_dict() for c in self.checks],
+            "sections": [dict(s) for s in self.sections],
         }
 
 
@@ -205,7 +207,7 @@ def report_from_dict(data: dict) -> Report:
     checks = [CheckResult(**c) for c in data.get("checks", [])]
     return Report(data["exercise"], data["title"], data["path"], data["status"], checks, problem,
                   data.get("backend", ""), list(data.get("world_sizes", [])), float(data.get("seconds", 0.0)),
-                  bool(data.get("in_one_process", False)))
+                  bool(data.get("in_one_process", False)), [dict(s) for s in data.get("sections", [])])
 
 
 def overall_status(checks: list[CheckResult]) -> str:

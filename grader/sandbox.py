@@ -87,14 +87,14 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None) -> li
     raise RuntimeError("no sandbox tool: install bubblewrap (bwrap)")
 
 
-# Runs first inside `unshare`: loopback up, the home folder hidden, a fresh /tmp, the rest read-only with what the
-# grading needs bound back, then the grading itself.
+# Runs first inside `unshare`: loopback up, the home folder and /tmp hidden behind empty ones, what the grading needs
+# bound back read-only (through descriptors opened before the hiding), the rest read-only, then the grading itself.
 _UNSHARE_BOOT = r"""
 import ctypes, fcntl, os, socket, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 def mount(src, dst, fstype, flags):
-    if libc.mount(src.encode(), dst.encode(), fstype.encode() if fstype else None, flags, None) != 0:
+    if libc.mount(src.encode() if src else None, dst.encode(), fstype.encode() if fstype else None, flags, None) != 0:
         raise OSError(ctypes.get_errno(), f"mount {dst}")
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 ifr = struct.pack("16sH14s", b"lo", 0, b"")
@@ -104,33 +104,30 @@ mount("none", "/", None, MS_REC | MS_PRIVATE)
 home, rest = sys.argv[1], sys.argv[2:]
 split = rest.index("--")
 binds, argv = rest[:split], rest[split + 1:]
-import tempfile
-stage = tempfile.mkdtemp(prefix="ddp-grade-sandbox-")
-keep = {}
-for i, path in enumerate(binds):
-    if path.startswith(home.rstrip("/") + "/"):
-        target = os.path.join(stage, str(i))
-        if os.path.isdir(path):
-            os.makedirs(target)
-        else:
-            open(target, "a").close()
-        mount(path, target, None, MS_BIND | MS_REC)
-        keep[path] = target
-mount("tmpfs", home, "tmpfs", 0)
-for path, target in keep.items():
-    if os.path.isdir(target):
+hidden = [h for h in (home, "/tmp") if os.path.isdir(h)]
+def under(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+keep = {path: os.open(path, os.O_PATH) for path in binds if any(under(path, h) for h in hidden)}
+for h in hidden:
+    mount("tmpfs", h, "tmpfs", 0)
+for path, fd in keep.items():
+    source = f"/proc/self/fd/{fd}"
+    if os.path.isdir(source):
         os.makedirs(path, exist_ok=True)
     else:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "a").close()
-    mount(target, path, None, MS_BIND | MS_REC)
-mount("tmpfs", "/tmp", "tmpfs", 0)
-MS_RDONLY, MS_REMOUNT = 1, 32
+    mount(source, path, None, MS_BIND | MS_REC)
+    # Read-only, keeping the flags the kernel locks in a user namespace (nosuid, nodev, noexec, atime).
+    st = os.statvfs(path).f_flag
+    kept = (st & (2 | 4 | 8 | 1024 | 2048)) | ((1 << 21) if st & 4096 else 0)
+    mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+    os.close(fd)
 with open("/proc/self/mountinfo") as f:
     points = [line.split()[4] for line in f]
 writable = ("/tmp", "/proc", "/dev", "/sys", home)
 for point in points:
-    if any(point == w or point.startswith(w.rstrip("/") + "/") for w in writable):
+    if point in keep or any(point == w or point.startswith(w.rstrip("/") + "/") for w in writable):
         continue
     libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)  # best effort
 os.chdir("/")

@@ -35,6 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grader import catalog
 from grader.state import state_dir
 
 SERVER_ENV = "DDP_GRADE_SERVER"  # "0": never use or start a server
@@ -81,7 +82,7 @@ def grade_remote(path: str, exercise_id: str | None, options, on_event=None) -> 
                "exercise_id": exercise_id, "options": options.to_dict()}
     try:
         with sock, sock.makefile("rwb") as stream:
-            sock.settimeout(options.timeout_s + MARGIN_S)
+            sock.settimeout(catalog.longest_timeout(options.timeout_s) + MARGIN_S)
             stream.write(json.dumps(request).encode() + b"\n")
             stream.flush()
             for line in stream:

@@ -149,7 +149,9 @@ def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path)
     env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path / "state"), "BATCH_TEST_TAG": tag}
     proc = subprocess.Popen([sys.executable, "-c", "from grader.cli import main; main()", "batch",
                              str(HOSTILE / "01_endless_loop.py"), "--timeout", "60", "-q"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # Ctrl-C must reach it even when these tests run as a background job (SIGINT ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while len(_processes_with(f"BATCH_TEST_TAG={tag}")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)  # the batch, a worker and its pool at least
@@ -160,3 +162,74 @@ def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path)
     assert "interrupted" in err
     time.sleep(0.5)
     assert _processes_with(f"BATCH_TEST_TAG={tag}") == []
+
+
+def test_folders_give_only_files_named_for_an_exercise_of_the_catalog(tmp_path):
+    for name in ("01_setup.py", "01_mine.py", "99_future.py", "01_notes.txt", "1_setup.py"):
+        (tmp_path / name).write_text("")
+    names = [Path(s.name).name for s in batch.collect([str(tmp_path)])]
+    assert names == ["01_mine.py", "01_setup.py"]
+
+
+def test_a_learner_folder_with_nothing_to_grade_is_a_row_that_says_so(tmp_path):
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "01_setup.py").write_text("")
+    subs = [s for s in batch.collect([str(tmp_path)]) if s.problem]
+    outcomes = batch.run_batch(subs, 1, {"timeout_s": 10})  # nothing to grade: no worker is started
+    assert outcomes[0].status == "unusable" and "no NN_*.py exercise file" in outcomes[0].report["problem"]
+    assert "could not be graded" in batch.render_table(outcomes)
+
+
+def test_the_sandbox_is_used_by_default_refused_when_asked_for_and_missing_and_off_on_request(tmp_path, monkeypatch):
+    from grader import sandbox
+
+    monkeypatch.setattr(sandbox, "tool", lambda: None)
+    (tmp_path / "alice").mkdir()  # one learner who handed in nothing: nothing is started
+    asked = CliRunner().invoke(main, ["batch", str(tmp_path), "--sandbox"])
+    assert asked.exit_code == 2 and "--sandbox needs bwrap" in asked.output
+    default = CliRunner().invoke(main, ["batch", str(tmp_path)])
+    assert default.exit_code == 2 and "no sandbox here" in default.output and "alice" in default.output
+    off = CliRunner().invoke(main, ["batch", str(tmp_path), "--no-sandbox"])
+    assert off.exit_code == 2 and "no sandbox here" not in off.output
+    used = []
+    monkeypatch.setattr(sandbox, "tool", lambda: "bwrap")
+    monkeypatch.setattr(batch, "run_batch", lambda subs, jobs, settings, **kw: used.append(kw["sandbox"]) or [])
+    for args, expected in ([[], "bwrap"], [["--no-sandbox"], None], [["--sandbox"], "bwrap"]):
+        CliRunner().invoke(main, ["batch", str(tmp_path), *args])
+        assert used.pop() == expected
+
+
+def test_the_live_line_counts_what_is_done_and_estimates_what_is_left():
+    from grader import live
+
+    now = [100.0]
+    stream = io.StringIO()
+    line = live.BatchLine(4, live.TTY, stream, clock=lambda: now[0], width=200)
+    line.begin("alice/01_setup.py")
+    line.begin("bob/01_setup.py")
+    now[0] += 20
+    line.finish("alice/01_setup.py", "passed")
+    assert line.text() == ("batch 1/4 done (1 passed, 0 failed), 20 s, about 1 min 00 s left; "
+                           "grading bob/01_setup.py")
+    now[0] += 20
+    line.finish("bob/01_setup.py", "timeout")
+    assert line.text() == "batch 2/4 done (1 passed, 0 failed, 1 timed out), 40 s, about 40 s left"
+    line.done()
+    assert stream.getvalue().endswith("\r\x1b[K") and "\n" not in stream.getvalue()
+    plain = io.StringIO()
+    piped = live.BatchLine(2, live.PLAIN, plain)
+    piped.begin("alice/01_setup.py")
+    piped.finish("alice/01_setup.py", "failed")
+    piped.done()
+    assert plain.getvalue() == "[1/2] failed   alice/01_setup.py\n"
+
+
+def test_the_live_line_fits_the_terminal():
+    from grader import live
+
+    line = live.BatchLine(3, live.TTY, io.StringIO(), width=40)
+    line.begin("a-very-long-learner-name/03_train.py")
+    drawn = line.stream.getvalue().split("\r\x1b[K")[-1]
+    line.done()
+    assert len(drawn) <= 39 and drawn.endswith("...")

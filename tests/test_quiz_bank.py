@@ -12,11 +12,18 @@ from hypothesis import strategies as st
 from grader.quiz.bank import (
     BANK_DIR,
     LETTERS,
+    MAX_LONGEST_SCORE,
     MIN_PER_TOPIC,
+    MIN_TOPICS,
     MIN_TOTAL,
     TOPICS,
     BankError,
+    absolute_words,
+    bank_figures,
+    count_problems,
+    elimination_score,
     load_bank,
+    longest_choice_score,
     parse_bank_file,
     topic_counts,
     validate_bank,
@@ -35,31 +42,49 @@ from grader.quiz.session import (
 )
 
 BANK = load_bank()
+ROOT = Path(__file__).resolve().parent.parent
 
-GOOD_QUESTION = '''
+GOOD_SOURCE = 'source = "torch/nn/parallel/distributed.py::DistributedDataParallel.no_sync"'
+GOOD_DEMO = 'demo = "tests/quiz_demos/test_accumulation.py::test_the_forward_must_run_inside_no_sync"'
+GOOD_QUESTION = """
 [[question]]
 id = "{id}"
 difficulty = "{difficulty}"
 question = "{question}"
 choices = {choices}
 answer = {answer}
-explanation = "A long enough explanation of why the right answer is right and why the tempting wrong ones are wrong."
+explanation = "{explanation}"
 {source}
-'''
+{demo}
+{checked}
+"""
+GOOD = dict(id="core-a-01", difficulty="easy", question="Which one?", choices='["xx", "yy", "zz"]', answer='"a"',
+            explanation="A long enough explanation of why the right answer is right and why the tempting wrong ones are "
+                        "wrong.",
+            source=GOOD_SOURCE, demo=GOOD_DEMO, checked='checked = "2.13.0"')
 
 
-def write_bank(tmp_path: Path, **overrides) -> Path:
-    """A one-topic bank of two questions; ``overrides`` change the second question."""
-    first = dict(id="core-a-01", difficulty="easy", question="Which one?", choices='["x", "y", "z"]',
-                 answer='"a"', source='source = "torch/nn/parallel/distributed.py"')
-    second = {**first, "id": "core-b-02", **overrides}
-    (tmp_path / "core.toml").write_text('topic = "core"\n' + GOOD_QUESTION.format(**first)
-                                        + GOOD_QUESTION.format(**second), encoding="utf-8")
+def entry(**overrides) -> str:
+    return GOOD_QUESTION.format(**{**GOOD, **overrides})
+
+
+def write_bank(tmp_path: Path, entries: list[str], topic: str = "core") -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / f"{topic}.toml").write_text(f'topic = "{topic}"\n' + "".join(entries), encoding="utf-8")
     return tmp_path
 
 
 def small_bank_problems(tmp_path: Path, **overrides) -> list[str]:
-    return validate_bank(load_bank(write_bank(tmp_path, **overrides)), min_per_topic=0, min_total=1)
+    """The problems of a two-question bank whose second question has ``overrides``."""
+    bank = write_bank(tmp_path, [entry(), entry(**{"id": "core-b-02", "question": "Another one?", **overrides})])
+    return validate_bank(load_bank(bank))
+
+
+def bank_of(tmp_path: Path, questions: list[dict]) -> list[str]:
+    entries = [entry(**{"id": f"core-q-{i:02d}", **q,
+                        "question": f"Question number {i} about topic {i * 7919}? " + q.get("question", "")})
+               for i, q in enumerate(questions)]
+    return validate_bank(load_bank(write_bank(tmp_path, entries)))
 
 
 # --- the packaged bank ---------------------------------------------------------------------------
@@ -68,17 +93,27 @@ def test_packaged_bank_passes_the_validator():
     assert validate_bank(BANK) == []
 
 
-def test_packaged_bank_is_large_enough_and_covers_every_topic():
-    counts = topic_counts(BANK)
-    assert len(BANK) >= MIN_TOTAL >= 80
-    assert len(TOPICS) >= 9
-    assert set(counts) == set(TOPICS)
-    assert all(counts[t] >= MIN_PER_TOPIC >= 8 for t in TOPICS)
+def test_bank_has_150_questions_in_14_topics():
+    assert count_problems(BANK) == []
+    assert len(BANK) >= MIN_TOTAL >= 150 and len(TOPICS) >= MIN_TOPICS >= 14
+    assert set(topic_counts(BANK)) == set(TOPICS)
+
+
+def test_packaged_bank_giveaway_figures():
+    figures = bank_figures(BANK)
+    assert 0.15 <= figures["longest_choice_score"] <= MAX_LONGEST_SCORE
+    assert figures["elimination_score"] <= 0.35
+    assert {"1", "all"} <= set(figures["multi_answer_counts"])
+    assert figures["with_demo"] >= 35
 
 
 def test_packaged_bank_has_single_and_multi_select_questions_and_all_difficulties():
     assert any(q.multi for q in BANK) and any(not q.multi for q in BANK)
     assert {q.difficulty for q in BANK} == {"easy", "medium", "hard"}
+
+
+def test_every_question_says_which_torch_it_was_checked_against():
+    assert all(q.checked for q in BANK)
 
 
 def test_each_bank_file_is_named_after_its_topic():
@@ -96,6 +131,16 @@ def test_quiz_package_does_not_import_torch():
             assert not any(n.split(".")[0] == "torch" for n in names + [module or ""]), path
 
 
+def test_right_answer_positions_are_spread_evenly_after_shuffling():
+    counts = [0, 0, 0, 0]
+    four = [q for q in BANK if not q.multi and len(q.choices) == 4]
+    for q in four:
+        for seed in range(100):
+            counts[next(iter(shuffle_choices(q, seed).correct))] += 1
+    total = sum(counts)
+    assert all(abs(c / total - 0.25) < 0.02 for c in counts), counts
+
+
 # --- the validator can fail ----------------------------------------------------------------------
 
 def test_validator_accepts_a_sound_small_bank(tmp_path):
@@ -108,34 +153,138 @@ def test_validator_accepts_a_sound_small_bank(tmp_path):
         ({"id": "core-a-01"}, "duplicate id 'core-a-01'"),
         ({"answer": '"d"'}, "answer 'd' is not among the choices"),
         ({"choices": '["x", "y", "x"]'}, "duplicate choice"),
-        ({"source": ""}, "missing source"),
-        ({"source": 'source = "see the docs"'}, "missing source"),
         ({"choices": '["x", "y"]'}, "2 choices"),
         ({"choices": '["a", "b", "c", "d", "e", "f"]'}, "6 choices"),
         ({"difficulty": "brutal"}, "unknown difficulty 'brutal'"),
         ({"answer": '["a", "b"]'}, "choose all that apply"),
         ({"answer": "[]", "question": "Pick (choose all that apply)"}, "no correct answer"),
+        ({"explanation": "Too short."}, "too short explanation"),
+        # sources: present, precise, and pointing at something that exists
+        ({"source": ""}, "missing source"),
+        ({"source": 'source = "see the docs"'}, "is neither a docs URL with #anchor nor torch/<file>.py::Name"),
+        ({"source": 'source = "torch/nn/parallel/distributed.py"'}, "is neither a docs URL"),
+        ({"source": 'source = "https://docs.pytorch.org/docs/stable/distributed.html"'}, "has no #anchor"),
+        ({"source": 'source = "https://example.com/page#section"'}, "host 'example.com' is not one of"),
+        ({"source": 'source = "torch/nn/parallel/not_there.py::DistributedDataParallel"'},
+         "does not exist in the installed torch"),
+        ({"source": 'source = "torch/nn/parallel/distributed.py::NoSuchClass"'}, "defines no 'NoSuchClass'"),
+        ({"source": 'source = "torch/nn/parallel/distributed.py::DistributedDataParallel.no_such_method"'},
+         "defines no 'DistributedDataParallel.no_such_method'"),
+        ({"source": 'source = "torch/nn/parallel/distributed.py::DistributedDataParallel#L10-L99999999"'},
+         "are outside the file"),
+        ({"source": 'source = ["torch/nn/parallel/distributed.py::DistributedDataParallel", "torch/x.py::Y"]'},
+         "torch/x.py does not exist"),
+        # demos name an existing test function
+        ({"demo": 'demo = "tests/other/test_x.py::test_y"'}, "is not tests/quiz_demos/test_<name>.py::test_<name>"),
+        ({"demo": 'demo = "tests/quiz_demos/test_nothing_here.py::test_y"'}, "does not exist"),
+        ({"demo": 'demo = "tests/quiz_demos/test_core.py::test_no_such_demo"'}, "has no function 'test_no_such_demo'"),
+        # the torch version it was checked against
+        ({"checked": ""}, "missing checked"),
+        ({"checked": 'checked = "latest"'}, "checked 'latest' is not a version"),
+        # explanations cannot point at a position: choices are shuffled on screen
+        ({"explanation": "The second choice inverts the condition, which is the classic mistake made here."},
+         "points at a choice by position ('second choice')"),
+        ({"explanation": "Option b is what the tutorial does, but it keeps the prefix on every single key."},
+         "points at a choice by position ('Option b')"),
+        ({"explanation": "It is not (c) because that one keeps the prefix on every single key of the dict."},
+         "points at a choice by position"),
+        # the right answer much longer than every distractor
+        ({"choices": '["the right answer, spelled out at great length with every detail", "short", "brief"]'},
+         "is by far the longest"),
     ],
 )
-def test_validator_rejects_broken_banks(tmp_path, overrides, expected):
+def test_validator_rejects_broken_questions(tmp_path, overrides, expected):
     problems = small_bank_problems(tmp_path, **overrides)
     assert any(expected in p for p in problems), problems
 
 
-def test_validator_rejects_unknown_topics_and_small_banks(tmp_path):
-    (tmp_path / "gossip.toml").write_text('topic = "gossip"\n' + GOOD_QUESTION.format(
-        id="gossip-01", difficulty="easy", question="Q?", choices='["x", "y", "z"]', answer='"a"',
-        source='source = "torch/x.py/long"'), encoding="utf-8")
-    problems = validate_bank(load_bank(tmp_path))
-    assert any("unknown topic 'gossip'" in p for p in problems)
-    assert any("questions in all" in p for p in problems)
+def test_validator_accepts_sources_with_methods_line_ranges_and_urls(tmp_path):
+    for source in ('source = "torch/nn/parallel/distributed.py::DistributedDataParallel.no_sync#L1-L20"',
+                   'source = "torch/utils/data/distributed.py::DistributedSampler.set_epoch"',
+                   'source = "torch/distributed/constants.py::default_pg_timeout"',
+                   'source = "https://docs.pytorch.org/docs/stable/notes/ddp.html#internal-design"',
+                   'source = ["torch/nn/modules/utils.py::consume_prefix_in_state_dict_if_present", '
+                   '"https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md#allreduce"]'):
+        assert small_bank_problems(tmp_path, source=source) == [], source
+
+
+def test_validator_accepts_an_explanation_that_uses_letters_as_words(tmp_path):
+    text = "A rank waits for an answer a peer never sends, and the other options all fail to see that clearly."
+    assert small_bank_problems(tmp_path, explanation=text) == []
+
+
+def test_longest_choice_strategy_is_limited_both_ways(tmp_path):
+    long_right = dict(choices='["the right one, longer", "wrong one", "wrong two"]')
+    problems = bank_of(tmp_path / "a", [long_right] * 10)
+    assert any("picking the longest choice scores 100%" in p for p in problems), problems
+    short_right = dict(choices='["right one", "the wrong one, longer", "wrong two"]')
+    problems = bank_of(tmp_path / "b", [short_right] * 20)
+    assert any("picking the longest choice scores only 0%" in p for p in problems), problems
+    mixed = [long_right] * 5 + [short_right] * 15
+    assert not [p for p in bank_of(tmp_path / "c", mixed) if "picking the longest" in p]
+
+
+def test_absolute_words_only_in_distractors_are_refused(tmp_path):
+    giveaway = dict(choices='["it waits for a peer", "it always returns at once", "it raises at once"]')
+    problems = bank_of(tmp_path / "a", [giveaway])
+    assert any("the absolute word 'always' appears only in wrong choices (1: core-q-00)" in p
+               for p in problems), problems
+    fair = dict(choices='["it always waits for a peer", "it always returns at once", "it raises at once"]')
+    assert not [p for p in bank_of(tmp_path / "b", [giveaway, fair]) if "absolute" in p]
+
+
+def test_striking_out_absolute_words_is_measured(tmp_path):
+    telling = dict(choices='["it waits", "it never waits", "it must raise", "it returns none"]')
+    problems = bank_of(tmp_path, [telling] * 3)
+    assert any("striking out the choices with absolute words scores 100%" in p for p in problems), problems
+
+
+def test_absolute_words_are_whole_words_not_parts_of_names():
+    assert absolute_words("an all-reduce, all_gather and all-to-all") == set()
+    assert absolute_words("every rank must wait; all of them") == {"every", "must", "all"}
+    assert absolute_words("None: nothing happens") == {"none"} and absolute_words("returns None") == set()
+
+
+def test_choose_all_questions_must_vary_their_number_of_right_answers(tmp_path):
+    question = "Which hold? (choose all that apply)"
+    two_of_four = dict(question=question, choices='["p", "q", "r", "s"]', answer='["a", "b"]')
+    problems = bank_of(tmp_path / "a", [two_of_four] * 4)
+    assert any("multi-select questions have 4 with 2 right answers: vary them" in p for p in problems), problems
+    assert any("no one count may cover more than half" in p for p in problems), problems
+    varied = [dict(two_of_four, answer=a) for a in ('["a"]', '["a", "b"]', '["a", "b", "c"]', '["a", "b", "c", "d"]')]
+    assert not [p for p in bank_of(tmp_path / "b", varied) if "multi-select" in p]
+
+
+def test_near_duplicates_are_refused(tmp_path):
+    text = "After rank 0 saves the checkpoint, why must the other ranks wait at a barrier before loading it?"
+    bank = write_bank(tmp_path, [entry(question=text), entry(id="core-b-02", question="So: " + text.lower())])
+    problems = validate_bank(load_bank(bank))
+    assert any("core-a-01 and core-b-02 are near-duplicates" in p for p in problems), problems
+
+
+def test_count_thresholds(tmp_path):
+    (tmp_path / "gossip.toml").write_text('topic = "gossip"\n' + entry(id="gossip-01"), encoding="utf-8")
+    questions = load_bank(tmp_path)
+    assert any("unknown topic 'gossip'" in p for p in validate_bank(questions))
+    problems = count_problems(questions)
+    assert any("1 questions in all (want at least 150)" in p for p in problems)
     assert any("topic 'core' has 0 questions" in p for p in problems)
+    assert count_problems(questions, min_per_topic=0, min_total=1, min_topics=1) == []
 
 
 def test_unparsable_bank_file_raises_bank_error(tmp_path):
     (tmp_path / "core.toml").write_text("[[question]\nid = ", encoding="utf-8")
     with pytest.raises(BankError):
         load_bank(tmp_path)
+
+
+def test_figures_of_a_known_bank(tmp_path):
+    questions = load_bank(write_bank(tmp_path, [
+        entry(id="core-x-01", choices='["right and longest", "no", "nope"]'),
+        entry(id="core-x-02", question="Second?", choices='["right", "wrong and longest", "never this"]'),
+    ]))
+    assert longest_choice_score(questions) == 0.5
+    assert elimination_score(questions) == pytest.approx((1 / 3 + 1 / 2) / 2)
 
 
 # --- answers ---------------------------------------------------------------------------------------

@@ -56,6 +56,15 @@ def wrong_letter(entry: dict) -> str:
     return next(letter for letter in LETTERS[: len(entry["choices"])] if letter not in entry["correct"])
 
 
+def first_of_kind(tmp_path: Path, multi: bool, *args: str) -> tuple[str, dict]:
+    """A seed whose first question is (or is not) multi-select, and that question's JSON entry."""
+    for seed in range(200):
+        entry = probe_quiz(tmp_path / str(seed), "-n", "1", "--seed", str(seed), *args)[0]
+        if entry["multi"] == multi:
+            return str(seed), entry
+    raise AssertionError("no such question in the bank")
+
+
 # --- scripted runs ---------------------------------------------------------------------------------
 
 def test_scripted_quiz_prints_a_score_and_exits_0(state_dir):
@@ -91,10 +100,15 @@ def test_json_schema(state_dir):
     assert run["schema"] == "ddp-grade.quiz/1" and run["seed"] == 1 and run["completed"] is True
     assert [q["given"] for q in run["questions"]] == ["a", "b", "c"]
     for number, q in enumerate(run["questions"], 1):
-        assert set(q) == {"number", "id", "topic", "difficulty", "multi", "choices", "given", "correct",
-                          "right", "source"}
+        assert set(q) == {"number", "id", "topic", "difficulty", "multi", "question", "choices", "given",
+                          "correct", "right", "explanation", "source", "demo", "checked"}
         assert q["number"] == number and q["id"] in BANK_BY_ID
         assert q["right"] == (q["given"] == q["correct"])
+        bank = BANK_BY_ID[q["id"]]
+        assert q["question"] == bank.text and q["explanation"] == bank.explanation
+        assert q["source"] == bank.source and q["checked"] == bank.checked and q["demo"] == (bank.demo or None)
+        # The right letters name the bank's right choices, in the order shown.
+        assert {q["choices"][LETTERS.index(c)] for c in q["correct"]} == {bank.choices[i] for i in bank.correct}
     summary = run["summary"]
     assert set(summary) == {"planned", "answered", "right", "wrong", "per_topic"}
     assert summary["planned"] == summary["answered"] == 3
@@ -110,11 +124,23 @@ def test_correct_answers_score_full_marks(state_dir, tmp_path):
 
 
 def test_answers_from_a_file(state_dir, tmp_path):
+    seed, entry = first_of_kind(tmp_path, True, "--topic", "launch")
     answers = tmp_path / "answers.txt"
-    answers.write_text("# my answers\na\n\nb, c\nd  # last\n", encoding="utf-8")
-    for value in (f"@{answers}", str(answers)):
-        run = quiz_json("-n", "3", "--seed", "2", "--topic", "launch", "--answers", value)
-        assert [q["given"] for q in run["questions"]] == ["a", "bc", "d"]
+    answers.write_text("# my answers\nb, c  # several letters\n\na\nd  # last\n", encoding="utf-8")
+    run = quiz_json("-n", "3", "--seed", seed, "--topic", "launch", "--answers", f"@{answers}")
+    assert [q["given"] for q in run["questions"]] == ["bc", "a", "d"]
+    assert run["questions"][0]["id"] == entry["id"]
+
+
+def test_answers_without_at_are_letters_even_when_a_file_has_that_name(state_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").write_text("b\n", encoding="utf-8")
+    run = quiz_json("-n", "1", "--seed", "1", "--answers", "a")
+    assert run["questions"][0]["given"] == "a"
+    # A path is not read either: it is refused as letters, naming the first one that is not a choice.
+    answers = tmp_path / "answers.txt"
+    answers.write_text("a\n", encoding="utf-8")
+    assert_clean_failure(quiz("-n", "1", "--seed", "1", "--answers", str(answers)), "is not a choice")
 
 
 def test_topic_and_difficulty_filters(state_dir):
@@ -124,10 +150,27 @@ def test_topic_and_difficulty_filters(state_dir):
     assert {q["difficulty"] for q in run["questions"]} == {"hard"}
 
 
-def test_count_larger_than_the_pool_asks_every_matching_question(state_dir):
+def test_count_larger_than_the_pool_asks_every_matching_question_and_says_how_many(state_dir):
     pool = [q for q in BANK_BY_ID.values() if q.topic == "checkpoint"]
-    run = quiz_json("-n", "50", "--topic", "checkpoint", "--answers", " ".join("a" * len(pool)))
-    assert len(run["questions"]) == len(pool)
+    result = quiz("-n", "50", "--topic", "checkpoint", "--answers", " ".join("a" * len(pool)), "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["questions"]) == len(pool)
+    assert f"Only {len(pool)} questions match the filters (-n 50); asking {len(pool)} questions." in result.stderr
+    text = quiz("-n", "50", "--topic", "checkpoint", "--answers", " ".join("a" * len(pool)))
+    assert f"Only {len(pool)} questions match the filters" in text.stdout
+
+
+def test_too_few_answers_for_a_smaller_pool_names_the_pool(state_dir):
+    pool = [q for q in BANK_BY_ID.values() if q.topic == "checkpoint"]
+    result = quiz("-n", "50", "--topic", "checkpoint", "--answers", "a")
+    assert_clean_failure(result, f"too few answers: got 1 for {len(pool)} questions")
+    assert f"Only {len(pool)} questions match" in result.output
+
+
+def test_one_question_is_singular(state_dir):
+    assert_clean_failure(quiz("-n", "1", "--seed", "1", "--answers", "a,b"), "too many answers: got 2 for 1 question")
+    result = quiz("-n", "3", "--seed", "1", input="a\n")
+    assert "Interrupted after 1 of 3 questions" in result.output
 
 
 # --- bad input -------------------------------------------------------------------------------------
@@ -137,6 +180,9 @@ def test_count_larger_than_the_pool_asks_every_matching_question(state_dir):
     [
         (["--topic", "gossip"], "unknown topic 'gossip'; valid topics: " + ", ".join(TOPICS)),
         (["--topic", "core,nope"], "unknown topic 'nope'"),
+        (["--topic", ""], "--topic '' names no topic; valid topics: " + ", ".join(TOPICS)),
+        (["--topic", ","], "--topic ',' names no topic"),
+        (["--topic", "core", "--topic", " , "], "--topic ' , ' names no topic"),
         (["-n", "0"], "-n/--count must be at least 1 (got 0)"),
         (["-n", "-3"], "-n/--count must be at least 1 (got -3)"),
         (["--difficulty", "brutal"], "unknown difficulty 'brutal'; choose from easy, medium, hard"),
@@ -179,10 +225,53 @@ def test_interactive_quiz_reasks_after_an_invalid_letter(state_dir):
     assert "Overall:" in result.output
 
 
-def test_interactive_multi_letter_answer(state_dir):
-    result = quiz("-n", "1", "--seed", "1", "--format", "json", input="a,c\n")
+def test_interactive_multi_letter_answer(state_dir, tmp_path):
+    seed, _ = first_of_kind(tmp_path, True)
+    result = quiz("-n", "1", "--seed", seed, "--format", "json", input="a,c\n")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["questions"][0]["given"] == "ac"
+
+
+def test_single_answer_question_refuses_several_letters_and_asks_again(state_dir, tmp_path):
+    seed, entry = first_of_kind(tmp_path, False)
+    result = quiz("-n", "1", "--seed", seed, input="a,c\nb\n")
+    assert result.exit_code == 0, result.output
+    assert "this question takes one letter, not 2 (ac); try again." in result.output
+    assert result.output.count("Your answer: ") == 2
+    assert saved_state(state_dir)["questions"][entry["id"]]["given"] == "b"
+
+
+def test_single_answer_question_refuses_several_scripted_letters(state_dir, tmp_path):
+    seed, _ = first_of_kind(tmp_path, False)
+    result = quiz("-n", "1", "--seed", seed, "--answers", "ab")
+    assert_clean_failure(result, "answer 1 ('ab'): this question takes one letter, not 2 (ab)")
+    assert not (state_dir / "quiz.json").exists()
+
+
+def test_piped_answers_are_echoed_after_the_prompt(state_dir):
+    result = quiz("-n", "2", "--seed", "1", input="b\nc\n")
+    assert result.exit_code == 0, result.output
+    assert "Your answer: b\n" in result.output and "Your answer: c\n" in result.output
+
+
+def test_the_id_is_shown_only_after_answering(state_dir, tmp_path):
+    entry = probe_quiz(tmp_path, "-n", "1", "--seed", "5")[0]
+    result = quiz("-n", "1", "--seed", "5", input="a\n")
+    assert result.exit_code == 0, result.output
+    before, after = result.output.split("Your answer: ", 1)
+    assert "Question 1/1" in before and entry["id"] not in before
+    assert f"Question id: {entry['id']}" in after
+
+
+def test_wrapping_keeps_hyphenated_words_and_long_names_whole():
+    from grader.quiz.render import WIDTH, paragraphs
+    # "reduce-scatter" straddles the width: textwrap's default would leave "reduce-" at a line end.
+    text = "x" * 70 + " reduce-scatter then all-gather with find_unused_parameters=True and "
+    text += "torch.nn.parallel.DistributedDataParallel.register_comm_hook " * 2
+    lines = paragraphs(text).splitlines()
+    words = set(text.split())
+    assert all(token in words for line in lines for token in line.split())
+    assert len(lines) > 2 and all(len(line) <= WIDTH or len(line.split()) == 1 for line in lines)
 
 
 def test_ctrl_c_saves_answers_so_far_and_exits_130(state_dir, monkeypatch):
@@ -267,15 +356,37 @@ def test_review_with_nothing_wrong_says_so_and_exits_0(state_dir):
     assert "Nothing to review" in result.output
 
 
+def test_review_with_nothing_wrong_prints_json(state_dir):
+    result = quiz("--review", "--seed", "3", "--format", "json")
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert run["schema"] == "ddp-grade.quiz/1" and run["seed"] == 3 and run["completed"] is True
+    assert run["questions"] == [] and run["summary"]["planned"] == run["summary"]["answered"] == 0
+    assert "Nothing to review" in result.stderr
+
+
 def test_list_topics(state_dir):
     result = quiz("--list-topics")
     assert result.exit_code == 0
     counts = topic_counts(list(BANK_BY_ID.values()))
     lines = result.output.strip().splitlines()
-    assert len(lines) == len(TOPICS)
+    assert len(lines) == len(TOPICS) + 1
     for line, topic in zip(lines, TOPICS):
         name, count = line.split()[:2]
-        assert name == topic and int(count) == counts[topic]
+        assert name == topic and int(count) == counts.get(topic, 0)
+    assert lines[-1] == f"{len(BANK_BY_ID)} questions in {len(TOPICS)} topics"
+
+
+def test_list_topics_as_json(state_dir):
+    result = quiz("--list-topics", "--format", "json")
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    counts = topic_counts(list(BANK_BY_ID.values()))
+    assert listing["schema"] == "ddp-grade.quiz-topics/1"
+    assert [t["topic"] for t in listing["topics"]] == list(TOPICS)
+    assert all(t["questions"] == counts.get(t["topic"], 0) and t["title"] == TOPICS[t["topic"]]
+               for t in listing["topics"])
+    assert listing["total"] == len(BANK_BY_ID)
 
 
 def test_help_mentions_the_options():

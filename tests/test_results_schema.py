@@ -115,3 +115,20 @@ def test_the_text_report_points_at_the_hint_command_for_a_failing_check():
     assert "Stuck on b? `ddp-grade hint 03`" in text
     passed = Report("03", "Train", "p.py", "passed", [CheckResult("a", "first", PASS)])
     assert "ddp-grade hint" not in render_text(passed)
+
+
+def test_sections_are_documented_shown_under_the_checks_and_survive_the_round_trip():
+    from grader.results import report_from_dict
+
+    report = sample()
+    report.sections = [{"title": "what ran", "text": "rank 0  F0 B0\nrank 1  .  F0 B0", "data": {"order": [["F0"]]}}]
+    data = json.loads(render_json(report))
+    section_fields = documented_fields("## A section object")
+    assert data["sections"] and all(set(s) == set(section_fields) for s in data["sections"])
+    for name, type_text in section_fields.items():
+        assert conforms(data["sections"][0][name], type_text), name
+    text = render_text(report)
+    assert "what ran:\n  rank 0  F0 B0\n  rank 1  .  F0 B0" in text
+    assert text.index("what ran:") > text.index("second")
+    assert report_from_dict(data).sections == report.sections
+    assert json.loads(render_json(sample()))["sections"] == []

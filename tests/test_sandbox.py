@@ -4,6 +4,7 @@ anywhere: the network check only lists interfaces."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -88,3 +89,53 @@ def test_without_a_tool_sandbox_is_refused_with_one_line(monkeypatch):
                           env={**os.environ, "PATH": "/nonexistent"})
     assert done.returncode == 2
     assert "--sandbox needs bwrap" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_sandboxed_rank_cannot_change_the_file_it_was_given_in_home_or_tmp(tool, tmp_path):
+    home = Path.home() / f".ddp-grade-test-{uuid.uuid4().hex[:8]}"
+    try:
+        for folder in (home, tmp_path):  # both are hidden and the file is bound back in: read-only
+            folder.mkdir(exist_ok=True)
+            target = folder / "01_setup.py"
+            shutil.copy(FILES / "01_writes_outside.py", target)
+            before = target.read_bytes()
+            done = grade(target, tool, DDP_GRADE_TEST_OUTSIDE=str(target))
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+            assert target.read_bytes() == before, f"a rank rewrote {target}"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_batch_grades_each_submission_in_a_sandbox_of_its_own(tool, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from grader.cli import main
+
+    tag = uuid.uuid4().hex
+    secret = Path.home() / f".ddp-grade-test-{uuid.uuid4().hex[:8]}"
+    learners = tmp_path / "class"
+    for name, source in [("alice", FILES / "01_lists_interfaces.py"), ("bob", FILES / "01_writes_outside.py"),
+                         ("carol", FILES / "01_reads_home.py"), ("dave", ROOT / "tests" / "hostile" / "01_daemon.py")]:
+        (learners / name).mkdir(parents=True)
+        shutil.copy(source, learners / name / "01_setup.py")
+    alice = learners / "alice" / "01_setup.py"
+    before = alice.read_bytes()
+    monkeypatch.setenv(sandbox.TOOL_ENV, tool)
+    monkeypatch.setenv("DDP_GRADE_TEST_TAG", tag)
+    monkeypatch.setenv("DDP_GRADE_TEST_OUTSIDE", str(alice))  # bob writes into a classmate's file
+    monkeypatch.setenv("DDP_GRADE_TEST_SECRET", str(secret / "secret"))
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    secret.mkdir()
+    try:
+        (secret / "secret").write_text("hunter2")
+        result = CliRunner().invoke(main, ["batch", str(learners), "--world-size", "2", "--timeout", "30",
+                                           "--format", "json", "-q"])
+    finally:
+        shutil.rmtree(secret, ignore_errors=True)
+    data = json.loads(result.output)
+    assert {r["submission"]: r["status"] for r in data["reports"]} == {
+        f"{name}/01_setup.py": "passed" for name in ("alice", "bob", "carol", "dave")}, result.output[-3000:]
+    assert alice.read_bytes() == before, "a submission wrote into another submission's file"
+    assert carrying(tag) == []

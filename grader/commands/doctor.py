@@ -72,10 +72,10 @@ def _sandbox() -> Finding:
 
     found = sandbox.tool()
     if found is None:
-        return Finding("sandbox", WARN, "neither bwrap nor unshare works here: `--sandbox` is refused "
-                       "(apt-get install bubblewrap)")
+        return Finding("sandbox", WARN, "neither bwrap nor unshare works here: `--sandbox` is refused and "
+                       "`batch` grades unsandboxed (apt-get install bubblewrap)")
     how = "bubblewrap" if found == sandbox.BWRAP else "unshare (user namespaces)"
-    return Finding("sandbox", OK, f"`--sandbox` uses {how}")
+    return Finding("sandbox", OK, f"`--sandbox` uses {how}; `batch` uses it for every submission")
 
 
 def _server() -> Finding:

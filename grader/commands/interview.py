@@ -22,7 +22,7 @@ from grader.quiz.session import (
     clean_progress,
     filter_questions,
     order_questions,
-    parse_answer,
+    parse_answer_for,
     record_answer,
     shuffle_choices,
 )
@@ -149,7 +149,7 @@ class Interview:
                 except EOFError:
                     return
                 try:
-                    given = parse_answer(line, len(p.choices))
+                    given = parse_answer_for(p, line)
                     break
                 except AnswerError as exc:
                     self.echo(f"{exc}; try again.")

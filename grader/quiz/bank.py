@@ -10,19 +10,29 @@ One file per topic, ``<topic>.toml``::
     question = "..."
     choices = ["...", "...", "..."]  # 3 to 5, in the order the letters below refer to
     answer = "b"                     # one letter: single choice; a list ["a", "c"]: choose all that apply
-    explanation = "..."
-    source = "torch/utils/data/distributed.py"   # or a PyTorch docs URL
+    explanation = "..."              # never refers to a choice by position or letter (choices are shuffled)
+    source = "torch/utils/data/distributed.py::DistributedSampler.__iter__"   # or a docs URL with #anchor (or a list)
+    demo = "tests/quiz_demos/test_sampler.py::test_padding"   # where the claim runs on CPU (or a list)
+    checked = "2.13.0"               # the torch version the question was checked against
 
-Loading is lenient (a missing field becomes empty); :func:`validate_bank` reports every problem.
+Loading is lenient (a missing field becomes empty); :func:`validate_bank` reports every problem
+of the questions and of the bank as a whole (the giveaway rules), :func:`count_problems` the
+size thresholds. ``python -m grader.quiz.bank`` prints both and the giveaway figures.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 BANK_DIR = Path(__file__).parent / "bank"
+REPO_ROOT = BANK_DIR.parents[2]
+"""The checkout the bank lives in (demos are named relative to it)."""
 
 #: Known topics, in the order they are listed, with a one-line title each.
 TOPICS: dict[str, str] = {
@@ -35,14 +45,57 @@ TOPICS: dict[str, str] = {
     "checkpoint": "Checkpointing under DDP",
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
+    "tensor-parallel": "Tensor parallelism: column and row splits, Megatron's f and g, sequence parallelism",
+    "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
+    "sharding": "ZeRO stage 3 by hand: slices, padding, gathers, freeing memory",
+    "mixed-precision": "Mixed precision with DDP: autocast, GradScaler, bf16 vs fp16",
+    "elastic": "torchrun and process groups: rendezvous, restarts, object collectives",
+    "compile": "DDP with torch.compile: DDPOptimizer, optimize_ddp, compiled autograd",
+    "nccl": "NCCL and torch NCCL settings: debugging, interfaces, timeouts, flight recorder",
+    "comm-hooks": "DDP communication hooks: compression, PowerSGD, the GradBucket contract",
+    "dcp": "Distributed checkpoints: torch.distributed.checkpoint and resharding",
+    "fsdp": "FSDP: fully_shard, resharding, sharding strategies, DeviceMesh, HSDP",
+    "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"
 MIN_CHOICES, MAX_CHOICES = 3, 5
-MIN_PER_TOPIC, MIN_TOTAL = 8, 80
+MIN_PER_TOPIC, MIN_TOTAL, MIN_TOPICS = 6, 150, 14
 MULTI_MARK = "choose all that apply"
 MIN_EXPLANATION_CHARS = 80
-MIN_SOURCE_CHARS = 10
+VERSION_PATTERN = re.compile(r"^\d+\.\d+\.\d+$")
+
+#: Hosts a source URL may point to: PyTorch's docs and tutorials, and GitHub (e.g. nccl-tests' notes).
+SOURCE_HOSTS = ("docs.pytorch.org", "pytorch.org", "github.com")
+#: ``torch/<path>.py::Name.attr`` with an optional ``#L10-L40`` line range.
+SOURCE_PATH = re.compile(r"^(?P<path>torch/[\w/.-]+\.py)::(?P<name>[A-Za-z_][\w.]*)(?:#L(?P<first>\d+)-L(?P<last>\d+))?$")
+SOURCE_URL = re.compile(r"^https://(?P<host>[\w.-]+)/\S*#(?P<anchor>\S+)$")
+DEMO = re.compile(r"^(?P<path>tests/quiz_demos/test_[\w]+\.py)::(?P<name>test_\w+)$")
+
+#: Giveaway limits, over the single-answer questions of the whole bank.
+MAX_LONGEST_SCORE = 0.35
+"""Expected score of always picking the longest choice (ties split)."""
+MIN_LONGEST_SCORE = 0.15
+"""... and at least this much, or "never pick the longest" becomes the giveaway."""
+MAX_ELIMINATION_SCORE = 0.35
+"""Expected score of picking at random among the choices without an absolute word."""
+ABSOLUTE_WORDS = ("always", "never", "every", "only", "all", "any", "none", "must")
+# Lower case anywhere, or capitalised at the start of a choice ("None: ..."); "None" inside a
+# sentence is Python's None, and "all-reduce", "all_gather", "all-to-all" are not the word "all".
+_ABSOLUTE = re.compile(r"(?<![\w-])(" + "|".join(ABSOLUTE_WORDS) + r")(?![\w-])")
+_ABSOLUTE_START = re.compile(r"^(" + "|".join(w.capitalize() for w in ABSOLUTE_WORDS) + r")(?![\w-])")
+#: Explanations must not point at a choice by position or letter: choices are shuffled on screen.
+POSITION_WORDS = re.compile(
+    r"\b(?:first|second|third|fourth|fifth|last|above|below|previous|next)\s+(?:choice|option|answer)s?\b"
+    r"|\b(?:choice|option|answer|letter)s?\s+(?:\([a-e]\)|[a-e]\)|[b-e]\b|a(?=[,.;:!?)]|$))"
+    r"|(?:^|\s)\([a-e]\)\s"
+    r"|\b(?:choice|option|answer)\s+(?:one|two|three|four|five|[1-5])\b",
+    re.IGNORECASE,
+)
+#: Two questions whose texts share this much of their words (Jaccard) are near-duplicates
+#: (compared only when they have enough words between them for the share to mean something).
+NEAR_DUPLICATE = 0.45
+NEAR_DUPLICATE_MIN_WORDS = 8
 
 
 class BankError(Exception):
@@ -63,9 +116,24 @@ class Question:
     multi: bool
     """True for a choose-all-that-apply question (answer given as a list)."""
     explanation: str
-    source: str
+    sources: tuple[str, ...]
+    """Where the claim can be read: ``torch/<file>.py::Name`` or a docs URL with ``#anchor`` (one or more)."""
+    demos: tuple[str, ...] = ()
+    """``tests/quiz_demos/test_<x>.py::test_<y>``: the tests that run the claim on the installed torch."""
+    checked: str = ""
+    """The torch version the question was last checked against, e.g. ``2.13.0``."""
     origin: str = ""
     """The file the question came from (for error messages)."""
+
+    @property
+    def source(self) -> str:
+        """The sources as one line (for the screen and the JSON output)."""
+        return "; ".join(self.sources)
+
+    @property
+    def demo(self) -> str:
+        """The demonstrations as one line; empty when the claim is only cited."""
+        return "; ".join(self.demos)
 
     @property
     def correct(self) -> frozenset[int]:
@@ -103,6 +171,9 @@ def _question_from_entry(entry: dict, topic: str, origin: str) -> Question:
     answer = entry.get("answer", [])
     multi = isinstance(answer, list)
     letters = answer if multi else [answer]
+    source, demo = entry.get("source"), entry.get("demo")
+    sources = source if isinstance(source, list) else [source]
+    demos = demo if isinstance(demo, list) else [demo]
     return Question(
         id=_text(entry.get("id")),
         topic=_text(entry.get("topic", topic)),
@@ -112,7 +183,9 @@ def _question_from_entry(entry: dict, topic: str, origin: str) -> Question:
         answer_letters=tuple(_text(a).lower() for a in letters),
         multi=multi,
         explanation=_text(entry.get("explanation")),
-        source=_text(entry.get("source")),
+        sources=tuple(t for t in (_text(s) for s in sources) if t),
+        demos=tuple(t for t in (_text(d) for d in demos) if t),
+        checked=_text(entry.get("checked")),
         origin=origin,
     )
 
@@ -121,25 +194,34 @@ def _text(value) -> str:
     return value.strip() if isinstance(value, str) else ("" if value is None else str(value))
 
 
-def validate_bank(
-    questions: list[Question],
-    min_per_topic: int = MIN_PER_TOPIC,
-    min_total: int = MIN_TOTAL,
-) -> list[str]:
-    """Every problem found in the bank, one line each; an empty list means the bank is sound."""
+# --- validation ------------------------------------------------------------------------------------
+
+def validate_bank(questions: list[Question], torch_root: Path | None = None,
+                  repo_root: Path | None = REPO_ROOT) -> list[str]:
+    """Every problem of the questions and of the bank as a whole, one line each; empty means sound.
+
+    ``torch_root`` is the installed ``torch`` package that ``torch/...`` sources are checked in
+    (found without importing torch when None); ``repo_root`` the checkout ``demo`` paths are
+    relative to. The size thresholds are separate: :func:`count_problems`.
+    """
+    torch_root = torch_root or installed_torch_root()
+    if repo_root is not None and not (repo_root / "tests").is_dir():
+        repo_root = None  # an installed copy without the tests: demos cannot be looked up
     problems: list[str] = []
     seen: set[str] = set()
     for q in questions:
         if q.id in seen:
             problems.append(f"{q.origin}: duplicate id {q.id!r}")
         seen.add(q.id)
-        problems.extend(f"{q.origin}: {q.id or '<no id>'}: {p}" for p in question_problems(q))
-    problems.extend(_count_problems(questions, min_per_topic, min_total))
+        found = question_problems(q) + reference_problems(q, torch_root, repo_root)
+        problems.extend(f"{q.origin}: {q.id or '<no id>'}: {p}" for p in found)
+    problems.extend(giveaway_problems(questions))
+    problems.extend(near_duplicate_problems(questions))
     return problems
 
 
 def question_problems(q: Question) -> list[str]:
-    """The problems of one question on its own."""
+    """The problems of one question on its own (not its references to files)."""
     problems = []
     if not q.id:
         problems.append("missing id")
@@ -164,26 +246,264 @@ def question_problems(q: Question) -> list[str]:
         problems.append("an answer letter is repeated")
     if q.multi != (MULTI_MARK in q.text.lower()):
         problems.append(f"a multi-select question (and only one) must say {MULTI_MARK!r}")
+    if not q.multi and len(q.correct) == 1 and max(map(len, q.choices), default=0) > 0:
+        lengths = [len(c) for c in q.choices]
+        right = lengths[next(iter(q.correct))]
+        if right == max(lengths) and lengths.count(right) == 1 and right > 1.5 * sorted(lengths)[-2]:
+            problems.append(f"the right choice ({right} characters) is by far the longest "
+                            f"(next {sorted(lengths)[-2]}): write distractors as specific as the answer")
     if len(q.explanation) < MIN_EXPLANATION_CHARS:
         problems.append("missing or too short explanation")
-    if len(q.source) < MIN_SOURCE_CHARS or not _looks_like_source(q.source):
-        problems.append("missing source (a PyTorch docs URL or a torch/... file path)")
+    match = POSITION_WORDS.search(q.explanation)
+    if match:
+        problems.append(f"the explanation points at a choice by position ({match.group(0).strip()!r}); "
+                        "choices are shuffled on screen: name the choice by what it says")
+    if not q.sources:
+        problems.append("missing source (a docs URL with #anchor, or torch/<file>.py::Name)")
+    if not q.checked:
+        problems.append('missing checked (the torch version the question was checked against, e.g. "2.13.0")')
+    elif not VERSION_PATTERN.match(q.checked):
+        problems.append(f"checked {q.checked!r} is not a version like 2.13.0")
     return problems
 
 
-def _looks_like_source(source: str) -> bool:
-    return source.startswith(("https://", "torch/", "docs/"))
+def reference_problems(q: Question, torch_root: Path | None, repo_root: Path | None) -> list[str]:
+    """Sources that do not name a place holding the claim, and a demo that names no test."""
+    problems = [p for source in q.sources for p in source_problems(source, torch_root)]
+    problems.extend(p for demo in q.demos for p in demo_problems(demo, repo_root))
+    return problems
 
 
-def _count_problems(questions: list[Question], min_per_topic: int, min_total: int) -> list[str]:
+def source_problems(source: str, torch_root: Path | None) -> list[str]:
+    """Why ``source`` does not point at a precise place: a URL needs an anchor on a known host; a
+    torch path must exist in the installed torch and define the name after ``::``."""
+    if source.startswith("https://"):
+        url = SOURCE_URL.match(source)
+        if not url:
+            return [f"source {source!r} has no #anchor: link the section that holds the claim"]
+        host = url.group("host")
+        if host not in SOURCE_HOSTS:
+            return [f"source {source!r}: host {host!r} is not one of {', '.join(SOURCE_HOSTS)}"]
+        return []
+    path = SOURCE_PATH.match(source)
+    if not path:
+        return [f"source {source!r} is neither a docs URL with #anchor nor torch/<file>.py::Name"]
+    if torch_root is None:
+        return [f"source {source!r}: torch is not installed, so the path cannot be checked"]
+    file = torch_root.parent / path.group("path")
+    if not file.is_file():
+        return [f"source {source!r}: {path.group('path')} does not exist in the installed torch"]
+    text = file.read_text(encoding="utf-8")
+    if path.group("first"):
+        first, last, lines = int(path.group("first")), int(path.group("last")), text.count("\n") + 1
+        if not 1 <= first <= last <= lines:
+            return [f"source {source!r}: lines {first}-{last} are outside the file ({lines} lines)"]
+    if not _defines(str(file), path.group("name")):
+        return [f"source {source!r}: {path.group('path')} defines no {path.group('name')!r}"]
+    return []
+
+
+def demo_problems(demo: str, repo_root: Path | None) -> list[str]:
+    """Why ``demo`` does not name an existing test function in ``tests/quiz_demos/``."""
+    match = DEMO.match(demo)
+    if not match:
+        return [f"demo {demo!r} is not tests/quiz_demos/test_<name>.py::test_<name>"]
+    if repo_root is None:
+        return []
+    file = repo_root / match.group("path")
+    if not file.is_file():
+        return [f"demo {demo!r}: {match.group('path')} does not exist"]
+    if not _defines(str(file), match.group("name")):
+        return [f"demo {demo!r}: {match.group('path')} has no function {match.group('name')!r}"]
+    return []
+
+
+def installed_torch_root() -> Path | None:
+    """The installed ``torch`` package folder, found without importing torch (None when absent)."""
+    spec = importlib.util.find_spec("torch")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions(file: str) -> frozenset[str]:
+    """Dotted names a Python file defines: ``f``, ``C``, ``C.method``, ``C.attr``, ``C.Inner.m``, ``NAME``."""
+    try:
+        tree = ast.parse(Path(file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return frozenset()
+    names: set[str] = set()
+
+    def visit(body, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(prefix + node.name)
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, prefix + node.name + ".")
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    for t in ast.walk(target):
+                        if isinstance(t, ast.Name):
+                            names.add(prefix + t.id)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body, prefix)
+                visit(getattr(node, "orelse", []), prefix)
+
+    visit(tree.body, "")
+    return frozenset(names)
+
+
+def _defines(file: str, name: str) -> bool:
+    return name in _definitions(file)
+
+
+# --- giveaways over the whole bank -------------------------------------------------------------------
+
+def longest_choice_score(questions: list[Question]) -> float:
+    """Expected score, over the single-answer questions, of always picking the longest choice
+    (a tie among k longest choices counts 1/k when the right one is among them)."""
+    singles = [q for q in questions if not q.multi and len(q.correct) == 1 and q.choices]
+    if not singles:
+        return 0.0
+    total = 0.0
+    for q in singles:
+        lengths = [len(c) for c in q.choices]
+        longest = [i for i, n in enumerate(lengths) if n == max(lengths)]
+        total += (next(iter(q.correct)) in longest) / len(longest)
+    return total / len(singles)
+
+
+def singles_count(questions: list[Question]) -> int:
+    """The number of single-answer questions."""
+    return sum(1 for q in questions if not q.multi)
+
+
+def absolute_words(choice: str) -> set[str]:
+    """The absolute words (always, never, every, only, all, any, none, must) a choice uses."""
+    found = {m.group(1) for m in _ABSOLUTE.finditer(choice)}
+    start = _ABSOLUTE_START.match(choice)
+    if start:
+        found.add(start.group(1).lower())
+    return found
+
+
+def elimination_score(questions: list[Question]) -> float:
+    """Expected score, over the single-answer questions, of striking out every choice with an
+    absolute word and guessing among the rest (among all, when every choice has one)."""
+    singles = [q for q in questions if not q.multi and len(q.correct) == 1 and q.choices]
+    if not singles:
+        return 0.0
+    total = 0.0
+    for q in singles:
+        plain = [i for i, c in enumerate(q.choices) if not absolute_words(c)] or list(range(len(q.choices)))
+        total += (next(iter(q.correct)) in plain) / len(plain)
+    return total / len(singles)
+
+
+def multi_answer_counts(questions: list[Question]) -> dict[str, int]:
+    """How many multi-select questions have 1, 2, ... right answers, and how many have all right."""
+    counts: dict[str, int] = {}
+    for q in questions:
+        if q.multi and q.correct:
+            key = "all" if len(q.correct) == len(q.choices) else str(len(q.correct))
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def giveaway_problems(questions: list[Question]) -> list[str]:
+    """Ways to score without knowing the answers, measured over the whole bank."""
+    problems = []
+    longest = longest_choice_score(questions)
+    if longest > MAX_LONGEST_SCORE:
+        problems.append(f"picking the longest choice scores {longest:.0%} over the single-answer questions "
+                        f"(at most {MAX_LONGEST_SCORE:.0%}): rebalance the lengths of the choices")
+    if singles_count(questions) >= 20 and longest < MIN_LONGEST_SCORE:
+        problems.append(f"picking the longest choice scores only {longest:.0%} (at least {MIN_LONGEST_SCORE:.0%}): "
+                        "the right answer is so rarely the longest that avoiding the longest choice pays")
+    eliminated = elimination_score(questions)
+    if eliminated > MAX_ELIMINATION_SCORE:
+        problems.append(f"striking out the choices with absolute words scores {eliminated:.0%} "
+                        f"(at most {MAX_ELIMINATION_SCORE:.0%}): use such words in right answers too, or not at all")
+    right_words: set[str] = set()
+    wrong_words: dict[str, list[str]] = {}
+    for q in questions:
+        for i, choice in enumerate(q.choices):
+            words = absolute_words(choice)
+            if i in q.correct:
+                right_words |= words
+            else:
+                for w in words:
+                    wrong_words.setdefault(w, []).append(q.id)
+    for word in sorted(set(wrong_words) - right_words):
+        ids = wrong_words[word]
+        problems.append(f"the absolute word {word!r} appears only in wrong choices ({len(ids)}: "
+                        f"{', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''})")
+    counts = multi_answer_counts(questions)
+    n_multi = sum(counts.values())
+    if n_multi >= 4:
+        if "1" not in counts or "all" not in counts or len(counts) < 3:
+            problems.append(f"multi-select questions have {_counts_text(counts)} right answers: "
+                            "vary them, with some having one right answer and some having all right")
+        top = max(counts.values())
+        if top > n_multi / 2:
+            problems.append(f"multi-select questions have {_counts_text(counts)} right answers: "
+                            "no one count may cover more than half of them")
+    return problems
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} with {k}" for k, n in counts.items())
+
+
+def near_duplicate_problems(questions: list[Question], threshold: float = NEAR_DUPLICATE) -> list[str]:
+    """Pairs of questions whose question and right answers share most of their words."""
+    words = {q.id: _content_words(q) for q in questions}
+    problems = []
+    for i, a in enumerate(questions):
+        for b in questions[i + 1:]:
+            wa, wb = words[a.id], words[b.id]
+            if len(wa | wb) >= NEAR_DUPLICATE_MIN_WORDS and len(wa & wb) / len(wa | wb) >= threshold:
+                problems.append(f"{a.id} and {b.id} are near-duplicates "
+                                f"({len(wa & wb) / len(wa | wb):.0%} of their words shared): merge or rewrite")
+    return problems
+
+
+_STOP = frozenset("a an and are as at be by does do for from in into is it its of on or the this that "
+                  "to what which with you your when how why each".split())
+
+
+def _content_words(q: Question) -> frozenset[str]:
+    text = q.text + " " + " ".join(q.choices[i] for i in sorted(q.correct))
+    return frozenset(w for w in re.findall(r"[a-z_][a-z0-9_]+", text.lower()) if w not in _STOP)
+
+
+def count_problems(questions: list[Question], min_per_topic: int = MIN_PER_TOPIC, min_total: int = MIN_TOTAL,
+                   min_topics: int = MIN_TOPICS) -> list[str]:
+    """The size thresholds: questions in all, topics, questions per topic."""
     problems = []
     if len(questions) < min_total:
         problems.append(f"{len(questions)} questions in all (want at least {min_total})")
+    if len(TOPICS) < min_topics:
+        problems.append(f"{len(TOPICS)} topics (want at least {min_topics})")
     counts = topic_counts(questions)
     for topic in TOPICS:
         if counts.get(topic, 0) < min_per_topic:
             problems.append(f"topic {topic!r} has {counts.get(topic, 0)} questions (want at least {min_per_topic})")
     return problems
+
+
+def bank_figures(questions: list[Question]) -> dict:
+    """The giveaway figures of a bank (for ``python -m grader.quiz.bank`` and reports)."""
+    singles = sum(1 for q in questions if not q.multi)
+    return {
+        "questions": len(questions),
+        "single_answer": singles,
+        "multi_select": len(questions) - singles,
+        "longest_choice_score": round(longest_choice_score(questions), 3),
+        "elimination_score": round(elimination_score(questions), 3),
+        "multi_answer_counts": multi_answer_counts(questions),
+        "with_demo": sum(1 for q in questions if q.demos),
+    }
 
 
 def topic_counts(questions: list[Question]) -> dict[str, int]:
@@ -192,3 +512,18 @@ def topic_counts(questions: list[Question]) -> dict[str, int]:
     for q in questions:
         counts[q.topic] = counts.get(q.topic, 0) + 1
     return counts
+
+
+def main() -> int:
+    """Print the bank's problems and giveaway figures; exit 1 when there is a problem."""
+    questions = load_bank()
+    problems = validate_bank(questions) + count_problems(questions)
+    for line in problems:
+        print(line)
+    for key, value in bank_figures(questions).items():
+        print(f"{key}: {value}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

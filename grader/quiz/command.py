@@ -19,7 +19,8 @@ from grader.quiz.session import (
     letters_of,
     filter_questions,
     order_questions,
-    parse_answer,
+    parse_answer_for,
+    plural,
     record_answer,
     review_questions,
     score,
@@ -42,12 +43,25 @@ class QuizStopped(Exception):
 
 
 def read_line(prompt: str, err: bool = False) -> str:
-    """Read one answer from the terminal (tests replace this function)."""
+    """Read one answer from the terminal (tests replace this function).
+
+    When the input is not a terminal (piped), the answer is echoed after the prompt, so the
+    output reads as a dialogue instead of the next text running into the prompt.
+    """
     click.echo(prompt, nl=False, err=err)
     line = sys.stdin.readline()
     if not line:
         raise EOFError
+    if not _is_tty(sys.stdin):
+        click.echo(line.rstrip("\r\n"), err=err)
     return line
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 @click.command()
@@ -57,11 +71,13 @@ def read_line(prompt: str, err: bool = False) -> str:
 @click.option("--difficulty", metavar="LEVEL", help="Only questions of this level: easy, medium or hard.")
 @click.option("--seed", type=int, help="Seed for the question order and the choice order (reproducible quiz).")
 @click.option("--answers", "answers_arg", metavar="ANSWERS",
-              help='Answer without prompts: "a,bd,c" (one token per question) or @FILE (one answer per line).')
+              help='Answer without prompts: "a,bd,c" (one token per question), or @FILE for a file with '
+                   'one answer per line (without @ the value is always letters, even if a file has that name).')
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object on stdout (see docs/quiz.md).")
 @click.option("--review", is_flag=True, help="Only the questions whose latest answer was wrong, most recent first.")
-@click.option("--list-topics", is_flag=True, help="List the topics with their question counts and exit.")
+@click.option("--list-topics", is_flag=True,
+              help="List the topics with their question counts and the total, and exit (honours --format).")
 @click.pass_context
 def quiz(ctx, topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics):
     """Answer multiple-choice questions on DDP in the terminal.
@@ -74,7 +90,7 @@ def quiz(ctx, topic_args, count, difficulty, seed, answers_arg, fmt, review, lis
     Examples:
       ddp-grade quiz -n 5 --topic sampler,launch
       ddp-grade quiz --review
-      ddp-grade quiz -n 3 --seed 1 --answers "a,bd,c" --format json
+      ddp-grade quiz -n 3 --seed 1 --answers "a,b,c" --format json
     """
     try:
         code = run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics)
@@ -88,7 +104,11 @@ def run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list
     """The whole command; returns the exit code."""
     bank = load_bank()
     if list_topics:
-        click.echo(render.topics_text(topic_counts(bank)))
+        counts = topic_counts(bank)
+        if fmt == "json":
+            click.echo(json.dumps(render.topics_json(counts), indent=2))
+        else:
+            click.echo(render.topics_text(counts))
         return EXIT_OK
     topics = parse_topics(topic_args)
     difficulty = parse_difficulty(difficulty)
@@ -105,19 +125,42 @@ def run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list
     if review:
         chosen = review_questions(pool, progress)
         if not chosen:
-            click.echo("Nothing to review: no question (of those chosen) was last answered wrong.")
+            message = "Nothing to review: no question (of those chosen) was last answered wrong."
+            if fmt == "json":
+                click.echo(message, err=True)
+                click.echo(json.dumps(render.quiz_json([], score([]), 0, True, seed), indent=2))
+            else:
+                click.echo(message)
             return EXIT_OK
     else:
         chosen = order_questions(pool, progress, seed)
+    if len(chosen) < count:
+        click.echo(fewer_than_asked(len(chosen), count, review), err=fmt == "json")
     presented = [shuffle_choices(q, seed) for q in chosen[:count]]
     scripted = answers_arg is not None
     source = scripted_answers(answers_arg, presented) if scripted else None
     return ask_all(presented, state, progress, seed, fmt, source)
 
 
+def fewer_than_asked(matched: int, count: int, review: bool) -> str:
+    """The notice when the filters leave fewer questions than ``-n`` asked for."""
+    verb = "is" if matched == 1 else "are"
+    what = f"{verb} due for review" if review else ("matches" if matched == 1 else "match") + " the filters"
+    return f"Only {plural(matched, 'question')} {what} (-n {count}); asking {plural(matched, 'question')}."
+
+
 def parse_topics(topic_args: tuple[str, ...]) -> list[str]:
-    """``("sampler,launch", "core")`` -> ``["sampler", "launch", "core"]``, each a known topic."""
-    topics = [t.strip().lower() for arg in topic_args for t in arg.split(",") if t.strip()]
+    """``("sampler,launch", "core")`` -> ``["sampler", "launch", "core"]``, each a known topic.
+
+    A ``--topic`` that names no topic at all (``''`` or ``,``) is refused rather than read as
+    "every topic".
+    """
+    topics = []
+    for arg in topic_args:
+        names = [t.strip().lower() for t in arg.split(",") if t.strip()]
+        if not names:
+            raise QuizInputError(f"--topic {arg!r} names no topic; valid topics: {', '.join(TOPICS)}")
+        topics.extend(names)
     unknown = [t for t in topics if t not in TOPICS]
     if unknown:
         raise QuizInputError(f"unknown topic {unknown[0]!r}; valid topics: {', '.join(TOPICS)}")
@@ -138,20 +181,23 @@ def scripted_answers(answers_arg: str, presented: list[Presented]) -> list[froze
     tokens = read_answer_tokens(answers_arg)
     if len(tokens) != len(presented):
         few = "too few" if len(tokens) < len(presented) else "too many"
-        raise QuizInputError(f"{few} answers: got {len(tokens)} for {len(presented)} questions")
+        raise QuizInputError(f"{few} answers: got {len(tokens)} for {plural(len(presented), 'question')}")
     parsed = []
     for number, (token, p) in enumerate(zip(tokens, presented), 1):
         try:
-            parsed.append(parse_answer(token, len(p.choices)))
+            parsed.append(parse_answer_for(p, token))
         except AnswerError as exc:
             raise QuizInputError(f"answer {number} ({token!r}): {exc}") from None
     return parsed
 
 
 def read_answer_tokens(answers_arg: str) -> list[str]:
-    """Inline tokens, or the lines of the file named by ``@FILE`` or by an existing path."""
-    path = Path(answers_arg[1:]) if answers_arg.startswith("@") else Path(answers_arg)
-    if answers_arg.startswith("@") or (answers_arg and path.is_file()):
+    """Inline tokens, or the lines of the file named by ``@FILE``.
+
+    Only ``@`` names a file: ``--answers a`` is the letter a even when a file ``a`` exists.
+    """
+    if answers_arg.startswith("@"):
+        path = Path(answers_arg[1:])
         try:
             return split_answer_lines(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
@@ -200,7 +246,7 @@ def ask_until_valid(p: Presented, to_err: bool) -> frozenset[int]:
         except EOFError:
             raise QuizStopped from None
         try:
-            return parse_answer(line, len(p.choices))
+            return parse_answer_for(p, line)
         except AnswerError as exc:
             click.echo(f"{exc}; try again.", err=to_err)
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 import textwrap
 
 from grader.quiz.bank import LETTERS, TOPICS, Question
-from grader.quiz.session import Answer, Presented, Score, letters_of
+from grader.quiz.session import Answer, Presented, Score, letters_of, plural
 
 WIDTH = 78
 JSON_SCHEMA = "ddp-grade.quiz/1"
+TOPICS_SCHEMA = "ddp-grade.quiz-topics/1"
+
+
+def fill(text: str, initial_indent: str = "", subsequent_indent: str = "") -> str:
+    """Wrap one paragraph to the terminal width at spaces only: never inside a hyphenated word
+    (``find_unused_parameters=True``, ``reduce-scatter``) or a long name."""
+    return textwrap.fill(" ".join(text.split()), WIDTH, initial_indent=initial_indent,
+                         subsequent_indent=subsequent_indent, break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def paragraphs(text: str, indent: str = "") -> str:
@@ -18,40 +27,46 @@ def paragraphs(text: str, indent: str = "") -> str:
         if any(line.startswith("    ") for line in block.splitlines()):
             blocks.append(textwrap.indent(block, indent))
         else:
-            blocks.append(textwrap.fill(" ".join(block.split()), WIDTH, initial_indent=indent,
-                                        subsequent_indent=indent))
+            blocks.append(fill(block, indent, indent))
     return "\n\n".join(blocks)
 
 
 def question_text(number: int, total: int, presented: Presented) -> str:
-    """The question as asked: header, text, lettered choices, a hint for multi-select."""
+    """The question as asked: header, text, lettered choices, a hint for multi-select.
+
+    The id is not shown here (it can name the answer); :func:`feedback_text` shows it after answering.
+    """
     q = presented.question
-    lines = [f"Question {number}/{total}  [{q.topic}, {q.difficulty}]  {q.id}", paragraphs(q.text), ""]
+    lines = [f"Question {number}/{total}  [{q.topic}, {q.difficulty}]", paragraphs(q.text), ""]
     for letter, choice in zip(LETTERS, presented.choices):
-        wrapped = textwrap.fill(" ".join(choice.split()), WIDTH, initial_indent=f"  {letter}) ",
-                                subsequent_indent="     ")
-        lines.append(wrapped)
+        lines.append(fill(choice, f"  {letter}) ", "     "))
     if q.multi:
         lines.append("  (several letters, e.g. ac or a,c)")
     return "\n".join(lines)
 
 
 def feedback_text(answer: Answer) -> str:
-    """Right or wrong, the correct letters, the explanation and the source."""
+    """Right or wrong, the correct letters, the explanation, the source and the question's id."""
     p = answer.presented
+    q = p.question
     if answer.right:
         verdict = "Right."
     else:
         right_ones = "; ".join(f"{LETTERS[i]}) {p.choices[i]}" for i in sorted(p.correct))
         verdict = f"Wrong (you said {letters_of(answer.given) or '-'}). Correct: {right_ones}"
-    return "\n\n".join([paragraphs(verdict), paragraphs(p.question.explanation) + f"\nSource: {p.question.source}"])
+    tail = [f"Source: {q.source}"]
+    if q.demo:
+        tail.append(f"Shown by: {q.demo}")
+    tail.append(f"Question id: {q.id}")
+    return "\n\n".join([paragraphs(verdict), paragraphs(q.explanation) + "\n" + "\n".join(tail)])
 
 
 def score_text(result: Score, planned: int, completed: bool) -> str:
     """The final (or partial) score, per topic and overall."""
     lines = []
     if not completed:
-        lines.append(f"Interrupted after {result.total} of {planned} questions; the answers given are saved.")
+        lines.append(f"Interrupted after {result.total} of {plural(planned, 'question')}; "
+                     "the answers given are saved.")
     width = max((len(t) for t in result.per_topic), default=5)
     lines.append("Score per topic:")
     for topic, (right, total) in result.per_topic.items():
@@ -65,9 +80,21 @@ def _percent(right: int, total: int) -> str:
 
 
 def topics_text(counts: dict[str, int]) -> str:
-    """``--list-topics``: each topic, its question count and its title."""
+    """``--list-topics``: each topic, its question count and its title, then the total."""
     width = max(len(t) for t in TOPICS)
-    return "\n".join(f"{topic:<{width}}  {counts.get(topic, 0):>3}  {title}" for topic, title in TOPICS.items())
+    lines = [f"{topic:<{width}}  {counts.get(topic, 0):>3}  {title}" for topic, title in TOPICS.items()]
+    total = sum(counts.get(topic, 0) for topic in TOPICS)
+    lines.append(f"{plural(total, 'question')} in {plural(len(TOPICS), 'topic')}")
+    return "\n".join(lines)
+
+
+def topics_json(counts: dict[str, int]) -> dict:
+    """``--list-topics --format json``: the topics in order, with counts and titles, and the total."""
+    return {
+        "schema": TOPICS_SCHEMA,
+        "topics": [{"topic": t, "title": title, "questions": counts.get(t, 0)} for t, title in TOPICS.items()],
+        "total": sum(counts.get(t, 0) for t in TOPICS),
+    }
 
 
 def quiz_json(answers: list[Answer], result: Score, planned: int, completed: bool, seed: int) -> dict:
@@ -96,9 +123,13 @@ def answer_json(number: int, answer: Answer) -> dict:
         "topic": q.topic,
         "difficulty": q.difficulty,
         "multi": q.multi,
+        "question": q.text,
         "choices": list(answer.presented.choices),
         "given": letters_of(answer.given),
         "correct": answer.presented.correct_letters,
         "right": answer.right,
+        "explanation": q.explanation,
         "source": q.source,
+        "demo": q.demo or None,
+        "checked": q.checked,
     }

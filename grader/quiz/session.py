@@ -84,8 +84,12 @@ def shuffle_choices(question: Question, seed: int) -> Presented:
     return Presented(question, tuple(order))
 
 
-def parse_answer(token: str, n_choices: int) -> frozenset[int]:
-    """Read ``"b"``, ``"ac"``, ``"a,c"`` or ``"a c"`` into display positions; raise :class:`AnswerError`."""
+def parse_answer(token: str, n_choices: int, single: bool = False) -> frozenset[int]:
+    """Read ``"b"``, ``"ac"``, ``"a,c"`` or ``"a c"`` into display positions; raise :class:`AnswerError`.
+
+    With ``single`` (a question with one right answer) more than one letter is refused, so a
+    learner who meant one letter is asked again instead of being marked wrong.
+    """
     letters = [ch for ch in token.strip().lower() if ch not in ", \t"]
     if not letters:
         raise AnswerError("no answer given")
@@ -93,7 +97,19 @@ def parse_answer(token: str, n_choices: int) -> frozenset[int]:
     for ch in letters:
         if ch not in valid:
             raise AnswerError(f"{ch!r} is not a choice (choose from {', '.join(valid)})", ch)
+    if single and len(set(letters)) > 1:
+        raise AnswerError(f"this question takes one letter, not {len(set(letters))} ({''.join(letters)})")
     return frozenset(valid.index(ch) for ch in letters)
+
+
+def parse_answer_for(presented: Presented, token: str) -> frozenset[int]:
+    """:func:`parse_answer` for one presented question: its number of choices, one letter unless multi-select."""
+    return parse_answer(token, len(presented.choices), single=not presented.question.multi)
+
+
+def plural(count: int, noun: str) -> str:
+    """``plural(1, "question")`` -> ``"1 question"``; ``plural(2, "question")`` -> ``"2 questions"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def split_inline_answers(text: str) -> list[str]:

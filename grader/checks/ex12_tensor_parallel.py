@@ -1,0 +1,537 @@
+"""Exercise 12: ColumnParallelLinear, RowParallelLinear and ParallelMLP (Megatron-style tensor parallelism).
+
+Rank side: every rank builds the same full nn.Linear layers (seeded), wraps them in
+the learner's classes, feeds the same input and runs forward and backward with the
+loss sum(output * G) for a fixed G, so that the output's gradient is G. It records
+the output, the input's gradient, every parameter's value and .grad, the bytes of
+the tensors its module holds, and the collectives made in forward and in backward.
+Four scenarios, in this order: each layer alone, the MLP, the MLP without biases,
+and feature counts not divisible by the world size (where a ValueError is expected).
+Grader side: the dense layers and MLP run in the grader's own process on the same
+weights and inputs; every rank's tensors are compared with them (or with this
+rank's block of them).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from grader import probes
+from grader.child import RankContext
+from grader.compare import tensor_difference
+
+D_MODEL = 16  # the MLP's input and output features
+HIDDEN = 48  # divisible by 2, 3 and 4
+BATCH, SEQ = 2, 3  # inputs are (BATCH, SEQ, features), as in a transformer
+SEEDS = {"mlp": 0, "column": 1, "row": 2, "no_bias": 3}
+RTOL, ATOL = 1e-5, 1e-6  # the sums over ranks are taken in another order than the dense matmul's
+STALL_TIMEOUT_S = 5.0  # for the last two scenarios: a rank that failed must not leave the others waiting
+
+
+def uneven(world_size: int) -> int:
+    """A feature count the world size does not divide."""
+    return 4 * world_size + 1
+
+
+# --- shared by ranks and grader -----------------------------------------------------------
+
+
+def build(scenario: str) -> dict:
+    """The full layers, the input and the output's gradient G of one scenario, seeded, on the CPU."""
+    torch.manual_seed(1000 + SEEDS[scenario])
+    if scenario == "column":
+        layers = {"full": nn.Linear(D_MODEL, HIDDEN)}
+        x, g = (BATCH, SEQ, D_MODEL), (BATCH, SEQ, HIDDEN)
+    elif scenario == "row":
+        layers = {"full": nn.Linear(HIDDEN, D_MODEL)}
+        x, g = (BATCH, SEQ, HIDDEN), (BATCH, SEQ, D_MODEL)
+    else:
+        bias = scenario != "no_bias"
+        layers = {"fc1": nn.Linear(D_MODEL, HIDDEN, bias=bias), "fc2": nn.Linear(HIDDEN, D_MODEL, bias=bias)}
+        x, g = (BATCH, SEQ, D_MODEL), (BATCH, SEQ, D_MODEL)
+    generator = torch.Generator().manual_seed(2000 + SEEDS[scenario])
+    return {**layers, "x": torch.randn(*x, generator=generator), "g": torch.randn(*g, generator=generator)}
+
+
+def block(n: int, rank: int, world_size: int) -> slice:
+    size = n // world_size
+    return slice(rank * size, (rank + 1) * size)
+
+
+# --- in each rank ---------------------------------------------------------------------------
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _plain(value):
+    """A tensor as a plain CPU tensor (a functional collective's result is a subclass); else a description."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__}"
+    if hasattr(value, "to_local"):  # a DTensor (torch's own tensor parallelism): this rank's part
+        value = value.to_local()
+    out = torch.empty(value.shape, dtype=value.dtype)
+    out.copy_(value.detach().to("cpu"))
+    return out
+
+
+def _attribute(module, path: str):
+    for name in path.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
+def _parameters(module: nn.Module, paths: list[str]) -> dict:
+    """For each attribute path ("fc1.weight"): its value and .grad, or what is there instead."""
+    out = {}
+    trained = {id(p) for p in module.parameters()}  # what an optimizer over module.parameters() steps
+    for path in paths:
+        value = _attribute(module, path)
+        if value is None:
+            out[path] = {"missing": True}
+        elif not isinstance(value, torch.Tensor):
+            out[path] = {"missing": False, "value": _plain(value)}
+        else:
+            out[path] = {"missing": False, "value": _plain(value), "grad": _plain(value.grad),
+                         "in_parameters": id(value) in trained}
+    return out
+
+
+def held_bytes(module: nn.Module) -> int:
+    """Bytes of the distinct storages of every tensor the module holds: parameters, buffers and
+    tensors kept in attributes (in lists, dicts and nested modules too). A slice of a bigger tensor
+    counts as its whole storage, which it keeps alive."""
+    storages: dict[int, int] = {}
+    seen: set[int] = set()
+
+    def walk(value, depth: int = 0) -> None:
+        if depth > 8 or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            if hasattr(value, "to_local"):  # a DTensor: what this rank stores
+                value = value.to_local()
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, nn.Module):
+            for item in vars(value).values():
+                walk(item, depth + 1)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item, depth + 1)
+        elif isinstance(value, (list, tuple, set)):
+            for item in value:
+                walk(item, depth + 1)
+
+    walk(module)
+    return sum(storages.values())
+
+
+def _agree(ok: bool, ctx: RankContext) -> bool:
+    """Whether every rank is ok (so that all go on to backward, or none does)."""
+    flag = torch.tensor([1 if ok else 0], device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _forward_backward(module, x: torch.Tensor, g: torch.Tensor, events: list, ctx: RankContext) -> dict:
+    """module(x), then backward of sum(output * g); the output, x's gradient and the collectives of each."""
+    x = x.clone().requires_grad_(True)
+    start = len(events)
+    y = module(x)
+    forward = events[start:]
+    shape_ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(g.shape)
+    ok = shape_ok and y.requires_grad
+    run = {"output": _plain(y), "forward_events": [dict(e) for e in forward], "backward_ran": False,
+           "backward_events": [], "requires_grad": isinstance(y, torch.Tensor) and y.requires_grad,
+           "input_grad": None}
+    if not _agree(ok, ctx):
+        return run
+    start = len(events)
+    (y * g).sum().backward()
+    run["backward_events"] = [dict(e) for e in events[start:]]
+    run["backward_ran"] = True
+    run["input_grad"] = _plain(x.grad)
+    return run
+
+
+def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    events: list = []
+    with probes.watch_collectives(events), ctx.group():
+        classes = {name: ctx.function(name) for name in ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")}
+        return _observe(ctx, classes, events)
+
+
+def _on_device(data: dict, ctx: RankContext) -> dict:
+    return {key: value.to(ctx.device) for key, value in data.items()}
+
+
+def _observe(ctx: RankContext, classes: dict, events: list) -> dict:
+    obs = {}
+    for scenario, name in (("column", "ColumnParallelLinear"), ("row", "RowParallelLinear")):
+        data = _on_device(build(scenario), ctx)
+        layer = classes[name](data["full"])
+        x = data["x"]
+        if scenario == "row":  # the row-parallel layer takes this rank's block of the input features
+            x = x[..., block(HIDDEN, ctx.rank, ctx.world_size)].contiguous()
+        g = data["g"]
+        if scenario == "column":  # and the column-parallel one returns this rank's block of the output
+            g = g[..., block(HIDDEN, ctx.rank, ctx.world_size)].contiguous()
+        run = _forward_backward(layer, x, g, events, ctx)
+        run["params"] = _parameters(layer, ["weight", "bias"])
+        obs[scenario] = run
+
+    # The MLP: the numbers, the collectives and the bytes held.
+    data = _on_device(build("mlp"), ctx)
+    mlp = classes["ParallelMLP"](data["fc1"], data["fc2"])
+    run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
+    run["params"] = _parameters(mlp, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"])
+    run["held_bytes"] = held_bytes(mlp)
+    obs["mlp"] = run
+
+    # From here on a rank that fails may leave the others in a collective: a short timeout turns that
+    # into an error instead of a hang.
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
+    obs["no_bias"] = _observe_no_bias(ctx, classes, events)
+    obs["uneven"] = _observe_uneven(ctx, classes)
+    return obs
+
+
+def _observe_no_bias(ctx: RankContext, classes: dict, events: list) -> dict:
+    data = _on_device(build("no_bias"), ctx)
+    try:
+        mlp = classes["ParallelMLP"](data["fc1"], data["fc2"])
+    except Exception as exc:  # the observation: a layer without bias is not supported
+        mlp, error = None, f"ParallelMLP(fc1, fc2) with bias=False layers raised {_error(exc)}"
+    else:
+        error = None
+    if not _agree(error is None, ctx):
+        return {"error": error or "another rank could not build its ParallelMLP"}
+    try:
+        run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
+    except Exception as exc:
+        return {"error": f"forward or backward with bias=False layers raised {_error(exc)}"}
+    run["params"] = _parameters(mlp, ["fc1.weight", "fc2.weight"])
+    run["biases"] = {path: type(_attribute(mlp, path)).__name__ for path in ("fc1.bias", "fc2.bias")
+                     if _attribute(mlp, path) is not None}
+    run["error"] = None
+    return run
+
+
+def _observe_uneven(ctx: RankContext, classes: dict) -> dict:
+    """Each class built with a split dimension the world size does not divide: what happened."""
+    n = uneven(ctx.world_size)
+    torch.manual_seed(4000)
+    attempts = {
+        "ColumnParallelLinear": lambda: classes["ColumnParallelLinear"](nn.Linear(D_MODEL, n).to(ctx.device)),
+        "RowParallelLinear": lambda: classes["RowParallelLinear"](nn.Linear(n, D_MODEL).to(ctx.device)),
+        "ParallelMLP": lambda: classes["ParallelMLP"](nn.Linear(D_MODEL, n).to(ctx.device),
+                                                      nn.Linear(n, D_MODEL).to(ctx.device)),
+    }
+    out = {}
+    for name, make in attempts.items():
+        try:
+            made = make()
+        except Exception as exc:  # the observation
+            out[name] = {"raised": type(exc).__name__, "is_value_error": isinstance(exc, ValueError),
+                         "message": str(exc)[:300]}
+            continue
+        weights = [p for p in (_attribute(made, "weight"), _attribute(made, "fc1.weight"))
+                   if isinstance(p, torch.Tensor)]
+        out[name] = {"raised": None, "weight_shape": list(weights[0].shape) if weights else None}
+    return out
+
+
+# --- in the grader ----------------------------------------------------------------------------
+
+
+def dense(scenario: str) -> dict:
+    """The dense layers of a scenario run in this process: output, input gradient, parameter gradients."""
+    data = build(scenario)
+    x = data["x"].clone().requires_grad_(True)
+    if scenario in ("column", "row"):
+        full = data["full"]
+        y = full(x)
+        params = {"weight": full.weight, "bias": full.bias}
+    else:
+        fc1, fc2 = data["fc1"], data["fc2"]
+        y = fc2(F.gelu(fc1(x)))
+        params = {"fc1.weight": fc1.weight, "fc1.bias": fc1.bias, "fc2.weight": fc2.weight, "fc2.bias": fc2.bias}
+    (y * data["g"]).sum().backward()
+    grads = {name: p.grad.detach() for name, p in params.items() if p is not None}
+    values = {name: p.detach() for name, p in params.items() if p is not None}
+    return {"output": y.detach(), "input_grad": x.grad.detach(), "grads": grads, "values": values}
+
+
+# Which dimension of each parameter is split: rows (0) or columns (1); None: the whole of it on every rank.
+SPLIT = {
+    "mlp": {"fc1.weight": 0, "fc1.bias": 0, "fc2.weight": 1, "fc2.bias": None},
+    "no_bias": {"fc1.weight": 0, "fc2.weight": 1},
+    "column": {"weight": 0, "bias": 0},
+    "row": {"weight": 1, "bias": None},
+}
+
+
+def shard(tensor: torch.Tensor, dim: int | None, rank: int, world_size: int) -> torch.Tensor:
+    if dim is None:
+        return tensor
+    return tensor.narrow(dim, block(tensor.shape[dim], rank, world_size).start, tensor.shape[dim] // world_size)
+
+
+def grade(g) -> None:
+    expected = {scenario: dense(scenario) for scenario in SEEDS}
+    for world_size in g.world_sizes:
+        observations = g.run("rank_main", world_size).results()
+        check_column(g, observations, expected["column"], world_size)
+        check_row(g, observations, expected["row"], world_size)
+        check_mlp(g, observations, expected["mlp"], world_size)
+        check_weight_grads(g, observations, expected, world_size)
+        check_collectives(g, observations, world_size)
+        check_held(g, observations, expected["mlp"], world_size)
+        check_no_bias(g, observations, expected["no_bias"], world_size)
+        check_uneven(g, observations, world_size)
+
+
+def _compare(got, want: torch.Tensor, name: str):
+    return tensor_difference(got, want, rtol=RTOL, atol=ATOL, name=name)
+
+
+def _scaled(got, want: torch.Tensor) -> str:
+    """" (2.00 times the expected values)" when got is a multiple of want, else ""."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not want.abs().sum():
+        return ""
+    factor = float((got.double() * want.double()).sum() / (want.double() ** 2).sum())
+    if abs(factor - 1) > 0.05 and torch.allclose(got.double(), factor * want.double(), rtol=1e-4, atol=1e-5):
+        return f" ({factor:.2f} times the expected values)"
+    return ""
+
+
+def _check_output(g, check_id: str, observations: list[dict], scenario: str, want_of_rank, what: str,
+                  world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        got = obs[scenario]["output"]
+        want = want_of_rank(rank)
+        found = _compare(got, want, "output")
+        if found is not None:
+            said = what(rank) if callable(what) else what
+            g.record(check_id, False, f"rank {rank}: {said}: {found}{_scaled(got, want)}",
+                     rank=rank, world_size=world_size)
+            return
+    g.record(check_id, True)
+
+
+def _check_input_grad(g, check_id: str, observations: list[dict], scenario: str, want_of_rank, what: str,
+                      world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        run = obs[scenario]
+        if not run["backward_ran"]:
+            reason = ("its output does not require grad: the graph back to the input is cut"
+                      if isinstance(run["output"], torch.Tensor) else "its output is wrong (see the output check)")
+            g.record(check_id, False, f"rank {rank}: {what}: no backward was run, because {reason}",
+                     rank=rank, world_size=world_size)
+            return
+        got, want = run["input_grad"], want_of_rank(rank)
+        if got is None:
+            g.record(check_id, False, f"rank {rank}: {what}: the input's .grad is None after backward",
+                     rank=rank, world_size=world_size)
+            return
+        found = _compare(got, want, "input.grad")
+        if found is not None:
+            g.record(check_id, False, f"rank {rank}: {what}: {found}{_scaled(got, want)}",
+                     rank=rank, world_size=world_size)
+            return
+    g.record(check_id, True)
+
+
+def check_column(g, observations: list[dict], want: dict, world_size: int) -> None:
+    def output(rank):
+        return want["output"][..., block(HIDDEN, rank, world_size)]
+
+    def what(rank):
+        rows = block(HIDDEN, rank, world_size)
+        return (f"ColumnParallelLinear(nn.Linear({D_MODEL}, {HIDDEN})) on {world_size} ranks, against output "
+                f"features {rows.start} to {rows.stop - 1} of the dense layer's output")
+
+    _check_output(g, "column-output", observations, "column", output, what, world_size)
+    _check_input_grad(g, "column-input-grad", observations, "column", lambda rank: want["input_grad"],
+                      "ColumnParallelLinear's input gradient, against the dense layer's (every rank's term, "
+                      "summed by an all-reduce in backward)", world_size)
+
+
+def check_row(g, observations: list[dict], want: dict, world_size: int) -> None:
+    _check_output(g, "row-output", observations, "row", lambda rank: want["output"],
+                  f"RowParallelLinear(nn.Linear({HIDDEN}, {D_MODEL})) given this rank's block of the input, "
+                  "against the dense layer's whole output", world_size)
+
+    def input_grad(rank):
+        return want["input_grad"][..., block(HIDDEN, rank, world_size)]
+
+    _check_input_grad(g, "row-input-grad", observations, "row", input_grad,
+                      "RowParallelLinear's input gradient, against this rank's block of the dense layer's",
+                      world_size)
+
+
+def check_mlp(g, observations: list[dict], want: dict, world_size: int) -> None:
+    _check_output(g, "mlp-output", observations, "mlp", lambda rank: want["output"],
+                  f"ParallelMLP (fc1 {D_MODEL}->{HIDDEN}, GELU, fc2 {HIDDEN}->{D_MODEL}), against the dense "
+                  "MLP's output", world_size)
+    _check_input_grad(g, "mlp-input-grad", observations, "mlp", lambda rank: want["input_grad"],
+                      "ParallelMLP's input gradient, against the dense MLP's", world_size)
+
+
+def _parameter_problem(params: dict, path: str, want_value: torch.Tensor, want_grad: torch.Tensor,
+                       owner: str, against: str = "its block of the dense gradient") -> str | None:
+    entry = params.get(path, {"missing": True})
+    if entry["missing"]:
+        return f"{owner}.{path} does not exist (the statement names it)"
+    if "grad" not in entry:
+        return f"{owner}.{path} is {entry['value']}, not a tensor"
+    found = tensor_difference(entry["value"], want_value, name=f"{owner}.{path}")
+    if found is not None and found.reason == "shape":
+        return f"{owner}.{path} has shape {found.got}; its block of the dense layer's has {found.expected}"
+    if not entry.get("in_parameters", True):
+        return (f"{owner}.{path} is not among {owner}.parameters(), so an optimizer would never update it "
+                "(assign an nn.Parameter)")
+    if entry["grad"] is None:
+        return f"{owner}.{path}.grad is None after backward"
+    found = _compare(entry["grad"], want_grad, f"{owner}.{path}.grad")
+    if found is not None:
+        return f"{found}{_scaled(entry['grad'], want_grad)}, against {against}"
+    return None
+
+
+def check_weight_grads(g, observations: list[dict], expected: dict, world_size: int) -> None:
+    owners = {"mlp": "ParallelMLP", "column": "ColumnParallelLinear", "row": "RowParallelLinear"}
+    for scenario, owner in owners.items():
+        for rank, obs in enumerate(observations):
+            run = obs[scenario]
+            if not run["backward_ran"]:
+                g.record("weight-grads", False, f"rank {rank}: {owner}: no backward was run (see the output checks)",
+                         rank=rank, world_size=world_size)
+                return
+            for path, dim in SPLIT[scenario].items():
+                want_value = shard(expected[scenario]["values"][path], dim, rank, world_size)
+                want_grad = shard(expected[scenario]["grads"][path], dim, rank, world_size)
+                against = "the whole dense gradient" if dim is None else f"rank {rank}'s block of the dense gradient"
+                problem = _parameter_problem(run["params"], path, want_value, want_grad, owner, against)
+                if problem is not None:
+                    g.record("weight-grads", False, f"rank {rank}: {problem}", rank=rank, world_size=world_size)
+                    return
+    g.record("weight-grads", True)
+
+
+def _describe_events(events: list[dict]) -> str:
+    return ", ".join(f"{e['op']} of {e['bytes']} bytes" for e in events) or "none"
+
+
+def check_collectives(g, observations: list[dict], world_size: int) -> None:
+    activation = BATCH * SEQ * D_MODEL * 4  # float32
+    for check_id, phase, what in (("forward-one-all-reduce", "forward", "the output"),
+                                  ("backward-one-all-reduce", "backward", "the input's gradient")):
+        for rank, obs in enumerate(observations):
+            run = obs["mlp"]
+            if phase == "backward" and not run["backward_ran"]:
+                g.record(check_id, False, f"rank {rank}: no backward was run (see mlp-output)",
+                         rank=rank, world_size=world_size)
+                break
+            events = run[f"{phase}_events"]
+            ok = len(events) == 1 and events[0]["op"] == "all_reduce" and events[0]["bytes"] == activation
+            ok = ok or (world_size == 1 and not events)  # one rank: skipping the all-reduce is right too
+            if not ok:
+                g.record(check_id, False,
+                         f"rank {rank}: ParallelMLP's {phase} made {len(events)} collective call(s): "
+                         f"{_describe_events(events)}; expected one all_reduce of {what}, {BATCH}x{SEQ}x{D_MODEL} "
+                         f"float32 = {activation} bytes", rank=rank, world_size=world_size)
+                break
+        g.record(check_id, True)
+
+
+HELD_SLACK = 256  # bytes of small tensors a module may keep besides its weights (an index, a flag)
+
+
+def held_limit(want: dict, world_size: int) -> tuple[int, int]:
+    """(a 1/W share of the MLP's bytes with fc2's bias whole, the dense MLP's bytes)."""
+    sizes = {name: value.numel() * value.element_size() for name, value in want["values"].items()}
+    share = (sizes["fc1.weight"] + sizes["fc1.bias"] + sizes["fc2.weight"]) // world_size + sizes["fc2.bias"]
+    return share, sum(sizes.values())
+
+
+def check_held(g, observations: list[dict], want: dict, world_size: int) -> None:
+    share, full = held_limit(want, world_size)
+    for rank, obs in enumerate(observations):
+        held = obs["mlp"]["held_bytes"]
+        g.record("weights-sharded", held <= share + HELD_SLACK,
+                 f"rank {rank}: its ParallelMLP holds {held} bytes of tensors; the dense MLP's weights and biases "
+                 f"are {full}, and a 1/{world_size} share (fc2's bias whole) is {share}, {HELD_SLACK} more allowed. "
+                 "A slice of a full weight "
+                 "is a view that keeps all of its storage: keep copies (.clone()), and no reference to the full "
+                 "layers",
+                 rank=rank, world_size=world_size)
+    total = sum(o["mlp"]["held_bytes"] for o in observations)
+    g.record("weights-sharded", total >= full,
+             f"the ranks' ParallelMLPs together hold {total} bytes, less than the dense MLP's {full}: some "
+             "weights are on no rank", world_size=world_size)
+
+
+def check_no_bias(g, observations: list[dict], want: dict, world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        run = obs["no_bias"]
+        if run.get("error"):
+            g.record("bias-false", False, f"rank {rank}: {run['error']}", rank=rank, world_size=world_size)
+            return
+        problems = []
+        found = _compare(run["output"], want["output"], "output")
+        if found is not None:
+            problems.append(f"the output: {found}")
+        elif not run["backward_ran"]:
+            problems.append("no backward was run")
+        else:
+            found = _compare(run["input_grad"], want["input_grad"], "input.grad")
+            if found is not None:
+                problems.append(f"the input gradient: {found}")
+            for path, dim in SPLIT["no_bias"].items():
+                problem = _parameter_problem(run["params"], path, shard(want["values"][path], dim, rank, world_size),
+                                             shard(want["grads"][path], dim, rank, world_size), "ParallelMLP")
+                if problem is not None:
+                    problems.append(problem)
+        for path, kind in run["biases"].items():
+            problems.append(f"{path} should be None (full.bias is None), found a {kind}")
+        if problems:
+            g.record("bias-false", False, f"rank {rank}: with nn.Linear(..., bias=False) layers, "
+                     + "; ".join(problems), rank=rank, world_size=world_size)
+            return
+    g.record("bias-false", True)
+
+
+def check_uneven(g, observations: list[dict], world_size: int) -> None:
+    if world_size < 2:
+        g.skip("uneven-refused", "one rank: every feature count is divisible by 1")
+        return
+    n = uneven(world_size)
+    built = {"ColumnParallelLinear": f"ColumnParallelLinear(nn.Linear({D_MODEL}, {n}))",
+             "RowParallelLinear": f"RowParallelLinear(nn.Linear({n}, {D_MODEL}))",
+             "ParallelMLP": f"ParallelMLP(nn.Linear({D_MODEL}, {n}), nn.Linear({n}, {D_MODEL}))"}
+    for rank, obs in enumerate(observations):
+        for name, call in built.items():
+            seen = obs["uneven"][name]
+            if seen["raised"] is None:
+                shape = f" (this rank kept a weight of shape {seen['weight_shape']})" if seen["weight_shape"] else ""
+                g.record("uneven-refused", False, f"rank {rank}: {call} on {world_size} ranks returned without an "
+                         f"error{shape}; {n} features do not split evenly, so __init__ should raise ValueError",
+                         rank=rank, world_size=world_size)
+                return
+            if not seen["is_value_error"]:
+                g.record("uneven-refused", False, f"rank {rank}: {call} on {world_size} ranks raised "
+                         f"{seen['raised']}: {seen['message']!r}; expected a ValueError that says {n} features do "
+                         f"not split over {world_size} ranks", rank=rank, world_size=world_size)
+                return
+    g.record("uneven-refused", True)

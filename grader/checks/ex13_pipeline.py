@@ -1,0 +1,508 @@
+"""Exercise 13: pipeline_step, a GPipe and a 1F1B schedule over point-to-point messages.
+
+Rank side: build the same seeded model on every rank, cut into one stage per rank, and hand
+rank r its stage wrapped in :class:`ObservedStage`, which records every forward and backward
+the stage runs (and on which micro-batch) and how many micro-batches' saved activations are
+alive at once. The count comes from ``torch.autograd.graph.saved_tensors_hooks`` installed
+around the stage's own layers: each tensor autograd saves for a micro-batch is wrapped, and a
+micro-batch counts as alive while any of its wrappers is still held by the graph. Backward
+frees them, so the count is what the schedule really keeps in memory, however the code
+names or stores things. Each step runs under ``probes.watch_collectives``, which records
+every send and receive with its peer and size.
+
+Grader side: build the same model in one process, run the whole batch through it, and
+compare every stage's gradients and the loss; count the messages on each link; read the
+schedule each rank ran from its stage's records and decide the schedule checks. The
+schedules are also placed in unit time slots (each forward and backward takes one slot and
+waits for its neighbour's) and shown in the report as a timeline, with the idle share.
+
+The report's sections hold, per schedule, ``data = {"schedule", "runs": [{"world_size",
+"num_microbatches", "order": [[label, ...] per rank], "slots": [[slot, ...] per rank],
+"span", "idle", "peak_live": [per rank]}]}``: labels are "F3" (forward of micro-batch 3) and
+"B3" (its backward), in the order the rank ran them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+
+import torch
+from torch import nn
+
+from grader import probes
+from grader.child import RankContext
+from grader.compare import first_difference
+from grader.results import NOT_IMPLEMENTED
+
+SCHEDULES = ("gpipe", "1f1b")
+WIDTHS = (40, 64, 96, 80, 72)  # stage r maps WIDTHS[r] features to WIDTHS[r + 1]: every link has its own size
+HIDDEN = 48
+CLASSES = 10
+MODEL_SEED = 13
+DATA_SEED = 1300
+HEADER_LIMIT = 256  # bytes: a message this small is a shape header, not an activation (both sizes below differ a lot)
+RTOL, ATOL = 1e-4, 1e-6  # float32; micro-batches add the gradient up in another order than the whole batch
+LOSS_RTOL, LOSS_ATOL = 1e-5, 1e-6
+SEND_OPS = ("send", "isend")
+RECV_OPS = ("recv", "irecv")
+
+
+# --- shared by the ranks and the grader -------------------------------------------------
+
+
+def build_stages(world_size: int) -> list[nn.Module]:
+    """The model, one stage per rank: two linear layers each, the last one ending in CLASSES logits."""
+    torch.manual_seed(MODEL_SEED + world_size)
+    stages = []
+    for r in range(world_size):
+        if r < world_size - 1:
+            stages.append(nn.Sequential(nn.Linear(WIDTHS[r], HIDDEN), nn.Tanh(),
+                                        nn.Linear(HIDDEN, WIDTHS[r + 1]), nn.Tanh()))
+        else:
+            stages.append(nn.Sequential(nn.Linear(WIDTHS[r], HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, CLASSES)))
+    return stages
+
+
+def make_batch(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = case["num_microbatches"] * case["rows"]
+    g = torch.Generator().manual_seed(DATA_SEED + case["seed"])
+    return torch.randn(rows, WIDTHS[0], generator=g), torch.randint(0, CLASSES, (rows,), generator=g)
+
+
+def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(output, target)
+
+
+def cases_for(schedule: str, world_size: int) -> list[dict]:
+    """The steps of one run. The first (``measure``) has more micro-batches than ranks, where the
+    schedules differ; the second another micro-batch size (1f1b keeps num_microbatches >= W)."""
+    w = max(world_size, 1)
+    second = w if schedule == "1f1b" else 3
+    return [
+        {"schedule": schedule, "num_microbatches": 2 * w, "rows": 4, "measure": True, "seed": 10 * w + 1},
+        {"schedule": schedule, "num_microbatches": second, "rows": 3, "measure": False, "seed": 10 * w + 2},
+    ]
+
+
+def activation_bytes(case: dict, link: int) -> int:
+    """Bytes of one micro-batch's activation from stage ``link`` to stage ``link + 1`` (and of its gradient)."""
+    return case["rows"] * WIDTHS[link + 1] * 4
+
+
+# --- in each rank ---------------------------------------------------------------------------
+
+
+class _Saved:
+    """What autograd keeps for a saved tensor while the stage's forward runs under our hooks."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+class ObservedStage(nn.Module):
+    """The learner's stage: its layers in ``body``, each forward and backward recorded.
+
+    The k-th forward with gradients enabled is micro-batch k: it records ("F", k, rows), and the
+    gradient reaching its output records ("B", k) when that micro-batch's backward enters the
+    stage. A forward under torch.no_grad (e.g. to learn the output's shape) saves nothing for
+    backward and is not part of the schedule: it is recorded as "f" and left out of every check.
+    """
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+        self.observed: list[dict] = []
+        self.live: dict[int, int] = {}  # micro-batch -> its saved tensors still held by autograd
+        self.peak_live = 0  # the most micro-batches with saved tensors alive at one moment
+
+    def forward(self, x):
+        rows = int(x.shape[0]) if isinstance(x, torch.Tensor) and x.dim() else 0
+        if not torch.is_grad_enabled():
+            self.observed.append({"op": "f", "mb": -1, "rows": rows})
+            return self.body(x)
+        k = sum(1 for e in self.observed if e["op"] == "F")
+        self.observed.append({"op": "F", "mb": k, "rows": rows})
+        with torch.autograd.graph.saved_tensors_hooks(self._packer(k), _unpack):
+            out = self.body(x)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(self._backward_hook(k))
+        return out
+
+    def _packer(self, k: int):
+        def pack(tensor):
+            saved = _Saved(tensor)
+            self.live[k] = self.live.get(k, 0) + 1
+            weakref.finalize(saved, self._released, k)
+            self.peak_live = max(self.peak_live, sum(1 for n in self.live.values() if n > 0))
+            return saved
+        return pack
+
+    def _released(self, k: int) -> None:
+        self.live[k] -= 1
+
+    def _backward_hook(self, k: int):
+        def hook(grad):
+            self.observed.append({"op": "B", "mb": k, "rows": 0})
+        return hook
+
+
+def _unpack(saved: _Saved):
+    return saved.tensor
+
+
+def pipeline_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    with ctx.group():
+        return _observe(ctx)
+
+
+def _observe(ctx: RankContext) -> dict:
+    events: list = []
+    steps = []
+    rank, world_size = ctx.rank, ctx.world_size
+    with probes.watch_collectives(events):
+        pipeline_step = ctx.function("pipeline_step")
+        for case in ctx.kwargs["cases"]:
+            stage = ObservedStage(build_stages(world_size)[rank]).to(ctx.device)
+            batch, target = make_batch(case)
+            batch = batch.to(ctx.device) if rank == 0 else None
+            target = target.to(ctx.device) if rank == world_size - 1 else None
+            first = len(events)
+            if case["schedule"] == "gpipe":  # the default schedule
+                returned = pipeline_step(stage, batch, target, case["num_microbatches"], loss_fn)
+            else:
+                returned = pipeline_step(stage, batch, target, case["num_microbatches"], loss_fn,
+                                         schedule=case["schedule"])
+            steps.append({
+                "returned": {"type": type(returned).__name__,
+                             "value": float(returned) if isinstance(returned, (int, float)) else None},
+                "grads": {name: None if p.grad is None else p.grad.detach().cpu().clone()
+                          for name, p in stage.body.named_parameters()},
+                "observed": [e for e in stage.observed if e["op"] != "f"],
+                "peak_live": stage.peak_live,
+                "events": [dict(e) for e in events[first:]],
+            })
+    return {"steps": steps}
+
+
+# --- in the grader ------------------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    sizes = list(g.world_sizes)
+    for schedule in SCHEDULES:
+        runs = []
+        for world_size in sizes:
+            cases = cases_for(schedule, world_size)
+            try:
+                outcome = g.run("pipeline_main", world_size, kwargs={"cases": cases})
+            except g.Stopped as stop:
+                if schedule == "gpipe" and stop.problem.kind == NOT_IMPLEMENTED:
+                    raise  # the stub: "not implemented yet" says it all
+                raise g.with_context(stop, f"schedule={schedule!r}, world size {world_size}") from None
+            steps = [obs["steps"] for obs in outcome.results()]
+            check_run(g, cases, steps, world_size)
+            runs.append(timeline_data(cases[0], [s[0] for s in steps], world_size))
+        g.section(f"the {schedule} schedule as each rank ran it", timeline_text(runs[-1]),
+                  {"schedule": schedule, "runs": runs})
+    if max(sizes) < 2:
+        for check_id in ("neighbours-only", "messages-per-link"):
+            g.skip(check_id, "a pipeline of one stage sends nothing (use --world-size 2 or more)")
+
+
+def check_run(g, cases: list[dict], steps: list[list[dict]], world_size: int) -> None:
+    """Every check on one run: ``steps[rank][i]`` is what rank saw in case i."""
+    for i, case in enumerate(cases):
+        per_rank = [s[i] for s in steps]
+        check_gradients(g, case, per_rank, world_size)
+        check_loss(g, case, per_rank, world_size)
+        check_micro_batches(g, case, per_rank, world_size)
+        if world_size >= 2:
+            check_neighbours(g, case, per_rank, world_size)
+            check_messages(g, case, per_rank, world_size)
+        if case["measure"] and case["schedule"] == "gpipe":
+            check_gpipe(g, case, per_rank, world_size)
+        if case["measure"] and case["schedule"] == "1f1b":
+            check_1f1b_memory(g, case, per_rank, world_size)
+            check_1f1b_bubble(g, case, per_rank, world_size)
+
+
+def describe(case: dict, world_size: int) -> str:
+    return (f"world size {world_size}, schedule {case['schedule']!r}, {case['num_microbatches']} micro-batches "
+            f"of {case['rows']} rows")
+
+
+def reference(case: dict, world_size: int) -> tuple[list[dict], float]:
+    """Each stage's gradients and the loss, for the whole batch through the whole model in one process."""
+    stages = build_stages(world_size)
+    batch, target = make_batch(case)
+    out = batch
+    for stage in stages:
+        out = stage(out)
+    loss = loss_fn(out, target)
+    loss.backward()
+    grads = [{name: p.grad.detach().clone() for name, p in stage.named_parameters()} for stage in stages]
+    return grads, loss.item()
+
+
+def check_gradients(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    expected, _ = reference(case, world_size)
+    m = case["num_microbatches"]
+    # From the last stage back, as the gradients flow: the first stage that differs shows where it goes wrong.
+    for rank in reversed(range(world_size)):
+        step = per_rank[rank]
+        missing = [name for name, grad in step["grads"].items() if grad is None]
+        if missing:
+            g.record("grads-match", False,
+                     f"{describe(case, world_size)}: rank {rank}'s stage has no gradient for {missing[0]!r} "
+                     f"(.grad is None) after pipeline_step", rank=rank, world_size=world_size)
+            return
+        found = first_difference(step["grads"], expected[rank], rtol=RTOL, atol=ATOL)
+        if found is None:
+            continue
+        message = (f"{describe(case, world_size)}: on rank {rank}, stage {rank}'s gradient {found} from the "
+                   f"single-process model's on the whole batch")
+        if rank < world_size - 1:
+            message += (f"; the stages after it match, so the gradient rank {rank} received from rank {rank + 1} "
+                        "went into the wrong place (another micro-batch's output?)")
+        if found.reason == "values":
+            got, want = step["grads"][found.name].double(), expected[rank][found.name].double()
+            scale = float((got * want).sum() / (want * want).sum()) if float((want * want).sum()) > 0 else 0.0
+            if abs(scale - m) < 0.01 * m and m > 1:
+                message += (f"; it is {m} times too large: each micro-batch's loss must be divided by "
+                            "num_microbatches before its backward")
+            elif abs(scale - 1 / m) < 0.01 / m and m > 1:
+                message += f"; it is {m} times too small: the loss was divided by num_microbatches twice"
+        g.record("grads-match", False, message, rank=rank, world_size=world_size)
+        return
+    g.record("grads-match", True)
+
+
+def check_loss(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    _, expected = reference(case, world_size)
+    last = world_size - 1
+    for rank, step in enumerate(per_rank):
+        returned = step["returned"]
+        if rank != last:
+            if returned["type"] != "NoneType":
+                value = "" if returned["value"] is None else f" ({returned['value']:.6g})"
+                g.record("loss-returned", False,
+                         f"{describe(case, world_size)}: rank {rank} returned a {returned['type']}{value}; only the "
+                         f"last rank ({last}) has the loss: the others return None", rank=rank, world_size=world_size)
+                return
+            continue
+        if returned["type"] not in ("float", "float64"):
+            g.record("loss-returned", False,
+                     f"{describe(case, world_size)}: the last rank ({rank}) returned a {returned['type']}, not a "
+                     "float: return the mean of the micro-batch losses as a Python float (loss.item())",
+                     rank=rank, world_size=world_size)
+            return
+        got = returned["value"]
+        if abs(got - expected) > LOSS_ATOL + LOSS_RTOL * abs(expected):
+            m = case["num_microbatches"]
+            message = (f"{describe(case, world_size)}: the last rank ({rank}) returned {got:.6g}; the mean loss over "
+                       f"the whole batch is {expected:.6g}")
+            if abs(got - m * expected) <= 1e-4 * abs(m * expected):
+                message += f" ({m} times less: the sum of the micro-batch losses was returned, not their mean)"
+            g.record("loss-returned", False, message, rank=rank, world_size=world_size)
+            return
+    g.record("loss-returned", True)
+
+
+def _labels(step: dict) -> list[str]:
+    return [f"{e['op']}{e['mb']}" for e in step["observed"]]
+
+
+def _sequence(step: dict, limit: int = 24) -> str:
+    labels = _labels(step)
+    return " ".join(labels[:limit]) + (" ..." if len(labels) > limit else "") if labels else "nothing"
+
+
+def check_micro_batches(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    m, rows = case["num_microbatches"], case["rows"]
+    for rank, step in enumerate(per_rank):
+        forwards = [e for e in step["observed"] if e["op"] == "F"]
+        backwards = [e for e in step["observed"] if e["op"] == "B"]
+        sizes = sorted({e["rows"] for e in forwards})
+        problem = None
+        if len(forwards) != m or sizes != [rows]:
+            shown = ", ".join(str(s) for s in sizes) or "-"
+            problem = (f"rank {rank} ran its stage forward {len(forwards)} time(s), on {shown} row(s); a step of {m} "
+                       f"micro-batches runs it once per micro-batch, on {rows} rows each")
+        elif sorted(e["mb"] for e in backwards) != list(range(m)):
+            problem = (f"rank {rank} ran the backward of {len(backwards)} micro-batch(es) through its stage, of the "
+                       f"{m} it ran forward; each forward needs its own backward")
+        if problem:
+            g.record("micro-batches", False, f"{describe(case, world_size)}: {problem} (rank {rank} ran: "
+                     f"{_sequence(step)})", rank=rank, world_size=world_size)
+            return
+    g.record("micro-batches", True)
+
+
+def check_neighbours(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    for rank, step in enumerate(per_rank):
+        neighbours = {r for r in (rank - 1, rank + 1) if 0 <= r < world_size}
+        for e in step["events"]:
+            if e["op"] in probes.COLLECTIVES:
+                g.record("neighbours-only", False,
+                         f"{describe(case, world_size)}: rank {rank} called dist.{e['op']}, a collective that every "
+                         "rank joins; in a pipeline a rank talks only to the ranks before and after it, by send "
+                         "and recv", rank=rank, world_size=world_size)
+                return
+            if e["op"] not in SEND_OPS + RECV_OPS or (e["op"] in RECV_OPS and e["peer"] is None):
+                continue  # a receive from any source: its sender is checked
+            if e["peer"] not in neighbours:
+                direction = "sent to" if e["op"] in SEND_OPS else "received from"
+                g.record("neighbours-only", False,
+                         f"{describe(case, world_size)}: rank {rank} {direction} rank {e['peer']} (dist.{e['op']}, "
+                         f"{e['bytes']} bytes); rank {rank} talks only to ranks {sorted(neighbours)}",
+                         rank=rank, world_size=world_size)
+                return
+    g.record("neighbours-only", True)
+
+
+def _sizes(counts: Counter) -> str:
+    return ", ".join(f"{n} x {b} bytes" for b, n in sorted(counts.items(), key=lambda item: -item[0])) or "nothing"
+
+
+def check_messages(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    m = case["num_microbatches"]
+    for rank, step in enumerate(per_rank):
+        sent: dict[int, Counter] = {}
+        for e in step["events"]:
+            if e["op"] in SEND_OPS:
+                sent.setdefault(e["peer"], Counter())[e["bytes"]] += 1
+        for peer, link, what in ((rank + 1, rank, "activations"), (rank - 1, rank - 1, "gradients of activations")):
+            if not 0 <= peer < world_size:
+                continue
+            size = activation_bytes(case, link)
+            counts = sent.get(peer, Counter())
+            other = {b: n for b, n in counts.items() if b != size}
+            if counts[size] == m and all(b <= HEADER_LIMIT for b in other):
+                continue
+            g.record("messages-per-link", False,
+                     f"{describe(case, world_size)}: rank {rank} sent rank {peer} {_sizes(counts)}; one step sends "
+                     f"{m} {what} of {case['rows']} x {WIDTHS[link + 1]} float32 = {size} bytes each (one "
+                     f"message per micro-batch), besides shape headers of at most {HEADER_LIMIT} bytes",
+                     rank=rank, world_size=world_size)
+            return
+    g.record("messages-per-link", True)
+
+
+def check_gpipe(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    m = case["num_microbatches"]
+    for rank, step in enumerate(per_rank):
+        if step["peak_live"] != m:
+            g.record("gpipe-fill-drain", False,
+                     f"{describe(case, world_size)}: rank {rank} held the saved activations of at most "
+                     f"{step['peak_live']} micro-batch(es) at once, not all {m}; GPipe runs every forward before "
+                     f"the first backward (rank {rank} ran: {_sequence(step)})", rank=rank, world_size=world_size)
+            return
+    g.record("gpipe-fill-drain", True)
+
+
+def check_1f1b_memory(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    for rank, step in enumerate(per_rank):
+        if step["peak_live"] > world_size:
+            g.record("1f1b-memory", False,
+                     f"{describe(case, world_size)}: rank {rank} held the saved activations of "
+                     f"{step['peak_live']} micro-batches at once; 1F1B starts a backward after at most "
+                     f"{world_size - rank} forwards on rank {rank}, so that no rank holds more than W = {world_size} "
+                     f"(rank {rank} ran: {_sequence(step)})", rank=rank, world_size=world_size)
+            return
+    g.record("1f1b-memory", True)
+
+
+def check_1f1b_bubble(g, case: dict, per_rank: list[dict], world_size: int) -> None:
+    m = case["num_microbatches"]
+    orders = [_labels(step) for step in per_rank]
+    slots = unit_slots(orders)
+    if slots is None:
+        g.record("1f1b-bubble", False, f"{describe(case, world_size)}: the forwards and backwards the ranks ran do "
+                 "not fit together (a micro-batch's forward or backward is missing on some rank): "
+                 + "; ".join(f"rank {r}: {_sequence(s)}" for r, s in enumerate(per_rank)), world_size=world_size)
+        return
+    span = 1 + max((s for row in slots for s in row), default=-1)
+    textbook = 2 * (m + world_size - 1)
+    if span > textbook:
+        g.record("1f1b-bubble", False,
+                 f"{describe(case, world_size)}: in unit time (a forward or backward takes one slot and waits for "
+                 f"its neighbour's) the order the ranks ran takes {span} slots; 1F1B keeps the pipeline as full as "
+                 f"GPipe, 2 * (M + W - 1) = {textbook} slots: a rank waited for a backward where it could have run "
+                 f"a forward. " + "; ".join(f"rank {r}: {_sequence(s)}" for r, s in enumerate(per_rank)),
+                 world_size=world_size)
+        return
+    g.record("1f1b-bubble", True)
+
+
+# --- the schedule as a timeline ---------------------------------------------------------------
+
+
+def unit_slots(orders: list[list[str]]) -> list[list[int]] | None:
+    """Each rank's events placed in unit time: an event starts one slot after the rank's previous one
+    and after what it waits for (F k after F k on the rank before, B k after B k on the rank after;
+    on the last rank B k after its own F k). None when some event waits for one that never ran."""
+    world_size = len(orders)
+    where: list[dict[str, int]] = [{} for _ in orders]
+    slots: list[list[int]] = [[] for _ in orders]
+    progress = True
+    while progress:
+        progress = False
+        for rank, order in enumerate(orders):
+            while len(slots[rank]) < len(order):
+                label = order[len(slots[rank])]
+                op, k = label[0], label[1:]
+                if op == "F":
+                    dep = (rank - 1, f"F{k}") if rank > 0 else None
+                elif rank < world_size - 1:
+                    dep = (rank + 1, f"B{k}")
+                else:
+                    dep = (rank, f"F{k}")
+                earliest = slots[rank][-1] + 1 if slots[rank] else 0
+                if dep is not None:
+                    if dep[1] not in where[dep[0]]:
+                        break
+                    earliest = max(earliest, where[dep[0]][dep[1]] + 1)
+                slots[rank].append(earliest)
+                where[rank].setdefault(label, earliest)
+                progress = True
+    if any(len(s) != len(o) for s, o in zip(slots, orders)):
+        return None
+    return slots
+
+
+def timeline_data(case: dict, per_rank: list[dict], world_size: int) -> dict:
+    orders = [_labels(step) for step in per_rank]
+    slots = unit_slots(orders)
+    span = 1 + max((s for row in slots or [] for s in row), default=-1)
+    busy = sum(len(o) for o in orders)
+    return {"world_size": world_size, "num_microbatches": case["num_microbatches"], "order": orders,
+            "slots": slots, "span": span, "idle": round(1 - busy / (span * world_size), 4) if span > 0 else 0.0,
+            "peak_live": [step["peak_live"] for step in per_rank]}
+
+
+def timeline_text(run: dict) -> str:
+    w, m = run["world_size"], run["num_microbatches"]
+    lines = [f"world size {w}, {m} micro-batches; Fi is micro-batch i's forward, Bi its backward; each takes one "
+             "time slot and waits for its neighbour's:"]
+    orders, slots = run["order"], run["slots"]
+    if slots is None:
+        lines += [f"  rank {r}  {' '.join(order)}" for r, order in enumerate(orders)]
+        lines.append("(the ranks' forwards and backwards do not fit together; shown as run)")
+        return "\n".join(lines)
+    width = max((len(label) for order in orders for label in order), default=2) + 1
+    for rank, (order, places) in enumerate(zip(orders, slots)):
+        row = ["." for _ in range(run["span"])]
+        for label, slot in zip(order, places):
+            row[slot] = label
+        cells = "".join(cell.ljust(width) for cell in row).rstrip()
+        peak = run["peak_live"][rank]
+        held = "1 micro-batch's" if peak == 1 else f"{peak} micro-batches'"
+        lines.append(f"  rank {rank}  {cells}   (peak: {held} activations)")
+    textbook = (w - 1) / (m + w - 1)
+    lines.append(f"idle: {run['idle']:.0%} of the {run['span']} slots x {w} ranks; the textbook bubble of GPipe and "
+                 f"1F1B is (W - 1) / (M + W - 1) = {w - 1}/{m + w - 1} = {textbook:.0%}")
+    return "\n".join(lines)

@@ -1,0 +1,388 @@
+"""Exercise 14: train_step_amp, a mixed-precision step under DistributedDataParallel.
+
+Rank side: for each graded dtype, wrap a small float32 model in torch's DDP,
+give it plain SGD and a GradScaler of the grader's settings, and call the
+learner's train_step_amp for a few steps with the grader's batches and
+max_norm values. One step, on the last rank only, has a gradient hook that
+turns one gradient entry into inf before DDP averages it. Recorded per step:
+the parameters before and after, the scale before and after, the dtype each
+linear layer computed in, the value returned, the gradients left behind.
+Grader side: recompute each step in this process (the same autocast forward
+on every rank's batch, scaled backward, average, unscale, clip, SGD) from
+rank 0's parameters before it, and decide.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grader import probes
+from grader.compare import largest_difference
+from grader.child import RankContext
+
+SIZES = (8, 32, 4)  # in, hidden, classes
+BATCH = 8  # per rank
+LR = 0.1
+SEED = 14
+DTYPES = ("bfloat16", "float16")  # graded on the CPU and on GPUs alike (torch 2.13 autocasts both on the CPU)
+# The scaler's settings: a modest initial scale (no natural overflow in float16 on this model),
+# and growth after every 2 good steps, so that a missing or repeated update() shows.
+INIT_SCALE = 2.0 ** 8
+GROWTH_FACTOR = 2.0
+BACKOFF_FACTOR = 0.5
+GROWTH_INTERVAL = 2
+STEPS = 5
+INF_STEP = 2  # the step whose gradient is made non-finite, on the last rank only
+# max_norm as a multiple of the step's true gradient norm: step 0 needs no clipping of the true
+# gradients (but the scaled ones, INIT_SCALE times larger, would be clipped); the others halve it.
+NORM_FACTORS = (4.0, 0.5, 0.5, 0.5, 0.5)
+RTOL, ATOL = 1e-4, 1e-6  # parameters after a step against the grader's recomputation (on the CPU)
+# On GPUs the ranks' 16-bit matrix products round differently from the grader's CPU recomputation.
+GPU_RTOL, GPU_ATOL = 1e-3, 1e-4
+RATIO_TOL = 1e-2  # the update's size relative to the gradient's, against what clipping gives
+LOSS_RTOL = 1e-3
+# What GradScaler raises when a step begins before update() ended the previous one.
+SCALER_NOT_UPDATED = ("unscale_() is being called after step()", "step() has already been called since the last update()",
+                      "unscale_() has already been called on this optimizer since the last update()")
+
+
+def build_model() -> nn.Module:
+    g = torch.Generator().manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(SIZES[0], SIZES[1]), nn.ReLU(), nn.Linear(SIZES[1], SIZES[2]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model
+
+
+def batch(rank: int, step: int, dtype_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(14_000 + 1000 * dtype_index + 10 * step + rank)
+    return torch.randn(BATCH, SIZES[0], generator=g) * 2, torch.randint(0, SIZES[2], (BATCH,), generator=g)
+
+
+def expected_scales() -> list[float]:
+    """The scale after each step of a correct run: GradScaler's growth and backoff, written out."""
+    scale, good, out = INIT_SCALE, 0, []
+    for step in range(STEPS):
+        if step == INF_STEP:
+            scale, good = scale * BACKOFF_FACTOR, 0
+        else:
+            good += 1
+            if good == GROWTH_INTERVAL:
+                scale, good = scale * GROWTH_FACTOR, 0
+        out.append(scale)
+    return out
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    with ctx.group():
+        train_step_amp = ctx.function("train_step_amp")
+        return {"runs": [_observe(ctx, train_step_amp, index, getattr(torch, name), ctx.kwargs["max_norms"][index])
+                         for index, name in enumerate(DTYPES)]}
+
+
+def _observe(ctx: RankContext, train_step_amp, dtype_index: int, dtype: torch.dtype, max_norms: list) -> dict:
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = ctx.device
+    model = build_model().to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
+    scaler = torch.amp.GradScaler(device.type, init_scale=INIT_SCALE, growth_factor=GROWTH_FACTOR,
+                                  backoff_factor=BACKOFF_FACTOR, growth_interval=GROWTH_INTERVAL)
+    computed_in: list = []
+    hooks = [m.register_forward_hook(lambda module, args, out: computed_in.append(str(out.dtype)))
+             for m in model.modules() if isinstance(m, nn.Linear)]
+    first_weight = model[0].weight
+    steps = []
+    for step in range(STEPS):
+        x, y = (t.to(device) for t in batch(ctx.rank, step, dtype_index))
+        poison = None
+        if step == INF_STEP and ctx.rank == ctx.world_size - 1:
+            # Before DDP averages it: the inf reaches every rank through the all-reduce.
+            poison = first_weight.register_hook(_make_inf)
+        computed_in.clear()
+        record = {"before": _params(model), "scale_before": float(scaler.get_scale()), "error": None}
+        try:
+            returned = train_step_amp(ddp, optimizer, scaler, (x, y), float(max_norms[step]), dtype)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            if step != INF_STEP and not any(m in str(exc) for m in SCALER_NOT_UPDATED):
+                raise
+            record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            returned = None
+        finally:
+            if poison is not None:
+                poison.remove()
+        record.update({
+            "after": _params(model),
+            "scale_after": float(scaler.get_scale()),
+            "computed_in": sorted(set(computed_in)),
+            "returned": _describe_value(returned),
+            "grads_after": [n for n, p in model.named_parameters() if p.grad is not None and bool(p.grad.any())],
+        })
+        steps.append(record)
+        if record["error"]:
+            break  # the scaler is left half-way through a step: nothing after this can be graded
+    for h in hooks:
+        h.remove()
+    return {"dtype": str(dtype).replace("torch.", ""), "steps": steps}
+
+
+def _make_inf(grad: torch.Tensor) -> torch.Tensor:
+    grad = grad.clone()
+    grad.view(-1)[0] = float("inf")
+    return grad
+
+
+def _params(model: nn.Module) -> dict:
+    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+
+
+def _describe_value(value) -> dict:
+    if value is None or isinstance(value, bool):
+        return {"type": type(value).__name__, "value": None}
+    if isinstance(value, (int, float)):
+        return {"type": "float", "value": float(value)}
+    if isinstance(value, torch.Tensor):
+        number = float(value.detach().float().reshape(-1)[0]) if value.numel() == 1 else None
+        return {"type": "Tensor", "value": number}
+    return {"type": type(value).__name__, "value": None}
+
+
+# --- the grader's own step ------------------------------------------------------------
+
+
+def reference_gradient(params: dict, step: int, dtype_index: int, dtype: torch.dtype, scale: float,
+                       world_size: int) -> tuple[dict, list[float]]:
+    """The true (unscaled) gradient DDP averages over the ranks, computed as the ranks compute it,
+    and each rank's unscaled loss: autocast forward, backward on loss * scale, divided by scale."""
+    model = build_model()
+    model.load_state_dict(params)
+    total = {name: torch.zeros_like(p) for name, p in params.items()}
+    losses = []
+    for rank in range(world_size):
+        model.zero_grad()
+        x, y = batch(rank, step, dtype_index)
+        with torch.autocast("cpu", dtype=dtype):
+            loss = F.cross_entropy(model(x), y)
+        (loss * scale).backward()
+        losses.append(float(loss.detach()))
+        for name, p in model.named_parameters():
+            total[name] += p.grad * (1.0 / scale)
+    return {name: t / world_size for name, t in total.items()}, losses
+
+
+def norm(tensors: dict) -> float:
+    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors.values()))
+
+
+def sgd(params: dict, grad: dict, factor: float) -> dict:
+    """params - LR * factor * grad (factor: the clipping coefficient)."""
+    return {name: params[name] - LR * factor * grad[name] for name in params}
+
+
+def clip_factor(grad_norm: float, max_norm: float) -> float:
+    """What clip_grad_norm_ multiplies the gradients by."""
+    return min(1.0, max_norm / (grad_norm + 1e-6))
+
+
+def plan_max_norms(world_size: int) -> list[list[float]]:
+    """max_norm for each step of each dtype, from the true gradient norms of a correct run."""
+    out = []
+    for index, name in enumerate(DTYPES):
+        dtype = getattr(torch, name)
+        params = {k: v.detach().clone() for k, v in build_model().state_dict().items()}
+        scales = [INIT_SCALE] + expected_scales()
+        norms = []
+        for step in range(STEPS):
+            grad, _ = reference_gradient(params, step, index, dtype, scales[step], world_size)
+            g_norm = norm(grad)
+            max_norm = NORM_FACTORS[step] * g_norm
+            norms.append(max_norm)
+            if step != INF_STEP:
+                params = sgd(params, grad, clip_factor(g_norm, max_norm))
+        out.append(norms)
+    return out
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    for world_size in g.world_sizes:
+        max_norms = plan_max_norms(world_size)
+        outcome = g.run("rank_main", world_size, kwargs={"max_norms": max_norms})
+        per_rank = outcome.results()
+        for index, name in enumerate(DTYPES):
+            check_dtype_run(g, [r["runs"][index] for r in per_rank], index, max_norms[index], world_size)
+
+
+def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float], world_size: int) -> None:
+    name = DTYPES[dtype_index]
+    dtype = getattr(torch, name)
+
+    def record(check_id, ok, message="", rank=None):
+        return g.record(check_id, ok, f"{name}: {message}", rank=rank, world_size=world_size)
+
+    scales = expected_scales()
+    steps_done = min(len(r["steps"]) for r in runs)
+    for step in range(steps_done):
+        records = [r["steps"][step] for r in runs]
+        if any(rec["error"] for rec in records):
+            steps_done = step
+            break  # the errors are reported below
+        at = f"step {step}"
+        for rank, rec in enumerate(records):
+            wrong = [d for d in rec["computed_in"] if d != str(dtype)]
+            record("autocast-forward", rec["computed_in"] and not wrong,
+                   f"{at}, rank {rank}: the model's linear layers computed in {', '.join(rec['computed_in']) or 'nothing'}"
+                   f", expected {dtype} (the forward under torch.autocast(device_type, dtype=dtype))"
+                   if rec["computed_in"] else f"{at}, rank {rank}: the model never ran forward", rank)
+            record("grads-cleared", not rec["grads_after"],
+                   f"{at}, rank {rank}: after train_step_amp returned, {rec['grads_after'][:1]}.grad is not zero: the "
+                   "next step would add to it", rank)
+            record("scale-updates", rec["scale_after"] == scales[step], _scale_message(rec, step, scales, rank), rank)
+        for rank in range(1, world_size):
+            found = largest_difference(_comparable(records[rank]["after"]), _comparable(records[0]["after"]))
+            record("params-identical", found is None,
+                   f"{at}: after the step, rank {rank}'s parameters differ from rank 0's: {found}", rank)
+
+        before, scale = records[0]["before"], records[0]["scale_before"]
+        grad, losses = reference_gradient(before, step, dtype_index, dtype, scale, world_size)
+        g_norm = norm(grad)
+        for rank, rec in enumerate(records):
+            record("loss-returned", *_loss_verdict(rec, losses[rank], f"{at}, rank {rank}"), rank)
+        if step == INF_STEP:
+            if not check_skip(g, records, step, name, world_size):
+                steps_done = STEPS  # the steps after a NaN update say nothing more
+                break
+            continue
+        factor = clip_factor(g_norm, max_norms[step])
+        want = sgd(before, grad, factor)
+        after = records[0]["after"]
+        record("clips-true-gradients", *_clip_verdict(before, after, grad, g_norm, max_norms[step], scale, at), 0)
+        found = largest_difference({k: v for k, v in after.items()}, want)
+        rtol, atol = (GPU_RTOL, GPU_ATOL) if g.backend == "nccl" else (RTOL, ATOL)
+        close = found is None or all(
+            torch.allclose(after[k].double(), want[k].double(), rtol=rtol, atol=atol) for k in want)
+        record("matches-reference", close,
+               f"{at}: rank 0's parameters differ from the grader's step (autocast {name} forward on every rank's "
+               f"batch, scaled backward, average, unscale, clip to max_norm={max_norms[step]:.4g}, SGD lr={LR}): "
+               f"{found}", 0)
+    for rank, r in enumerate(runs):
+        errors = [(s, rec["error"]) for s, rec in enumerate(r["steps"]) if rec["error"]]
+        if not errors:
+            continue
+        step, error = errors[0]
+        if any(m in error for m in SCALER_NOT_UPDATED):
+            record("scale-updates", False, f"step {step}, rank {rank}: the scaler refused the step: {error.rstrip('.')}. The "
+                   "previous step did not end with scaler.update(), which resets the scaler for the next one", rank)
+        else:
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: when rank {world_size - 1}'s gradient was "
+                   f"inf, train_step_amp raised {error}; the scaler must skip that step, and training go on", rank)
+    if steps_done > INF_STEP + 1:
+        for rank, r in enumerate(runs):
+            rec = r["steps"][INF_STEP + 1]
+            if largest_difference(rec["after"], rec["before"]) is None:
+                record("skips-nonfinite", False, f"step {INF_STEP + 1}, rank {rank}: the step after the skipped one "
+                       "left the parameters unchanged: training must go on with the smaller scale", rank)
+    first_error = min(((s, rank) for rank, r in enumerate(runs) for s, rec in enumerate(r["steps"]) if rec["error"]),
+                      default=None)
+    why = f": at step {first_error[0]}, train_step_amp raised on rank {first_error[1]}" if first_error else ""
+    if steps_done <= INF_STEP and not any(rec["error"] for r in runs for rec in r["steps"][INF_STEP:INF_STEP + 1]):
+        record("skips-nonfinite", False, f"the steps stopped at step {steps_done}, before step {INF_STEP}, whose "
+               f"gradient the grader makes inf{why}")
+    if steps_done < STEPS:
+        for check_id in ("matches-reference", "scale-updates"):
+            record(check_id, False, f"only {steps_done} of {STEPS} steps could be graded{why}")
+
+
+def _scale_message(rec: dict, step: int, scales: list[float], rank: int) -> str:
+    got, want, before = rec["scale_after"], scales[step], rec["scale_before"]
+    why = ""
+    if step == INF_STEP and got == before:
+        why = " (a gradient was inf at this step: scaler.update() halves the scale after a skipped step)"
+    elif got == before:
+        why = " (the scale did not change: is scaler.update() called once per step?)"
+    return (f"step {step}, rank {rank}: the scale went from {before:g} to {got:g}; expected {want:g} "
+            f"(GradScaler(init_scale={INIT_SCALE:g}, growth_interval={GROWTH_INTERVAL}, backoff_factor="
+            f"{BACKOFF_FACTOR:g}), the gradient of step {INF_STEP} inf){why}")
+
+
+def _loss_verdict(rec: dict, want: float, at: str) -> tuple[bool, str]:
+    returned = rec["returned"]
+    if returned["type"] != "float":
+        return False, f"{at}: train_step_amp returned a {returned['type']}, expected a float (loss.item())"
+    got = returned["value"]
+    if abs(got - want) <= LOSS_RTOL * max(1.0, abs(want)):
+        return True, ""
+    why = ""
+    if abs(got - want * rec["scale_before"]) <= LOSS_RTOL * abs(want * rec["scale_before"]):
+        why = f" (that is the scaled loss, {rec['scale_before']:g} times too large)"
+    return False, f"{at}: returned {got:.6g}, expected this rank's unscaled loss {want:.6g}{why}"
+
+
+def _clip_verdict(before: dict, after: dict, grad: dict, g_norm: float, max_norm: float, scale: float,
+                  at: str) -> tuple[bool, str]:
+    """The update's size against the true gradient's: what clip_grad_norm_ on the unscaled gradients gives."""
+    update = {k: (before[k] - after[k]) / LR for k in before}
+    observed = norm(update) / g_norm
+    expected = clip_factor(g_norm, max_norm)
+    if not math.isfinite(observed):
+        return False, f"{at}: the parameters are not finite after the step"
+    if abs(observed - expected) <= RATIO_TOL * expected:
+        return True, ""
+    situation = (f"{at}: the true gradient norm was {g_norm:.4g} and max_norm {max_norm:.4g}, so the update should "
+                 f"be {expected:.3g} x the gradient; it was {observed:.3g} x")
+    guesses = [
+        (1.0, "the gradients were not clipped"),
+        (clip_factor(g_norm * scale, max_norm), f"the scaled gradients ({scale:g} x) were clipped: call "
+                                                 "scaler.unscale_(optimizer) before clip_grad_norm_"),
+        (scale * clip_factor(g_norm * scale, max_norm), "the gradients were never unscaled"),
+        (scale * expected, "the gradients were never unscaled"),
+        (0.0, "the parameters did not change"),
+    ]
+    for ratio, why in guesses:
+        if abs(observed - ratio) <= RATIO_TOL * max(ratio, 1e-6) and abs(ratio - expected) > RATIO_TOL * expected:
+            return False, f"{situation}: {why}"
+    return False, situation
+
+
+def _comparable(params: dict) -> dict:
+    """NaN where NaN, so that two ranks holding the same NaNs count as identical."""
+    return {k: torch.nan_to_num(v.double(), nan=1e300, posinf=1e301, neginf=-1e301) for k, v in params.items()}
+
+
+def check_skip(g, records: list[dict], step: int, name: str, world_size: int) -> bool:
+    """The step with one rank's gradient inf: every rank keeps its parameters, finite. False when the
+    parameters are no longer finite (the steps after it cannot be graded)."""
+    def record(check_id, ok, message="", rank=None):
+        return g.record(check_id, ok, f"{name}: {message}", rank=rank, world_size=world_size)
+
+    finite = True
+    for rank, rec in enumerate(records):
+        if rec["error"]:
+            continue  # reported with the others' errors
+        bad = [k for k, v in rec["after"].items() if not bool(torch.isfinite(v).all())]
+        if bad:
+            finite = False
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: rank {world_size - 1}'s gradient was inf, "
+                   f"and afterwards {bad[0]} holds inf or NaN: the update was applied instead of skipped", rank)
+            continue
+        found = largest_difference(rec["after"], rec["before"])
+        if found is not None:
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: rank {world_size - 1}'s gradient was inf, "
+                   f"but the parameters changed ({found}): every rank must skip this step", rank)
+            continue
+        record("skips-nonfinite", True)
+    return finite

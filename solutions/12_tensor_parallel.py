@@ -1,0 +1,153 @@
+"""Exercise 12: tensor parallelism, Megatron-style: a column- and a row-parallel linear layer.
+
+Data parallelism gives every rank the whole model and a different batch. Tensor
+parallelism does the opposite: every rank sees the same batch, and each weight
+matrix is split across the ranks, so that each holds and multiplies only its
+share. Megatron-LM splits a transformer's MLP (fc1, GELU, fc2) so that it needs
+a single all-reduce in forward and a single one in backward:
+
+    x, the same on every rank
+    -> fc1, column-parallel: rank r keeps block r of fc1's output features (rows of
+       fc1.weight) and computes block r of the hidden activation. No communication.
+    -> GELU on that block alone: it works element by element.
+    -> fc2, row-parallel: rank r keeps block r of fc2's input features (columns of
+       fc2.weight) and multiplies its hidden block by them: one term of a sum.
+    -> all-reduce (sum) of those terms, then fc2's bias: the whole output, on every rank.
+
+Backward mirrors it. The output's gradient is already whole on every rank, so the
+row-parallel layer passes it on unchanged; fc1's input gradient is a sum over the
+ranks' blocks, so the column-parallel layer all-reduces it. Megatron calls the two
+operators f (identity in forward, all-reduce in backward, in front of fc1) and g
+(all-reduce in forward, identity in backward, after fc2). Write each as a
+torch.autograd.Function (`ddp-grade hint 12` says why torch's differentiable
+all-reduces are neither).
+
+Blocks: a dimension of n features is cut into W (the world size) equal, contiguous
+blocks in rank order; rank r holds features [r * n / W, (r + 1) * n / W). When n is
+not divisible by W, __init__ raises ValueError saying n and W (Megatron refuses
+such splits too).
+
+The grader starts the processes (with RANK, LOCAL_RANK and WORLD_SIZE set, as torchrun
+sets them) and the process group (gloo on CPU); the ranks of the default group are
+the tensor-parallel group. Every rank builds the same full nn.Linear layers and passes
+them to your classes, then feeds the same input on every rank.
+
+    class ColumnParallelLinear(nn.Module)
+        __init__(self, full: nn.Linear)
+            self.weight: this rank's block of full's output features, rows of
+            full.weight, shape (out_features / W, in_features); self.bias: the same
+            block of full.bias, or None when full has no bias. Both nn.Parameter,
+            and copies: a slice of full.weight is a view, which keeps the whole
+            weight's storage alive, and each rank must hold only its share.
+        forward(self, x) -> Tensor
+            x: (..., in_features), the same on every rank. Returns this rank's
+            block of the output, (..., out_features / W). In backward, x's gradient
+            is all-reduced (summed), so that every rank holds the whole of it.
+
+    class RowParallelLinear(nn.Module)
+        __init__(self, full: nn.Linear)
+            self.weight: this rank's block of full's input features, columns of
+            full.weight, shape (out_features, in_features / W), a copy; self.bias:
+            the whole full.bias (or None), a copy, on every rank.
+        forward(self, x) -> Tensor
+            x: (..., in_features / W), this rank's block of the input. Returns the
+            whole output, (..., out_features), the same on every rank: the partial
+            products all-reduced, then the bias added once. In backward, the
+            output's gradient passes through unchanged.
+
+    class ParallelMLP(nn.Module)
+        __init__(self, fc1: nn.Linear, fc2: nn.Linear)
+            self.fc1 = ColumnParallelLinear(fc1), self.fc2 = RowParallelLinear(fc2).
+        forward(self, x) -> Tensor
+            fc2(gelu(fc1(x))) with the exact GELU (torch.nn.functional.gelu's
+            default): the dense MLP's output, on every rank.
+
+The grader compares the output, the input's gradient and every parameter's .grad
+with a dense MLP it runs in its own process, counts the collectives in forward and
+in backward, and measures the bytes each rank's module holds.
+
+Replace each `raise NotImplementedError` below; keep the names and signatures.
+Grade it with:  ddp-grade exercises/12_tensor_parallel.py      (stuck? ddp-grade hint 12)
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class CopyToParallelRegion(torch.autograd.Function):
+    """Megatron's f: identity in forward, all-reduce of the gradient in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        # all_reduce writes in place: reduce a copy, not a tensor autograd handed us.
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad)
+        return grad
+
+
+class ReduceFromParallelRegion(torch.autograd.Function):
+    """Megatron's g: all-reduce in forward, identity in backward."""
+
+    @staticmethod
+    def forward(ctx, partial):
+        total = partial.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Every rank already holds the whole output's gradient.
+        return grad
+
+
+def rank_block(n: int, name: str) -> slice:
+    """This rank's block of n features: [r * n / W, (r + 1) * n / W)."""
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    if n % world_size != 0:
+        raise ValueError(f"{name} = {n} is not divisible by the world size {world_size}")
+    size = n // world_size
+    return slice(rank * size, (rank + 1) * size)
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear):
+        super().__init__()
+        rows = rank_block(full.out_features, "out_features")
+        # .clone(): a slice is a view that would keep the whole weight alive.
+        self.weight = nn.Parameter(full.weight.detach()[rows].clone())
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach()[rows].clone())
+
+    def forward(self, x):
+        x = CopyToParallelRegion.apply(x)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full: nn.Linear):
+        super().__init__()
+        columns = rank_block(full.in_features, "in_features")
+        self.weight = nn.Parameter(full.weight.detach()[:, columns].clone())
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x):
+        output = ReduceFromParallelRegion.apply(F.linear(x, self.weight))
+        # After the sum, so that the bias is added once and not once per rank.
+        if self.bias is not None:
+            output = output + self.bias
+        return output
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, fc1: nn.Linear, fc2: nn.Linear):
+        super().__init__()
+        self.fc1 = ColumnParallelLinear(fc1)
+        self.fc2 = RowParallelLinear(fc2)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))

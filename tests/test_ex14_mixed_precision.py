@@ -1,0 +1,142 @@
+"""Exercise 14's arithmetic and verdicts, from hand-made records (no processes started)."""
+
+from __future__ import annotations
+
+import torch
+
+from grader import catalog
+from grader.checks import ex14_mixed_precision as ex
+from grader.grading import Grading, Plan
+
+
+def grading() -> Grading:
+    return Grading(catalog.by_id("14"), "solutions/14_mixed_precision.py", None, Plan("gloo", [2]))
+
+
+def verdicts(g: Grading) -> dict:
+    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+
+
+def start() -> dict:
+    return {k: v.detach().clone() for k, v in ex.build_model().state_dict().items()}
+
+
+def test_the_written_out_scale_sequence_is_what_gradscaler_does():
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=ex.INIT_SCALE, growth_factor=ex.GROWTH_FACTOR,
+                                  backoff_factor=ex.BACKOFF_FACTOR, growth_interval=ex.GROWTH_INTERVAL)
+    seen = []
+    for step in range(ex.STEPS):
+        loss = (param * (float("inf") if step == ex.INF_STEP else 1.0)).sum()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        seen.append(scaler.get_scale())
+    assert seen == ex.expected_scales()
+    assert seen[ex.INF_STEP] < seen[ex.INF_STEP - 1]
+
+
+def test_the_reference_gradient_does_not_depend_on_the_scale():
+    for index, name in enumerate(ex.DTYPES):
+        dtype = getattr(torch, name)
+        scaled, losses = ex.reference_gradient(start(), 0, index, dtype, 256.0, 2)
+        plain, plain_losses = ex.reference_gradient(start(), 0, index, dtype, 1.0, 2)
+        assert losses == plain_losses
+        for k in plain:
+            assert torch.allclose(scaled[k], plain[k], rtol=1e-3, atol=1e-6), (name, k)
+
+
+def test_max_norm_is_above_the_true_norm_on_step_0_and_below_it_later():
+    max_norms = ex.plan_max_norms(2)
+    params = start()
+    grad, _ = ex.reference_gradient(params, 0, 0, torch.bfloat16, ex.INIT_SCALE, 2)
+    true_norm = ex.norm(grad)
+    assert true_norm < max_norms[0][0] < true_norm * ex.INIT_SCALE
+    assert all(f < 1 for f in ex.NORM_FACTORS[1:])
+
+
+def _step(factor_of_grad: float, scale: float = 256.0):
+    before = start()
+    grad = {k: torch.full_like(v, 0.1) for k, v in before.items()}
+    g_norm = ex.norm(grad)
+    after = ex.sgd(before, grad, factor_of_grad)
+    return before, after, grad, g_norm
+
+
+def test_clipping_the_true_gradients_passes_and_each_mistake_is_named():
+    before, after, grad, g_norm = _step(0.5)
+    ok, _ = ex._clip_verdict(before, after, grad, g_norm, g_norm * 0.5, 256.0, "step 1")
+    assert ok
+    before, after, grad, g_norm = _step(1.0)
+    ok, message = ex._clip_verdict(before, after, grad, g_norm, g_norm * 0.5, 256.0, "step 1")
+    assert not ok and "not clipped" in message and "0.5 x the gradient" in message
+    # max_norm above the true norm: the scaled gradients, 256 times larger, get clipped to 4/256
+    before, after, grad, g_norm = _step(4.0 / 256)
+    ok, message = ex._clip_verdict(before, after, grad, g_norm, g_norm * 4.0, 256.0, "step 0")
+    assert not ok and "scaler.unscale_(optimizer) before clip_grad_norm_" in message
+    before, after, grad, g_norm = _step(0.0)
+    ok, message = ex._clip_verdict(before, after, grad, g_norm, g_norm * 4.0, 256.0, "step 0")
+    assert not ok and "did not change" in message
+
+
+def test_the_scaled_loss_is_named_and_a_tensor_is_not_a_float():
+    rec = {"returned": {"type": "float", "value": 2.0 * 256}, "scale_before": 256.0}
+    ok, message = ex._loss_verdict(rec, 2.0, "step 0, rank 1")
+    assert not ok and "scaled loss" in message
+    ok, message = ex._loss_verdict({"returned": ex._describe_value(torch.tensor(2.0)), "scale_before": 1.0},
+                                   2.0, "step 0, rank 1")
+    assert not ok and "Tensor" in message
+    assert ex._loss_verdict({"returned": {"type": "float", "value": 2.0005}, "scale_before": 1.0}, 2.0, "")[0]
+
+
+def _skip_record(after: dict, before: dict) -> dict:
+    return {"before": before, "after": after, "error": None}
+
+
+def test_a_skipped_step_passes_and_an_applied_or_nan_step_fails():
+    before = start()
+    g = grading()
+    assert ex.check_skip(g, [_skip_record(before, before)] * 2, ex.INF_STEP, "float16", 2)
+    assert verdicts(g)["skips-nonfinite"][0] == "pass"
+
+    g = grading()
+    moved = {k: v + 0.01 for k, v in before.items()}
+    ex.check_skip(g, [_skip_record(before, before), _skip_record(moved, before)], ex.INF_STEP, "float16", 2)
+    status, message = verdicts(g)["skips-nonfinite"]
+    assert status == "fail" and "rank 1" in message and "every rank must skip" in message
+
+    g = grading()
+    nan = {k: torch.full_like(v, float("nan")) for k, v in before.items()}
+    assert not ex.check_skip(g, [_skip_record(nan, before)] * 2, ex.INF_STEP, "float16", 2)
+    status, message = verdicts(g)["skips-nonfinite"]
+    assert status == "fail" and "applied instead of skipped" in message
+
+
+def test_ranks_holding_the_same_nans_are_identical():
+    a = {"w": torch.tensor([1.0, float("nan")])}
+    b = {"w": torch.tensor([1.0, float("nan")])}
+    assert ex.largest_difference(ex._comparable(a), ex._comparable(b)) is None
+    c = {"w": torch.tensor([1.0, 2.0])}
+    assert ex.largest_difference(ex._comparable(a), ex._comparable(c)) is not None
+
+
+def test_a_scaler_refusing_the_next_step_fails_scale_updates():
+    before = start()
+    ok_step = {"before": before, "after": before, "scale_before": 256.0, "scale_after": 256.0,
+               "computed_in": ["torch.bfloat16"], "returned": {"type": "float", "value": 1.0}, "grads_after": [],
+               "error": None}
+    refused = dict(ok_step, error="RuntimeError: unscale_() is being called after step().")
+    runs = [{"dtype": "bfloat16", "steps": [ok_step, refused]}] * 2
+    g = grading()
+    ex.check_dtype_run(g, runs, 0, [1.0] * ex.STEPS, 2)
+    found = verdicts(g)
+    assert found["scale-updates"][0] == "fail" and "scaler.update()" in found["scale-updates"][1]
+    assert found["skips-nonfinite"][0] == "fail" and "raised on rank 0" in found["skips-nonfinite"][1]
+
+
+def test_a_scale_left_unchanged_after_the_inf_step_says_so():
+    rec = {"scale_before": 512.0, "scale_after": 512.0}
+    message = ex._scale_message(rec, ex.INF_STEP, ex.expected_scales(), 0)
+    assert "halves the scale after a skipped step" in message and "512" in message

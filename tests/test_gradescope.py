@@ -1,0 +1,260 @@
+"""`ddp-grade gradescope build`: the bundle, its setup.sh (run offline with stand-in installers), and its
+run_autograder run on a passing, a failing, a crashing, a hanging and a missing submission in a folder
+laid out like /autograder, each results.json checked against Gradescope's documented format."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT
+from grader import catalog, gradescope
+from grader.cli import main
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+# Gradescope's results.json, from its "Autograder Specifications" page: each key, the types it may
+# hold, and for some the values allowed. Keys not listed there are errors here.
+VISIBILITIES = {"hidden", "after_due_date", "after_published", "visible"}
+FORMATS = {"text", "simple_format", "html", "md", "ansi"}
+RESULTS_SCHEMA = {
+    "score": ((int, float), None),
+    "execution_time": ((int, float), None),
+    "output": ((str,), None),
+    "output_format": ((str,), FORMATS),
+    "test_output_format": ((str,), FORMATS),
+    "test_name_format": ((str,), FORMATS),
+    "visibility": ((str,), VISIBILITIES),
+    "stdout_visibility": ((str,), VISIBILITIES),
+    "extra_data": ((dict,), None),
+    "tests": ((list,), None),
+    "leaderboard": ((list,), None),
+}
+TEST_SCHEMA = {
+    "score": ((int, float), None),
+    "max_score": ((int, float), None),
+    "status": ((str,), {"passed", "failed"}),
+    "name": ((str,), None),
+    "name_format": ((str,), FORMATS),
+    "number": ((str,), None),
+    "output": ((str,), None),
+    "output_format": ((str,), FORMATS),
+    "tags": ((list,), None),
+    "visibility": ((str,), VISIBILITIES),
+    "extra_data": ((dict,), None),
+}
+# What this bundle promises on top of the format: every test says all of these.
+TEST_REQUIRED = {"name", "score", "max_score", "status", "output", "visibility"}
+
+
+def schema_errors(data) -> list[str]:
+    """Where ``data`` leaves Gradescope's results format ([] when it does not)."""
+    errors = []
+
+    def check(obj, schema, where):
+        if not isinstance(obj, dict):
+            return [f"{where} is not an object"]
+        out = []
+        for key, value in obj.items():
+            if key not in schema:
+                out.append(f"{where}.{key} is not a field of the format")
+                continue
+            types, allowed = schema[key]
+            if isinstance(value, bool) or not isinstance(value, types):
+                out.append(f"{where}.{key} is {type(value).__name__}, not {'/'.join(t.__name__ for t in types)}")
+            elif allowed is not None and value not in allowed:
+                out.append(f"{where}.{key} is {value!r}, not one of {sorted(allowed)}")
+        return out
+
+    errors += check(data, RESULTS_SCHEMA, "results")
+    if "score" not in data and not all("score" in t for t in data.get("tests", [])):
+        errors.append("no score: neither at the top nor on every test")
+    for i, test in enumerate(data.get("tests", [])):
+        errors += check(test, TEST_SCHEMA, f"tests[{i}]")
+        errors += [f"tests[{i}] has no {key}" for key in sorted(TEST_REQUIRED - set(test))]
+        if isinstance(test.get("tags"), list) and not all(isinstance(t, str) for t in test["tags"]):
+            errors.append(f"tests[{i}].tags holds something other than strings")
+    return errors
+
+
+def test_the_schema_check_itself_catches_what_it_should():
+    good = {"score": 1.0, "tests": [{"name": "a", "score": 1, "max_score": 1, "status": "passed", "output": "",
+                                     "visibility": "visible"}]}
+    assert schema_errors(good) == []
+    bad = {"score": "1", "tests": [{"name": "a", "score": 1, "max_score": 1, "status": "ok", "output": "",
+                                    "visibility": "public", "colour": "red"}]}
+    errors = schema_errors(bad)
+    assert any("results.score is str" in e for e in errors)
+    assert any("status is 'ok'" in e for e in errors) and any("visibility is 'public'" in e for e in errors)
+    assert any("colour is not a field" in e for e in errors)
+    assert schema_errors({"tests": [{"name": "a", "status": "passed"}]})  # no score anywhere, missing fields
+
+
+def _bundle(tmp_path: Path, *args: str) -> Path:
+    out = tmp_path / "autograder.zip"
+    result = CliRunner().invoke(main, ["gradescope", "build", "-o", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_bundle_holds_the_scripts_at_its_root_the_kit_and_no_answers(tmp_path):
+    out = _bundle(tmp_path, "--exercises", "01,3", "--timeout", "20", "--visibility", "after_due_date")
+    with zipfile.ZipFile(out) as bundle:
+        names = bundle.namelist()
+        modes = {i.filename: i.external_attr >> 16 for i in bundle.infolist()}
+        config = json.loads(bundle.read("ddp-grade.json"))
+        setup = bundle.read("setup.sh").decode()
+    assert {"setup.sh", "run_autograder", "ddp-grade.json", "kit/pyproject.toml", "kit/grader/catalog.toml",
+            "kit/grader/cli.py", "kit/grader/checks/ex03_train.py"} <= set(names)
+    assert modes["setup.sh"] & stat.S_IXUSR and modes["run_autograder"] & stat.S_IXUSR
+    assert not any(n.startswith(("solutions/", "tests/", "exercises/")) or "__pycache__" in n for n in names)
+    assert config == {"exercises": ["01", "03"], "timeout_s": 20.0, "world_size": None, "sandbox": "auto",
+                      "visibility": "after_due_date"}
+    assert f'"torch=={gradescope.TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu' in setup
+    assert gradescope.TORCH_VERSION == "2.13.0"
+    again = _bundle(tmp_path / "again", "--exercises", "01,3", "--timeout", "20", "--visibility", "after_due_date")
+    assert again.read_bytes() == out.read_bytes()  # the same kit and options, the same bundle
+
+
+def test_the_kit_in_the_bundle_needs_what_the_project_needs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert sorted(d for d in project["dependencies"] if not d.startswith("torch")) == \
+        sorted(gradescope.KIT_DEPENDENCIES)
+    packed = tomllib.loads(gradescope.pyproject())
+    assert packed["project"]["scripts"] == project["scripts"]
+
+
+def test_setup_sh_installs_python_cpu_torch_and_the_kit(tmp_path):
+    """setup.sh run to its end with stand-ins for apt-get and python3 that record what they are asked."""
+    root = tmp_path / "autograder"
+    (root / "source").mkdir(parents=True)
+    with zipfile.ZipFile(_bundle(tmp_path)) as bundle:
+        bundle.extractall(root / "source")
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    recorder = f'echo "$(basename "$0") $*" >> {log}\n'
+    (bin_dir / "apt-get").write_text("#!/bin/sh\n" + recorder)
+    (bin_dir / "python3").write_text("#!/bin/sh\n" + recorder + (
+        'if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then\n'
+        '  mkdir -p "$3/bin"\n'
+        f"  for tool in pip ddp-grade; do printf '#!/bin/sh\\n{recorder}' > \"$3/bin/$tool\"; "
+        'chmod +x "$3/bin/$tool"; done\n'
+        "fi\n"))
+    for tool in ("apt-get", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "AUTOGRADER_ROOT": str(root), "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == "apt-get update"
+    assert calls[1].startswith("apt-get install -y") and "python3-venv" in calls[1] and "bubblewrap" in calls[1]
+    assert calls[3] == f"python3 -m venv {root}/venv"
+    assert calls[4] == (f"pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    assert calls[5] == f"pip install --no-cache-dir {root}/source/kit"
+    assert calls[6] == "ddp-grade doctor --no-group"
+
+
+def test_bad_options_and_a_broken_bundle_get_one_line_and_exit_2(tmp_path):
+    result = CliRunner().invoke(main, ["gradescope", "build", "--exercises", "01,77", "-o", str(tmp_path / "a.zip")])
+    assert result.exit_code == 2 and "unknown exercise '77'" in result.output
+    assert not (tmp_path / "a.zip").exists()
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "ddp-grade.json").write_text("{not json")
+    result = CliRunner().invoke(main, ["gradescope", "run", "--root", str(tmp_path)])
+    assert result.exit_code == 2 and "cannot be used" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "results" / "results.json").exists()  # an autograder failure, not a grade
+
+
+def test_files_are_found_by_their_exercise_name_anywhere_in_the_submission(tmp_path):
+    ex01, ex03 = catalog.by_id("01"), catalog.by_id("03")
+    (tmp_path / "repo" / "exercises").mkdir(parents=True)
+    (tmp_path / "repo" / "exercises" / "01_setup.py").write_text("")
+    (tmp_path / "01_mine.py").write_text("")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "03_train.py").write_text("")
+    found, notes = gradescope.find_files(tmp_path, [ex01, ex03])
+    assert found == {"01": tmp_path / "repo" / "exercises" / "01_setup.py"}  # the kit's name wins
+    assert "also found 01_mine.py" in notes["01"] and "no 03_train.py in the submission" in notes["03"]
+    (tmp_path / "repo" / "exercises" / "01_setup.py").unlink()
+    (tmp_path / "01_mine.py").rename(tmp_path / "answer.py")
+    found, notes = gradescope.find_files(tmp_path, [ex01])  # one exercise, one Python file: that one
+    assert found == {"01": tmp_path / "answer.py"} and "the submission's only Python file" in notes["01"]
+
+
+SUBMISSIONS = {
+    "passing": ROOT / "solutions" / "01_setup.py",
+    "failing": ROOT / "tests" / "variants" / "01_no_timeout.py",
+    "crashing": ROOT / "tests" / "hostile" / "01_segfault.py",
+    "hanging": ROOT / "tests" / "hostile" / "01_endless_loop.py",
+    "missing": None,
+}
+
+
+@pytest.mark.slow
+def test_run_autograder_grades_passing_failing_crashing_hanging_and_missing_submissions(tmp_path):
+    bundle = _bundle(tmp_path, "--exercises", "01", "--timeout", "10")
+    total = sum(c.points for c in catalog.by_id("01").checks)
+    got = {}
+    for kind, source in SUBMISSIONS.items():
+        root = tmp_path / kind  # laid out as Gradescope lays out /autograder
+        (root / "submission").mkdir(parents=True)
+        with zipfile.ZipFile(bundle) as z:
+            z.extractall(root / "source")
+        shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+        (root / "run_autograder").chmod(0o755)
+        if source is not None:
+            shutil.copy(source, root / "submission" / "01_setup.py")
+        env = {**os.environ, "AUTOGRADER_ROOT": str(root), "DDP_GRADE_PYTHON": sys.executable,
+               "PYTHONPATH": str(root / "source" / "kit"),  # the kit as packed, not this checkout
+               "DDP_GRADE_STATE_DIR": str(tmp_path / "state")}
+        done = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (kind, done.stdout[-2000:], done.stderr[-2000:])
+        results = json.loads((root / "results" / "results.json").read_text())
+        assert schema_errors(results) == [], (kind, schema_errors(results))
+        assert len(results["tests"]) == len(catalog.by_id("01").checks)
+        assert results["score"] == sum(t["score"] for t in results["tests"])
+        assert sum(t["max_score"] for t in results["tests"]) == total  # the same scale for every submission
+        got[kind] = results
+    assert got["passing"]["score"] == total and all(t["status"] == "passed" for t in got["passing"]["tests"])
+    failing = {t["name"].split(":")[0]: t for t in got["failing"]["tests"]}
+    assert failing["01 timeout-set"]["status"] == "failed" and failing["01 timeout-set"]["score"] == 0
+    assert "hint:" in failing["01 timeout-set"]["output"]
+    assert 0 < got["failing"]["score"] < total
+    assert got["crashing"]["score"] < total and "SIGSEGV" in got["crashing"]["output"]
+    assert got["hanging"]["score"] < total and "timed out" in got["hanging"]["output"]
+    assert got["missing"]["score"] == 0 and "no 01_setup.py in the submission" in got["missing"]["output"]
+
+
+def test_results_score_each_check_with_its_points_and_say_what_was_observed():
+    ex = catalog.by_id("01")
+    checks = [{"id": c.id, "status": "pass", "message": ""} for c in ex.checks]
+    checks[1] = {"id": ex.checks[1].id, "status": "fail", "message": "rank 1 joined with gloo", "rank": 1,
+                 "world_size": 2, "hint": "pass backend through"}
+    checks[-1] = {"id": ex.checks[-1].id, "status": "skip", "message": "runs with --backend nccl on GPUs only"}
+    graded = gradescope.results([ex], {"01": {"checks": checks, "problem": None}}, {}, "after_published", 12.4)
+    assert schema_errors(graded) == []
+    total = sum(c.points for c in ex.checks)
+    assert graded["score"] == total - ex.checks[1].points and graded["execution_time"] == 12
+    failed = graded["tests"][1]
+    assert failed["status"] == "failed" and failed["score"] == 0 and failed["visibility"] == "after_published"
+    assert failed["output"] == "rank 1 joined with gloo\n(rank 1, world size 2)\nhint: pass backend through"
+    skipped = graded["tests"][-1]  # does not apply on a CPU machine: a right answer still scores the total
+    assert skipped["status"] == "passed" and skipped["score"] == skipped["max_score"]
+    unusable = gradescope.results([ex], {"01": {"checks": [], "problem": "01_setup.py line 3: invalid syntax\n..."}},
+                                  {}, "visible", 1.0)
+    assert unusable["score"] == 0 and all(t["status"] == "failed" for t in unusable["tests"])
+    assert unusable["tests"][0]["output"].startswith("not graded: 01_setup.py line 3: invalid syntax")
+    assert "invalid syntax\n..." in unusable["output"]

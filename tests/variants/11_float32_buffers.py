@@ -1,0 +1,109 @@
+"""Exercise 11, broken: the flat buffers are made with torch.zeros(n), float32 whatever the model's dtype: a
+float64 model fails."""
+# expect-fail: matches-adamw
+
+import math
+
+import torch
+import torch.distributed as dist
+
+
+class FullyShardedDP(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+
+        # 1. Every rank starts from rank 0's model.
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0)
+
+        # 2. Per unit: this rank's slice of the flat, padded parameters, and an empty full buffer.
+        self.shards = torch.nn.ParameterList()
+        self.full = []     # per unit: the gathered buffer; its .grad collects the unit's full gradient
+        self.layout = []   # per unit: (name in the unit, shape, offset in the buffer) of each parameter
+        self.units = []    # per unit: (name in module, the unit)
+        for unit_name, unit in module.named_children():
+            trainable = [(name, p) for name, p in unit.named_parameters() if p.requires_grad]
+            if not trainable:
+                continue
+            numel = sum(p.numel() for _, p in trainable)
+            slice_size = math.ceil(numel / self.world_size)
+            flat = torch.zeros(slice_size * self.world_size)
+            flat[:numel] = torch.cat([p.detach().reshape(-1) for _, p in trainable])
+            self.shards.append(torch.nn.Parameter(flat[self.rank * slice_size:(self.rank + 1) * slice_size].clone()))
+
+            full = torch.empty_like(flat, requires_grad=True)
+            full.untyped_storage().resize_(0)  # no memory until the unit runs
+            self.full.append(full)
+
+            layout, offset = [], 0
+            for name, p in trainable:
+                owner, _, attr = name.rpartition(".")
+                delattr(unit.get_submodule(owner), attr)  # the full original goes away
+                layout.append((name, p.shape, offset))
+                offset += p.numel()
+            self.layout.append(layout)
+            self.units.append((unit_name, unit))
+
+        # 3. Hooks: gather before each unit runs, free after; gather again in backward, and
+        #    reduce-scatter the gradient once the unit's full gradient is complete.
+        self.pending = []  # (work, slice, reduced gradient, full gradient) of reduce-scatters in flight
+        for index, (_, unit) in enumerate(self.units):
+            unit.register_forward_pre_hook(lambda unit, args, i=index: self._before_forward(i))
+            unit.register_forward_hook(lambda unit, args, output, i=index: self._after_forward(i, output))
+            self.full[index].register_post_accumulate_grad_hook(lambda full, i=index: self._after_backward(i))
+
+    def _gather(self, i):
+        full = self.full[i]
+        full.untyped_storage().resize_(full.numel() * full.element_size())
+        # .data: the same memory, unseen by autograd (its saved views must not count as modified).
+        dist.all_gather_single(full.data, self.shards[i].detach())
+
+    def _free(self, i):
+        self.full[i].untyped_storage().resize_(0)
+
+    def _before_forward(self, i):
+        self._gather(i)
+        _, unit = self.units[i]
+        full = self.full[i]
+        for name, shape, offset in self.layout[i]:
+            owner, _, attr = name.rpartition(".")
+            view = full[offset:offset + shape.numel()].view(shape)  # a view: its gradient flows into full.grad
+            setattr(unit.get_submodule(owner), attr, view)
+
+    def _after_forward(self, i, output):
+        self._free(i)
+        if output.requires_grad:
+            # Runs when the gradient of the unit's output is ready: just before the unit's own backward.
+            output.register_hook(lambda grad: self._gather(i))
+
+    def _after_backward(self, i):
+        full = self.full[i]
+        reduced = torch.empty_like(self.shards[i])
+        work = dist.reduce_scatter_single(reduced, full.grad, async_op=True)
+        # The pending list keeps the full gradient alive until the reduce-scatter is done with it.
+        self.pending.append((work, self.shards[i], reduced, full.grad))
+        full.grad = None
+        self._free(i)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        for work, shard, reduced, _ in self.pending:
+            work.wait()
+            shard.grad = reduced / self.world_size  # the reduce-scatter summed over the ranks
+        self.pending = []
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        # Frozen parameters and buffers are still registered in the module, under their own keys.
+        state = {key: value.clone() for key, value in self.module.state_dict().items()}
+        with torch.no_grad():
+            for i, (unit_name, _) in enumerate(self.units):
+                self._gather(i)
+                for name, shape, offset in self.layout[i]:
+                    state[f"{unit_name}.{name}"] = self.full[i][offset:offset + shape.numel()].view(shape).clone()
+                self._free(i)
+        return state
