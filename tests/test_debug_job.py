@@ -3,13 +3,16 @@ epochs, the data split, where each rank ended, and the verdicts of exercises 24-
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from grader import catalog
 from grader.checks import debug_job
 from grader.checks import ex24_rank_drift as ex24
 from grader.checks import ex25_data_order as ex25
 from grader.checks import ex26_accum_sync as ex26
 from grader.checks.debug_job import Job, RankEnd, Step
+from grader.grading import Abort, GradeOptions, plan
 
 
 def rows(n: int) -> torch.Tensor:
@@ -167,3 +170,14 @@ def test_a_sync_per_micro_batch_fails_with_the_counts():
 def test_a_step_per_micro_batch_is_no_accumulation():
     ok, why = ex26.accumulation_verdict([[step([0], syncs=1)]])
     assert not ok and f"after 1 micro-batch(es), expected {ex26.ACCUM_STEPS}" in why
+
+
+# --- the plan: a CPU job on any machine ---------------------------------------------------------
+
+
+def test_a_debugging_job_is_graded_on_gloo_even_with_gpus_and_refuses_nccl():
+    ex = catalog.by_id("21")
+    assert plan(ex, GradeOptions(backend="auto"), gpus=4, nccl=True).backend == "gloo"
+    with pytest.raises(Abort) as raised:
+        plan(ex, GradeOptions(backend="nccl"), gpus=4, nccl=True)
+    assert "a CPU job (gloo)" in raised.value.problem.message
