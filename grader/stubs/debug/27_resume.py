@@ -4,9 +4,11 @@ Bug report
 ----------
 > Our job saves a checkpoint after every epoch and can resume from one with
 > --resume. Runs that never stop are fine. But after a resume the ranks no longer
-> agree: the losses rank 0 and rank 1 print differ from the first step on, and a
-> checkpoint saved after the resume is not what rank 1 evaluates. DDP copies rank
-> 0's weights to the others, so reading the file on rank 0 should be enough, no?
+> agree. Resumed from a checkpoint of epoch 2, rank 0 prints epochs 3 and 4 with
+> losses that carry on from the checkpoint's, rank 1 prints epochs 0 and 1 with
+> losses like a fresh start's, and the checkpoint saved after the resume holds a
+> model rank 1 never had. DDP copies rank 0's weights to the others, so reading
+> the file on rank 0 should be enough, no?
 
 What to do
 ----------
