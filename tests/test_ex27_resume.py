@@ -24,7 +24,8 @@ def test_epochs_after_the_checkpoints_pass_and_epoch_0_is_named():
     assert ex27.epochs_verdict(right, 2) == (True, "")
     wrong = [right[0], epoch_steps(0, 1, 2, 0) + epoch_steps(1, 1, 2, 1)]
     ok, why = ex27.epochs_verdict(wrong, 2)
-    assert not ok and f"rank 1's first epoch after the resume drew the data order of epoch 0, not epoch {first}'s" in why
+    assert not ok
+    assert f"rank 1's first epoch after the resume drew the data order of epoch 0, not epoch {first}'s" in why
 
 
 def job_with_states(first: list[dict], final: list[dict]) -> Job:
