@@ -14,6 +14,10 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 
+WRITE, DEBUG = "write", "debug"  # the tracks: write the functions of a stub, or fix a broken script
+TRACKS = (WRITE, DEBUG)
+
+
 @dataclass(frozen=True)
 class CheckInfo:
     """One named check of an exercise."""
@@ -41,10 +45,19 @@ class Exercise:
     preload_dynamo: bool = False  # its ranks build a DDP or torch optimizer: preload torch._dynamo, which they import
     timeout_s: float = 0.0  # the least deadline of its grading (whole torchrun jobs); --timeout applies above it
     checks: tuple[CheckInfo, ...] = field(default_factory=tuple)
+    track: str = WRITE  # "write": functions to write; "debug": a broken training script to fix
+    symptom: tuple[str, ...] = ()  # debug track: the checks the script as shipped fails (what the report shows)
 
     @property
     def filename(self) -> str:
-        return f"{self.id}_{self.slug}.py"
+        """The file's path under exercises/ (and solutions/, grader/stubs/): ``03_train.py``,
+        ``debug/NN_slug.py`` for the debugging track."""
+        name = f"{self.id}_{self.slug}.py"
+        return name if self.track == WRITE else f"{self.track}/{name}"
+
+    @property
+    def is_debug(self) -> bool:
+        return self.track == DEBUG
 
     @property
     def module(self) -> str:
@@ -84,7 +97,21 @@ def _exercise(entry: dict) -> Exercise:
         preload_dynamo=bool(entry.get("preload_dynamo", False)),
         timeout_s=float(entry.get("timeout_s", 0.0)),
         checks=checks,
+        track=_track(entry),
+        symptom=tuple(entry.get("symptom", [])),
     )
+
+
+def _track(entry: dict) -> str:
+    track = entry.get("track", WRITE)
+    if track not in TRACKS:
+        raise ValueError(f"exercise {entry.get('id')}: unknown track {track!r} (one of {', '.join(TRACKS)})")
+    return track
+
+
+def of_track(track: str) -> tuple[Exercise, ...]:
+    """The exercises of one track, in catalog order."""
+    return tuple(ex for ex in exercises() if ex.track == track)
 
 
 def longest_timeout(timeout_s: float) -> float:

@@ -430,13 +430,17 @@ def restore(exercise_id, source, list_copies):
 @click.option("--questions", "n_questions", type=click.IntRange(min=0, max=20), default=3, show_default=True,
               help="Quiz questions after the code.")
 @click.option("--seed", type=int, default=None, help="Seed for choosing the questions.")
+@click.option("--track", type=click.Choice(["any", "write", "debug"]), default="any", show_default=True,
+              help="Draw from the writing exercises, the debugging track (a broken job to fix), or either "
+                   "(catalog order: the debugging track once every writing exercise has passed).")
 @grading_options
-def interview(exercise_id, minutes, n_questions, seed, options):
+def interview(exercise_id, minutes, n_questions, seed, track, options):
     """A timed mock interview: one exercise not yet passed, then a few quiz questions.
 
     The clock starts at once. Edit the exercise file in your editor; press Enter to
     grade, h for a hint (counted in the summary), q to finish. It ends with a final
-    grading, the questions, the time used and a summary.
+    grading, the questions, the time used and a summary. With --track debug the exercise
+    is a broken training job: "our DDP job hangs after the first epoch, what do you check?"
     """
     from grader import grading, harness
     from grader.commands import interview as iv
@@ -447,9 +451,10 @@ def interview(exercise_id, minutes, n_questions, seed, options):
     if exercise_id:
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     else:
-        ex = _kit_call(lambda: iv.pick_exercise(progress, lambda e: kit.exercise_path(e).exists()))
+        ex = _kit_call(lambda: iv.pick_exercise(progress, lambda e: kit.exercise_path(e).exists(), track))
         if ex is None:
-            _fail("every exercise has passed; pick one with --exercise NN", EXIT_UNUSABLE)
+            which = "every exercise" if track == "any" else f"every exercise of the {track} track"
+            _fail(f"{which} has passed; pick one with --exercise NN", EXIT_UNUSABLE)
     path = str(_kit_call(lambda: kit.exercise_path(ex)))
     if not os.path.exists(path):
         _fail(f"no such file: {path} (`ddp-grade reset {ex.id}` puts the stub back)")

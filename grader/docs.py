@@ -20,24 +20,36 @@ from grader import catalog
 
 START, END = "<!-- checks:start -->", "<!-- checks:end -->"
 EXERCISES_START, EXERCISES_END = "<!-- exercises:start -->", "<!-- exercises:end -->"
+DEBUG_START, DEBUG_END = "<!-- debug-exercises:start -->", "<!-- debug-exercises:end -->"
 
 
 def exercises_markdown() -> str:
-    """The table of exercises: id, file, the names to write, what it practises."""
+    """The table of writing exercises: id, file, the names to write, what it practises."""
     out = ["| # | file | you write | topic |", "|---|---|---|---|"]
-    for ex in catalog.exercises():
+    for ex in catalog.of_track(catalog.WRITE):
         functions = ", ".join(f"`{f}`" for f in ex.functions)
         out.append(f"| {ex.id} | `exercises/{ex.filename}` | {functions} | {ex.summary} |")
     return "\n".join(out) + "\n"
 
 
+def debug_exercises_markdown() -> str:
+    """The table of the debugging track: id, the broken script, the symptom reported."""
+    out = ["| # | file | the report says |", "|---|---|---|"]
+    for ex in catalog.of_track(catalog.DEBUG):
+        out.append(f"| {ex.id} | `exercises/{ex.filename}` | {ex.summary} |")
+    return "\n".join(out) + "\n"
+
+
 def checks_markdown() -> str:
-    """One section per exercise: what to write, then each check id and what it establishes."""
+    """One section per exercise: what to write or fix, then each check id and what it establishes."""
     out = []
     for ex in catalog.exercises():
         functions = ", ".join(f"`{f}`" for f in ex.functions)
         out.append(f"#### {ex.id} · {ex.title}\n")
-        out.append(f"`exercises/{ex.filename}` — write {functions}.\n")
+        if ex.is_debug:
+            out.append(f"`exercises/{ex.filename}` — fix the script; the grader runs its {functions}.\n")
+        else:
+            out.append(f"`exercises/{ex.filename}` — write {functions}.\n")
         out.append("| check | passes when |")
         out.append("|---|---|")
         for c in ex.checks:
@@ -48,7 +60,8 @@ def checks_markdown() -> str:
 
 def replace_section(readme: str) -> str:
     """The README with both generated tables rewritten from the catalog."""
-    for start, end, make in ((START, END, checks_markdown), (EXERCISES_START, EXERCISES_END, exercises_markdown)):
+    for start, end, make in ((START, END, checks_markdown), (EXERCISES_START, EXERCISES_END, exercises_markdown),
+                             (DEBUG_START, DEBUG_END, debug_exercises_markdown)):
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
         readme = pattern.sub(lambda _m, s=start, e=end, f=make: f"{s}\n{f()}{e}", readme)
     return readme
@@ -59,16 +72,22 @@ STUBS = Path(__file__).resolve().parent / "stubs"
 
 
 def write_stubs(root: Path = ROOT, stubs: Path = STUBS) -> list[str]:
-    """Copy each catalogued ``exercises/NN_slug.py`` into ``grader/stubs/``; drop stale copies."""
+    """Copy each catalogued ``exercises/NN_slug.py`` (``exercises/debug/NN_slug.py``) into
+    ``grader/stubs/`` (``grader/stubs/debug/``); drop stale copies."""
     written = []
     wanted = {ex.filename for ex in catalog.exercises()}
     for name in sorted(wanted):
         source = root / "exercises" / name
         if source.exists():
-            (stubs / name).write_bytes(source.read_bytes())
+            target = stubs / name
+            if not target.parent.exists():
+                target.parent.mkdir(parents=True)
+                (target.parent / "__init__.py").write_text("")  # a package, so it is installed with the grader
+            target.write_bytes(source.read_bytes())
             written.append(name)
-    for stale in stubs.glob("*.py"):
-        if stale.name != "__init__.py" and stale.name not in wanted:
+    for stale in stubs.rglob("*.py"):
+        name = stale.relative_to(stubs).as_posix()
+        if stale.name != "__init__.py" and name not in wanted:
             stale.unlink()
     return written
 
@@ -79,7 +98,7 @@ def main(argv: list[str]) -> None:
         path.write_text(replace_section(path.read_text(encoding="utf-8")), encoding="utf-8")
         write_stubs()
     else:
-        sys.stdout.write(exercises_markdown() + "\n" + checks_markdown())
+        sys.stdout.write(exercises_markdown() + "\n" + debug_exercises_markdown() + "\n" + checks_markdown())
 
 
 if __name__ == "__main__":

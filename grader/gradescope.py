@@ -139,7 +139,8 @@ def find_files(submission: Path, exercises: list[catalog.Exercise]) -> tuple[dic
     found: dict[str, Path] = {}
     notes: dict[str, str] = {}
     for ex in exercises:
-        exact = [p for p in files if p.name == ex.filename]
+        name = Path(ex.filename).name  # a debugging exercise's file is debug/21_eval_hang.py in the kit
+        exact = [p for p in files if p.name == name]
         named = [p for p in files if catalog.from_filename(p) == ex]
         chosen = (exact or named or [None])[0]
         if chosen is None and len(exercises) == 1 and len(files) == 1:
@@ -147,7 +148,7 @@ def find_files(submission: Path, exercises: list[catalog.Exercise]) -> tuple[dic
             notes[ex.id] = f"graded {files[0].name} as exercise {ex.id} (the submission's only Python file)"
         if chosen is None:
             seen = ", ".join(str(p.relative_to(submission)) for p in files[:10]) or "no Python files"
-            notes[ex.id] = f"no {ex.filename} in the submission (found: {seen})"
+            notes[ex.id] = f"no {name} in the submission (found: {seen})"
             continue
         found[ex.id] = chosen
         others = [p for p in named if p != chosen]

@@ -241,6 +241,10 @@ def plan(exercise: catalog.Exercise, options: GradeOptions, gpus: int | None = N
     nccl = _nccl_available() if nccl is None else nccl
     wanted = [options.world_size] if options.world_size else list(exercise.world_sizes)
     requested = options.backend
+    if exercise.is_debug:  # the broken jobs are CPU scripts: they join with gloo whatever the machine has
+        if requested == "nccl":
+            raise _bad_option(f"exercise {exercise.id} is a CPU job (gloo): grade it with --backend gloo or auto")
+        requested = "gloo"
     if requested == "auto":
         backend = "nccl" if nccl and gpus >= max(wanted) else "gloo"
     elif requested == "nccl" and not nccl:
@@ -257,7 +261,7 @@ def plan(exercise: catalog.Exercise, options: GradeOptions, gpus: int | None = N
             sizes.append(options.world_size + 1)  # an odd size catches code that assumes two ranks
     if backend == "nccl":
         sizes = [s for s in sizes if s <= gpus] or sizes[:1]
-    return Plan(backend, sizes, requested)
+    return Plan(backend, sizes, options.backend)
 
 
 def _nccl_available() -> bool:

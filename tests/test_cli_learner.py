@@ -27,6 +27,7 @@ def kit_copy(tmp_path, monkeypatch):
     for ex in catalog.exercises():
         stub = kit.stub_text(ex)
         if stub is not None:
+            (root / "exercises" / ex.filename).parent.mkdir(exist_ok=True)
             (root / "exercises" / ex.filename).write_text(stub, encoding="utf-8")
     shutil.copytree(ROOT / "solutions", root / "solutions")
     monkeypatch.setenv("DDP_GRADE_ROOT", str(root))

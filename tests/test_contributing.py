@@ -19,7 +19,8 @@ def listed_files() -> list[tuple[str, bool]]:
 
 
 def for_exercise(pattern: str, ex: catalog.Exercise) -> str:
-    return pattern.replace("NN", ex.id).replace("slug", ex.slug)
+    track = f"{ex.track}/" if ex.is_debug else ""
+    return pattern.replace("[debug/]", track).replace("NN", ex.id).replace("slug", ex.slug)
 
 
 def tracked_files() -> list[str]:

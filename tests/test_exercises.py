@@ -11,6 +11,8 @@ from grader import catalog
 
 EXERCISES = catalog.exercises()
 IDS = [ex.id for ex in EXERCISES]
+WRITING = [ex for ex in EXERCISES if not ex.is_debug]
+DEBUGGING = [ex for ex in EXERCISES if ex.is_debug]
 
 
 def _signatures(path) -> dict:
@@ -28,10 +30,14 @@ def _signatures(path) -> dict:
     return out
 
 
+def _python_files(folder) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*.py")}
+
+
 def test_catalog_files_exist_and_nothing_is_uncatalogued():
     names = {ex.filename for ex in EXERCISES}
-    assert {p.name for p in (ROOT / "exercises").glob("*.py")} == names
-    assert {p.name for p in (ROOT / "solutions").glob("*.py")} == names
+    assert _python_files(ROOT / "exercises") == names
+    assert _python_files(ROOT / "solutions") == names
     for ex in EXERCISES:
         assert (ROOT / "grader" / "checks" / f"ex{ex.id}_{ex.slug}.py").exists()
 
@@ -65,7 +71,7 @@ def test_stub_and_solution_have_the_same_signatures(exercise):
     assert {k: v for k, v in stub.items() if k in solution} == {k: solution[k] for k in stub if k in solution}
 
 
-@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+@pytest.mark.parametrize("exercise", WRITING, ids=[ex.id for ex in WRITING])
 def test_every_stub_body_is_a_todo(exercise):
     text = (ROOT / "exercises" / exercise.filename).read_text()
     assert text.lstrip().startswith('"""'), "a stub starts with its task statement"
@@ -86,8 +92,32 @@ def test_solution_passes_every_check(grade, exercise):
         assert report.world_sizes and set(report.world_sizes) <= set(exercise.world_sizes) | {1}
 
 
+@pytest.mark.parametrize("exercise", DEBUGGING, ids=[ex.id for ex in DEBUGGING])
+def test_every_broken_script_starts_with_a_report_and_differs_from_its_fix(exercise):
+    """A debugging exercise ships a script that runs but misbehaves: no TODOs, a report at its top."""
+    text = (ROOT / "exercises" / exercise.filename).read_text()
+    assert text.lstrip().startswith('"""') and "Bug report" in text.split('"""')[1]
+    assert "NotImplementedError" not in text and "# TODO" not in text
+    assert ast.dump(ast.parse(text)) != ast.dump(ast.parse((ROOT / "solutions" / exercise.filename).read_text()))
+    assert exercise.symptom and set(exercise.symptom) <= {c.id for c in exercise.checks}
+    assert f"ddp-grade exercises/{exercise.filename}" in text
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+@pytest.mark.parametrize("exercise", DEBUGGING, ids=[ex.id for ex in DEBUGGING])
+def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
+    """The grader reproduces the colleague's report: the symptom checks fail, saying what was observed."""
+    report = grade(ROOT / "exercises" / exercise.filename)
+    assert report.status == "failed" and report.exit_code == 1, (report.problem, report.details[-2000:])
+    got = statuses(report)
+    for check_id in exercise.symptom:
+        message = next(c.message for c in report.checks if c.id == check_id)
+        assert got[check_id] == "fail" and message.strip() and not message.startswith("not checked"), \
+            (check_id, got, message)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exercise", WRITING, ids=[ex.id for ex in WRITING])
 def test_stub_reports_not_implemented(grade, exercise):
     report = grade(ROOT / "exercises" / exercise.filename)
     assert report.exit_code == 1

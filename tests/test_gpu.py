@@ -20,7 +20,11 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("exercise", catalog.exercises(), ids=[e.id for e in catalog.exercises()])
+# The debugging track's jobs are CPU scripts (gloo whatever the machine has): no NCCL run.
+WRITING = [e for e in catalog.exercises() if not e.is_debug]
+
+
+@pytest.mark.parametrize("exercise", WRITING, ids=[e.id for e in WRITING])
 def test_solution_passes_on_nccl(grade, exercise):
     report = grade(ROOT / "solutions" / exercise.filename, backend="nccl", world_size=min(GPUS, 2))
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}

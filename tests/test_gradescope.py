@@ -194,6 +194,16 @@ def test_files_are_found_by_their_exercise_name_anywhere_in_the_submission(tmp_p
     assert found == {"01": tmp_path / "answer.py"} and "the submission's only Python file" in notes["01"]
 
 
+def test_a_debugging_exercise_is_found_by_its_kit_name_under_exercises_debug(tmp_path):
+    ex21, ex22 = catalog.by_id("21"), catalog.by_id("22")
+    (tmp_path / "exercises" / "debug").mkdir(parents=True)
+    (tmp_path / "exercises" / "debug" / "21_eval_hang.py").write_text("")
+    (tmp_path / "21_first_try.py").write_text("")
+    found, notes = gradescope.find_files(tmp_path, [ex21, ex22])
+    assert found == {"21": tmp_path / "exercises" / "debug" / "21_eval_hang.py"}  # the kit's name wins
+    assert "also found 21_first_try.py" in notes["21"] and "no 22_unused_params.py in the submission" in notes["22"]
+
+
 SUBMISSIONS = {
     "passing": ROOT / "solutions" / "01_setup.py",
     "failing": ROOT / "tests" / "variants" / "01_no_timeout.py",

@@ -23,16 +23,19 @@ def test_the_packaged_stub_is_the_shipped_exercise_file(ex):
 
 
 def test_the_packaged_stubs_are_only_the_catalogued_ones():
-    stubs = {p.name for p in (ROOT / "grader" / "stubs").glob("*.py")} - {"__init__.py"}
+    folder = ROOT / "grader" / "stubs"
+    stubs = {p.relative_to(folder).as_posix() for p in folder.rglob("*.py") if p.name != "__init__.py"}
     assert stubs == {ex.filename for ex in catalog.exercises()}
 
 
 @pytest.mark.parametrize("ex", [e for e in catalog.exercises() if kit.stub_text(e)], ids=lambda e: e.id)
 def test_a_stub_is_not_started_and_its_solution_is_in_progress(ex, tmp_path):
     stub = tmp_path / ex.filename
+    stub.parent.mkdir(parents=True, exist_ok=True)
     stub.write_text(kit.stub_text(ex))
     assert file_status(ex, stub) == NOT_STARTED
-    assert only_todos(kit.stub_text(ex), ex)  # the fallback rule agrees on every shipped stub
+    if not ex.is_debug:  # a broken script of the debugging track has code, not TODOs, from the start
+        assert only_todos(kit.stub_text(ex), ex)  # the fallback rule agrees on every shipped stub
     solved = ROOT / "solutions" / ex.filename
     if solved.exists():
         stub.write_text(solved.read_text())

@@ -29,9 +29,19 @@ from grader.quiz.session import (
 from grader.results import PASS, SKIP, Report
 from grader.state import StateFile
 
-def pick_exercise(progress: Progress, exists: Callable[[catalog.Exercise], bool]) -> catalog.Exercise | None:
-    """The first exercise (catalog order) that exists in the kit and has not passed."""
+TRACK_CHOICES = ("any", catalog.WRITE, catalog.DEBUG)  # --track: which exercises an interview may draw
+
+
+def pick_exercise(progress: Progress, exists: Callable[[catalog.Exercise], bool],
+                  track: str = "any") -> catalog.Exercise | None:
+    """The first exercise (catalog order) of ``track`` that exists in the kit and has not passed.
+
+    ``any``: the writing exercises come first in the catalog, so the debugging track is drawn
+    once they have all passed; ``debug`` draws a broken job at once.
+    """
     for ex in catalog.exercises():
+        if track != "any" and ex.track != track:
+            continue
         if exists(ex) and not progress.passed(ex.id):
             return ex
     return None
@@ -81,7 +91,11 @@ class Interview:
         started = self.clock()
         deadline = started + self.minutes * 60
         self.echo(f"Mock interview: exercise {self.ex.id}, {self.ex.title}. You have {self.minutes:g} minutes.")
-        self.echo(f"Write the TODOs in {self.path}; functions to write: {', '.join(self.ex.functions)}.")
+        if self.ex.is_debug:
+            self.echo(f"A colleague's job misbehaves: read the report at the top of {self.path}, find the cause "
+                      "and fix the script.")
+        else:
+            self.echo(f"Write the TODOs in {self.path}; functions to write: {', '.join(self.ex.functions)}.")
         self.echo("Commands: Enter = grade now, h = a hint (counted), q = finish and grade.")
         if self.questions:
             self.echo(f"After the code: {len(self.questions)} quiz question{'s' if len(self.questions) != 1 else ''}.")

@@ -14,6 +14,8 @@ def render(rows: list[prog.Row], color: bool = False) -> str:
     width = max(len(r.exercise.title) for r in rows)
     lines = []
     for r in rows:
+        if r.exercise.is_debug and not any(line.startswith("Debugging track") for line in lines):
+            lines += ["", "Debugging track: a training job that misbehaves, a colleague's report at its top; fix it."]
         mark = "->" if nxt is not None and r is nxt else "  "
         status = r.status.ljust(11)
         if color and _COLOURS.get(r.status):

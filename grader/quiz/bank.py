@@ -56,6 +56,7 @@ TOPICS: dict[str, str] = {
     "dcp": "Distributed checkpoints: torch.distributed.checkpoint and resharding",
     "fsdp": "FSDP: fully_shard, resharding, sharding strategies, DeviceMesh, HSDP",
     "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
+    "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 LETTERS = "abcde"

@@ -1,0 +1,124 @@
+"""Exercise 21: the job hangs at the first validation (a collective only rank 0 reaches).
+
+Rank side: run the script's main() under torchrun's variables with a data file of the
+grader's (see debug_job.run_job). Grader side: the job must end on every rank; each epoch's
+logged val_loss must be the loss on the whole validation set of the model at that point,
+which the grader knows from its own replay of the training; the ranks' models must be
+identical and equal to the replay.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grader.checks import debug_job
+from grader.child import RankContext
+
+EPOCHS = 3
+LR = 0.1
+N_TRAIN, N_VAL = 96, 48  # divisible by 2 and 3 processes times the batch size of 8
+VAL_RTOL = 1e-4
+OTHER_CHECKS = ("val-loss-logged", "params-identical", "matches-replay")
+
+
+class Net(nn.Module):
+    """The grader's copy of the script's model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def make_data() -> dict:
+    return debug_job.make_data(seed=21, n_train=N_TRAIN, n_val=N_VAL)
+
+
+def loss_fn(model, x, y, step):
+    return F.cross_entropy(model(x), y)
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def rank_main(ctx: RankContext) -> dict:
+    path = debug_job.write_data(ctx, make_data())
+    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    data = make_data()
+    for world_size in g.world_sizes:
+        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
+        if not debug_job.check_finishes(g, job):
+            debug_job.not_checked(g, job, OTHER_CHECKS)
+            return
+        check_job(g, job, data)
+
+
+def check_job(g, job: debug_job.Job, data: dict) -> None:
+    debug_job.check_params_identical(g, job)
+    steps, _ = debug_job.steps_of(job.records[0], job.index_of)
+    ends, total = [], 0
+    for epoch in debug_job.epochs_of(steps, EPOCHS):
+        total += len(epoch)
+        ends.append(total - 1)
+    at_epoch_end: list[dict] = []
+
+    def after_step(step, model):
+        if step in ends:
+            at_epoch_end.append(debug_job.cpu_state(model))
+
+    replayed = debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
+                                      after_step=after_step)
+    if not replayed:
+        g.record("val-loss-logged", False, "not checked: the validation loss is judged against the replayed "
+                 "model, which differs (see matches-replay)", world_size=job.world_size)
+        return
+    expected = [val_loss(state, data) for state in at_epoch_end]
+    g.record("val-loss-logged", *val_loss_verdict(job.log(), expected, data, at_epoch_end, job.world_size),
+             world_size=job.world_size)
+
+
+def val_loss(state: dict, data: dict, rows: slice | None = None) -> float:
+    model = Net()
+    model.load_state_dict(state)
+    x, y = data["val_x"], data["val_y"]
+    if rows is not None:
+        x, y = x[rows], y[rows]
+    with torch.no_grad():
+        return float(F.cross_entropy(model(x), y))
+
+
+def val_loss_verdict(log: list[dict], expected: list[float], data: dict, states: list[dict],
+                     world_size: int) -> tuple[bool, str]:
+    """Each epoch's logged val_loss against the loss of the replayed model on the whole validation set."""
+    logged = {}
+    for line in log:
+        if "val_loss" in line and isinstance(line.get("epoch"), int):
+            logged.setdefault(line["epoch"], line["val_loss"])
+    for epoch, want in enumerate(expected):
+        got = logged.get(epoch)
+        if got is None:
+            seen = ", ".join(map(str, sorted(logged))) or "none"
+            return False, (f"the log has no val_loss for epoch {epoch} (epochs with one: {seen}): the validation "
+                           "must stay, every epoch")
+        if not isinstance(got, (int, float)) or got != got:
+            return False, f"epoch {epoch}: the logged val_loss is {got!r}, not a number"
+        if abs(got - want) <= VAL_RTOL * max(1.0, abs(want)):
+            continue
+        why = ""
+        own = val_loss(states[epoch], data, slice(0, None, world_size))
+        if abs(got - own) <= VAL_RTOL * max(1.0, abs(own)):
+            why = " (that is the loss on rank 0's own part of the validation set only)"
+        return False, (f"epoch {epoch}: the logged val_loss is {got:.6g}, but the model at the end of that epoch "
+                       f"has a loss of {want:.6g} on the whole validation set{why}")
+    return True, ""

@@ -1,0 +1,84 @@
+"""Exercise 25: every epoch sees the same data order (set_epoch reaches the loader's placeholder
+sampler, not the DistributedSampler inside its BatchSampler).
+
+Rank side: run the script's main() under torchrun's variables (see debug_job.run_job); the
+probes record which samples fed every step and which pass over a DataLoader they came from.
+Grader side: on every rank each epoch's order must differ from every earlier epoch's; each epoch
+must split the data between the ranks; the models must be identical and equal to the replay.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grader.checks import debug_job
+from grader.child import RankContext
+
+EPOCHS = 3
+LR = 0.1
+BATCH_SIZE = 8
+N_TRAIN, N_VAL = 96, 48
+OTHER_CHECKS = ("new-order-each-epoch", "data-split", "params-identical", "matches-replay")
+
+
+class Net(nn.Module):
+    """The grader's copy of the script's model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def make_data() -> dict:
+    return debug_job.make_data(seed=25, n_train=N_TRAIN, n_val=N_VAL)
+
+
+def loss_fn(model, x, y, step):
+    return F.cross_entropy(model(x), y)
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def rank_main(ctx: RankContext) -> dict:
+    path = debug_job.write_data(ctx, make_data())
+    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    data = make_data()
+    for world_size in g.world_sizes:
+        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
+        if not debug_job.check_finishes(g, job):
+            debug_job.not_checked(g, job, OTHER_CHECKS)
+            return
+        steps = [s for s, _ in debug_job.per_rank_steps(job)]
+        g.record("new-order-each-epoch", *new_order_verdict(steps), world_size=world_size)
+        g.record("data-split", *debug_job.data_split_verdict(steps, world_size, N_TRAIN, EPOCHS, BATCH_SIZE),
+                 world_size=world_size)
+        debug_job.check_params_identical(g, job)
+        debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn)
+
+
+def new_order_verdict(steps: list[list[debug_job.Step]], epochs: int = EPOCHS) -> tuple[bool, str]:
+    """On every rank, each epoch's sequence of samples differs from every earlier epoch's."""
+    for rank, rank_steps in enumerate(steps):
+        orders = [debug_job.samples(epoch) for epoch in debug_job.epochs_of(rank_steps, epochs)]
+        if len(orders) < epochs:
+            return False, f"rank {rank} trained {len(orders)} epoch(s), expected {epochs}"
+        for epoch in range(1, len(orders)):
+            same = next((e for e in range(epoch) if orders[e] == orders[epoch]), None)
+            if same is not None:
+                first = ", ".join(map(str, orders[epoch][:BATCH_SIZE]))
+                return False, (f"rank {rank}: epoch {epoch} trained on the same samples in the same order as epoch "
+                               f"{same} (its first batch both times: samples {first})")
+    return True, ""

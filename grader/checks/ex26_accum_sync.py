@@ -1,0 +1,96 @@
+"""Exercise 26: gradient accumulation several times slower than expected (no_sync() around the
+backward only: DDP prepares the all-reduce in the forward, so every micro-batch still syncs).
+
+Rank side: run the script's main() under torchrun's variables; a communication hook of the
+grader's own records every gradient all-reduce DDP makes. Grader side: each optimizer step must
+accumulate ACCUM_STEPS micro-batches with one all-reduce; the models must be identical and equal
+to a replay that accumulates the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grader.checks import debug_job
+from grader.child import RankContext
+
+EPOCHS = 3
+LR = 0.1
+ACCUM_STEPS = 4
+N_TRAIN, N_VAL = 96, 48  # 2 ranks: 12 micro-batches of 4, 3 steps an epoch; 3 ranks: 8, 2 steps
+OTHER_CHECKS = ("one-sync-per-step", "accumulates", "params-identical", "matches-replay")
+
+
+class Net(nn.Module):
+    """The grader's copy of the script's model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def make_data() -> dict:
+    return debug_job.make_data(seed=26, n_train=N_TRAIN, n_val=N_VAL)
+
+
+def loss_fn(model, x, y, step):
+    return F.cross_entropy(model(x), y)
+
+
+# --- in each rank ---------------------------------------------------------------------
+
+
+def rank_main(ctx: RankContext) -> dict:
+    path = debug_job.write_data(ctx, make_data())
+    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+
+
+# --- in the grader --------------------------------------------------------------------
+
+
+def grade(g) -> None:
+    data = make_data()
+    for world_size in g.world_sizes:
+        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
+        if not debug_job.check_finishes(g, job):
+            debug_job.not_checked(g, job, OTHER_CHECKS)
+            return
+        steps = [s for s, _ in debug_job.per_rank_steps(job)]
+        g.record("one-sync-per-step", *sync_verdict(steps), world_size=world_size)
+        g.record("accumulates", *accumulation_verdict(steps), world_size=world_size)
+        debug_job.check_params_identical(g, job)
+        debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn)
+
+
+def sync_verdict(steps: list[list[debug_job.Step]]) -> tuple[bool, str]:
+    """Every optimizer step of every rank follows exactly one backward that all-reduced."""
+    for rank, rank_steps in enumerate(steps):
+        for number, step in enumerate(rank_steps):
+            if step.syncs == 1:
+                continue
+            total = sum(s.syncs for s in rank_steps)
+            counts = f"{total} gradient all-reduces for {len(rank_steps)} optimizer steps in all on rank {rank}"
+            if step.syncs == 0:
+                return False, (f"rank {rank}, step {number}: DDP never all-reduced the gradients of this step's "
+                               f"{len(step.micro)} micro-batches ({counts}): the last micro-batch's backward must "
+                               "run with synchronisation on, or the ranks step on their own gradients")
+            return False, (f"rank {rank}, step {number}: DDP all-reduced the gradients {step.syncs} times for one "
+                           f"optimizer step of {len(step.micro)} micro-batches ({counts}); accumulation needs one, "
+                           "in the last micro-batch's backward")
+    return True, ""
+
+
+def accumulation_verdict(steps: list[list[debug_job.Step]]) -> tuple[bool, str]:
+    """Every optimizer step accumulates ACCUM_STEPS micro-batches."""
+    for rank, rank_steps in enumerate(steps):
+        for number, step in enumerate(rank_steps):
+            if len(step.micro) != ACCUM_STEPS:
+                return False, (f"rank {rank}, step {number}: the optimizer stepped after {len(step.micro)} "
+                               f"micro-batch(es), expected {ACCUM_STEPS}: keep the accumulation")
+    return True, ""
