@@ -1,7 +1,7 @@
-"""Exercise 15, broken: resumes only when TORCHELASTIC_RESTART_COUNT is above 0. On two nodes the agent
-that restarted for the other node's failure keeps the count at 0: its workers start from scratch
-while the others resume, and the job falls apart."""
-# expect-fail: resumes-from-snapshot job-exits-0
+"""Exercise 15, broken: saves the unwrapped model's state_dict but loads it into the DDP wrapper, whose
+keys start with "module.". Every restarted worker raises on load, torchrun has no restart left,
+and the job ends with a failure."""
+# expect-fail: job-exits-0
 
 
 import argparse
@@ -65,10 +65,9 @@ def main() -> None:
 
     # After a restart torchrun starts main() again from the top: continue from the snapshot.
     start_epoch = 0
-    # torchrun counts restarts: resume only when this is one.
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if os.path.exists(args.snapshot):
         snapshot = torch.load(args.snapshot, map_location=device)
-        model.load_state_dict(snapshot["model"])
+        ddp_model.load_state_dict(snapshot["model"])
         optimizer.load_state_dict(snapshot["optimizer"])
         start_epoch = snapshot["epoch"] + 1
 
