@@ -1,6 +1,6 @@
 """Exercise 26, a wrong fix: the accumulation is gone, one step per micro-batch. One all-reduce per
 step again, but with a quarter of the effective batch the report asks for."""
-# expect-fail: accumulates
+# expect-fail: accumulates matches-replay
 # expect-pass: one-sync-per-step
 
 import argparse

@@ -1,6 +1,6 @@
 """Exercise 26, a wrong fix: every micro-batch, the last one too, runs inside no_sync(). Nothing is
 all-reduced any more, so each rank steps on its own gradients and the replicas part."""
-# expect-fail: one-sync-per-step params-identical
+# expect-fail: one-sync-per-step params-identical matches-replay
 
 import argparse
 import contextlib
