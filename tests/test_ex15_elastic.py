@@ -296,6 +296,7 @@ def test_agents_of_a_job_whose_restart_is_used_and_whose_workers_ended_are_stopp
     killed[0]["pid"] = restarted[0]["pid"] = dead
     write_events(tmp_path, "a-0-0", killed + [{"e": "killed", "why": "mid-epoch"}])
     write_events(tmp_path, "a-1-0", restarted + epoch(2, list(range(12))))
+    (tmp_path / "events" / ".start-a-0-1").touch()  # what a restarted worker leaves (ex._attempt)
     agents = [sleeping_agent(tmp_path, "a"), sleeping_agent(tmp_path, "b")]
     began = time.monotonic()
     try:
@@ -316,6 +317,7 @@ def test_agents_are_waited_for_while_no_restart_has_happened_or_a_worker_still_r
     running = start("a", attempt=1)
     running[0]["pid"] = os.getpid()  # this very process: alive
     write_events(second, "a-1-0", running)
+    (second / "events" / ".start-a-0-1").touch()
     agents = [sleeping_agent(first, "a"), sleeping_agent(second, "a")]
     try:
         ex._wait_for_agents(agents, time.monotonic() + 2)

@@ -417,9 +417,23 @@ def _wait_for_agents(agents: list[dict], deadline: float) -> None:
 
 
 def _job_over(folder: str) -> bool:
-    """The job has restarted once (torchrun's --max-restarts 1) and none of its workers is running."""
-    workers = read_workers(folder)
-    return any(w["attempt"] >= 1 for w in workers) and not any(_alive(w["pid"]) for w in workers)
+    """The job has restarted once (torchrun's --max-restarts 1) and none of its workers is running.
+
+    Polled while the jobs run, so it reads only what it needs: the start markers that
+    ``_attempt`` leaves, and the first line (the start event, with the pid) of each event file.
+    """
+    events = os.path.join(folder, "events")
+    if not glob.glob(os.path.join(events, ".start-*-1")):
+        return False
+    return not any(_alive(_start_pid(path)) for path in glob.glob(os.path.join(events, "events-*.jsonl")))
+
+
+def _start_pid(path: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.loads(f.readline()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _alive(pid) -> bool:
