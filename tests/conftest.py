@@ -48,15 +48,15 @@ def grade(session):
 #
 # A grading of these exercises starts real torchrun jobs of its own: about 30 s each, most of it
 # starting worker processes, one core busy. The files the selected tests will grade with the
-# default options are graded one after another by the command line (``--format json``) in a
-# background thread from the start of the run, while the rest of the suite goes on; ``grade``
-# hands each test its report. Every test still asserts on a real grading of its file.
+# default options are graded one after another in a background process (one warm session, the
+# same call as the ``grade`` fixture's) from the start of the run, while the rest of the suite
+# goes on; ``grade`` hands each test its report. Every test still asserts on a real grading.
 BACKGROUND_EXERCISES = ("15",)
 _background = None
 
 
 class BackgroundGradings:
-    """Grade ``paths`` one at a time with ``python -m grader``, in a thread; reports by path."""
+    """Grade ``paths`` one at a time in one background process; reports by path."""
 
     def __init__(self, paths: list[Path]):
         self.paths = [Path(p).resolve() for p in paths]
@@ -91,28 +91,42 @@ class BackgroundGradings:
         subprocess.run(["rm", "-rf", self.state], check=False)
 
     def _run(self) -> None:
+        command = [sys.executable, "-c", _GRADE_EACH, *map(str, self.paths)]
+        errors = os.path.join(self.state, "stderr.txt")  # a file: a full pipe would stall the grader
+        try:
+            with open(errors, "w") as stderr:
+                self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                                stderr=stderr, text=True)
+                for line in self.process.stdout:
+                    if line.startswith(_MARK):
+                        found = json.loads(line[len(_MARK):])
+                        path = Path(found["path"])
+                        self.results[path] = report_from_dict(found["report"])
+                        self.done[path].set()
+                self.process.wait()
+            with open(errors) as f:
+                error = f"exit {self.process.returncode}:\n{f.read()[-3000:]}"
+        except Exception as exc:  # the tests that ask for these reports fail with it
+            error = repr(exc)
         for path in self.paths:
-            try:
-                self.results[path] = "stopped" if self.stopped else self._grade(path)
-            except Exception as exc:  # the test that asks for this report fails with it
-                self.results[path] = f"grading {path.name} in the background failed: {exc!r}"
-            self.done[path].set()
+            if not self.done[path].is_set():
+                self.results[path] = "stopped" if self.stopped else \
+                    f"the background gradings ended before {path.name} ({error})"
+                self.done[path].set()
 
-    def _grade(self, path: Path):
-        command = [sys.executable, "-m", "grader", "grade", str(path), "--format", "json", "--no-server",
-                   "--timeout", "60"]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-        try:
-            out, err = self.process.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
-        try:
-            return report_from_dict(json.loads(out))
-        except (ValueError, KeyError) as exc:
-            return f"no JSON report from {' '.join(command[1:])} (exit {self.process.returncode}, {exc!r}):\n" \
-                   f"{out[-2000:]}\n{err[-3000:]}"
+
+# One process, one warm session, the same call as the ``grade`` fixture's: one JSON line per file.
+_MARK = "@@report "
+_GRADE_EACH = f"""
+import json, sys
+from grader import grading, harness
+from grader.grading import GradeOptions, grade_file
+grading.warm_up()
+with harness.Session() as session:
+    for path in sys.argv[1:]:
+        report = grade_file(path, session, GradeOptions(timeout_s=60), None)
+        print({_MARK!r} + json.dumps({{"path": path, "report": report.to_dict()}}), flush=True)
+"""
 
 
 def _graded_path(item) -> Path | None:
