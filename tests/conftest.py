@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import background
 from grader import grading, harness
 from grader.grading import GradeOptions, grade_file
 from grader.results import report_from_dict
@@ -36,48 +37,45 @@ def grade(session):
     """grade(path, exercise=None, **GradeOptions fields) -> Report."""
 
     def _grade(path, exercise=None, **options):
-        if _background is not None and exercise is None and not options and _background.has(path):
-            return _background.report(path)
+        key = background.grade_key(path, options)
+        if _background is not None and exercise is None and _background.has(key):
+            return report_from_dict(_background.result(key))
         options.setdefault("timeout_s", 60)
         return grade_file(str(path), session, GradeOptions(**options), exercise)
 
     return _grade
 
 
-# --- gradings that run in the background ------------------------------------------------------
+# --- jobs that run in the background -----------------------------------------------------------
 #
-# A grading of these exercises starts real torchrun jobs of its own: about 30 s each, most of it
-# starting worker processes, one core busy. The files the selected tests will grade with the
-# default options are graded one after another in a background process (one warm session, the
-# same call as the ``grade`` fixture's) from the start of the run, while the rest of the suite
-# goes on; ``grade`` hands each test its report. Every test still asserts on a real grading.
-BACKGROUND_EXERCISES = ("15",)
+# tests/background.py says why. The jobs are the selected tests' own calls, found at collection
+# finish; ``grade`` and ``cli_grading`` hand each test its result.
+BACKGROUND_EXERCISES = ("15",)  # every grading of these starts real torchrun jobs
 _background = None
 
 
-class BackgroundGradings:
-    """Grade ``paths`` one at a time in one background process; reports by path."""
+class BackgroundJobs:
+    """Run ``jobs`` one at a time in one background process; results by key."""
 
-    def __init__(self, paths: list[Path]):
-        self.paths = [Path(p).resolve() for p in paths]
-        self.results: dict[Path, object] = {}
-        self.done = {p: threading.Event() for p in self.paths}
+    def __init__(self, jobs: list[dict]):
+        self.jobs = jobs
+        self.results: dict[str, object] = {}
+        self.done = {job["key"]: threading.Event() for job in jobs}
         self.process: subprocess.Popen | None = None
         self.stopped = False
         self.state = tempfile.mkdtemp(prefix="ddp-grade-background-")
         # The environment as the run began: tests that set a variable of their own (a tag they look
         # for in /proc, a server switch) must not find it in these processes.
         self.env = {**os.environ, "DDP_GRADE_STATE_DIR": self.state, "DDP_GRADE_SERVER": "0"}
-        self.thread = threading.Thread(target=self._run, name="background gradings", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="background jobs", daemon=True)
         self.thread.start()
 
-    def has(self, path) -> bool:
-        return Path(path).resolve() in self.done
+    def has(self, key: str) -> bool:
+        return key in self.done
 
-    def report(self, path):
-        key = Path(path).resolve()
+    def result(self, key: str):
         if not self.done[key].wait(timeout=1800):
-            pytest.fail(f"the background grading of {key.name} did not end")
+            pytest.fail(f"the background job {key} did not end")
         result = self.results[key]
         if isinstance(result, str):
             pytest.fail(result)
@@ -91,64 +89,93 @@ class BackgroundGradings:
         subprocess.run(["rm", "-rf", self.state], check=False)
 
     def _run(self) -> None:
-        command = [sys.executable, "-c", _GRADE_EACH, *map(str, self.paths)]
-        errors = os.path.join(self.state, "stderr.txt")  # a file: a full pipe would stall the grader
+        listing = os.path.join(self.state, "jobs.json")
+        with open(listing, "w") as f:
+            json.dump(self.jobs, f)
+        command = [sys.executable, str(ROOT / "tests" / "background.py"), listing, self.state]
+        errors = os.path.join(self.state, "stderr.txt")  # a file: a full pipe would stall the jobs
         try:
             with open(errors, "w") as stderr:
                 self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
                                                 stderr=stderr, text=True)
                 for line in self.process.stdout:
-                    if line.startswith(_MARK):
-                        found = json.loads(line[len(_MARK):])
-                        path = Path(found["path"])
-                        self.results[path] = report_from_dict(found["report"])
-                        self.done[path].set()
+                    if line.startswith(background.MARK):
+                        found = json.loads(line[len(background.MARK):])
+                        self.results[found["key"]] = found["result"]
+                        self.done[found["key"]].set()
                 self.process.wait()
             with open(errors) as f:
                 error = f"exit {self.process.returncode}:\n{f.read()[-3000:]}"
-        except Exception as exc:  # the tests that ask for these reports fail with it
+        except Exception as exc:  # the tests that ask for these results fail with it
             error = repr(exc)
-        for path in self.paths:
-            if not self.done[path].is_set():
-                self.results[path] = "stopped" if self.stopped else \
-                    f"the background gradings ended before {path.name} ({error})"
-                self.done[path].set()
+        for key, done in self.done.items():
+            if not done.is_set():
+                self.results[key] = ("stopped" if self.stopped
+                                     else f"the background jobs ended before {key} ({error})")
+                done.set()
 
 
-# One process, one warm session, the same call as the ``grade`` fixture's: one JSON line per file.
-_MARK = "@@report "
-_GRADE_EACH = f"""
-import json, sys
-from grader import grading, harness
-from grader.grading import GradeOptions, grade_file
-grading.warm_up()
-with harness.Session() as session:
-    for path in sys.argv[1:]:
-        report = grade_file(path, session, GradeOptions(timeout_s=60), None)
-        print({_MARK!r} + json.dumps({{"path": path, "report": report.to_dict()}}), flush=True)
-"""
+@pytest.fixture
+def cli_grading(tmp_path):
+    """cli_grading(path, *args, timeout_s) -> {returncode, stdout, stderr, left}: see tests/background.py."""
+
+    def _cli_grading(path, *args, timeout_s):
+        key = background.cli_key(path, list(args))
+        if _background is not None and _background.has(key):
+            return _background.result(key)
+        return background.cli_grading(path, list(args), tmp_path / "state", timeout_s)
+
+    return _cli_grading
 
 
-def _graded_path(item) -> Path | None:
-    """The file a selected test grades with default options, when it is a background exercise's."""
+def _grade_job(path: Path, options: dict | None = None) -> dict:
+    options = options or {}
+    return {"kind": "grade", "key": background.grade_key(path, options), "path": str(path),
+            "options": sorted(options.items())}
+
+
+def _waits_more_than_it_computes(path: Path) -> dict | None:
+    """A variant that hangs until a deadline stops it (or one of exercise 15's), as a job."""
+    from test_variants import expectations
+
+    e = expectations(path)
+    if path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES)) and not e["options"]:
+        return _grade_job(path)
+    if e["status"] == "timeout" or "finishes" in e["fail"]:
+        return _grade_job(path, e["options"])
+    return None
+
+
+def _background_job(item) -> dict | None:
+    """The job a selected test will ask for, when it is one that waits more than it computes."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.originalname in ("test_variant_fails_with_the_right_check", "test_right_answer_passes"):
-        path = params.get("path")
-        if path is not None and path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES)):
-            options = path.read_text(encoding="utf-8", errors="replace")
-            return None if "# grade-options:" in options else path
-    if item.originalname == "test_solution_passes_every_check":
-        exercise = params.get("exercise")
-        if exercise is not None and exercise.id in BACKGROUND_EXERCISES:
-            return ROOT / "solutions" / exercise.filename
+    name = item.originalname
+    if name == "test_variant_fails_with_the_right_check":
+        return _waits_more_than_it_computes(params["path"])
+    if name == "test_right_answer_passes":
+        path = params["path"]
+        if path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES)) and \
+                "# grade-options:" not in path.read_text(encoding="utf-8", errors="replace"):
+            return _grade_job(path)
+    if name == "test_solution_passes_every_check" and params["exercise"].id in BACKGROUND_EXERCISES:
+        return _grade_job(ROOT / "solutions" / params["exercise"].filename)
+    if name == "test_broken_script_as_shipped_shows_its_symptom":  # each hangs or runs to a deadline
+        return _grade_job(ROOT / "exercises" / params["exercise"].filename)
+    if name == "test_no_agent_or_worker_outlives_a_grading_of_15":
+        path, args, timeout_s = params["path"], list(item.module.CLI_ARGS), item.module.CLI_TIMEOUT_S
+        return {"kind": "cli", "key": background.cli_key(path, args), "path": str(path), "args": args,
+                "timeout_s": timeout_s}
     return None
 
 
 def pytest_collection_finish(session):
     global _background
-    paths = [p for p in (_graded_path(item) for item in session.items) if p is not None]
-    if paths:
-        _background = BackgroundGradings(list(dict.fromkeys(paths)))  # in the order the tests ask
+    jobs = {}
+    for job in (_background_job(item) for item in session.items):
+        if job is not None:
+            jobs.setdefault(job["key"], job)  # in the order the tests ask
+    if jobs:
+        _background = BackgroundJobs(list(jobs.values()))
 
 
 def pytest_sessionfinish(session, exitstatus):

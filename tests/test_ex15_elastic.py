@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -228,17 +227,8 @@ def test_gloo_s_long_peer_errors_become_one_phrase():
 # --- nothing outlives a grading -----------------------------------------------------------------
 
 
-def processes_carrying(tag: str) -> list[int]:
-    found = []
-    needle = f"DDP_GRADE_TEST_TAG={tag}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
+CLI_ARGS = ("--format", "json", "--no-server")
+CLI_TIMEOUT_S = catalog.by_id("15").timeout_s + 120
 
 
 @pytest.mark.slow
@@ -247,15 +237,12 @@ def processes_carrying(tag: str) -> list[int]:
     (ROOT / "solutions" / "15_elastic.py", 0),
     (ROOT / "tests" / "variants" / "15_overwrites_in_place.py", 1),
 ], ids=["passes", "fails"])
-def test_no_agent_or_worker_outlives_a_grading_of_15(tmp_path, path, code):
-    tag = uuid.uuid4().hex
-    env = {**os.environ, "DDP_GRADE_TEST_TAG": tag, "DDP_GRADE_STATE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "grader", str(path), "--format", "json", "--no-server"], env=env,
-                          capture_output=True, text=True, timeout=catalog.by_id("15").timeout_s + 120)
-    left = processes_carrying(tag)  # looked at the moment the command has exited
-    assert left == [], f"still alive after exit {done.returncode}: {left}"
-    report = json.loads(done.stdout)
-    assert done.returncode == code, (report["problem"], [c for c in report["checks"] if c["status"] == "fail"])
+def test_no_agent_or_worker_outlives_a_grading_of_15(cli_grading, path, code):
+    """Graded by the command, which has ended; the processes still carrying its tag are looked at then."""
+    done = cli_grading(path, *CLI_ARGS, timeout_s=CLI_TIMEOUT_S)
+    assert done["left"] == [], f"still alive after exit {done['returncode']}: {done['left']}"
+    report = json.loads(done["stdout"])
+    assert done["returncode"] == code, (report["problem"], [c for c in report["checks"] if c["status"] == "fail"])
     [timeline] = [s for s in report["sections"] if s["title"].startswith("timeline")]
     workers = [e for e in timeline["data"]["events"] if e["event"] == "worker"]
     assert {e["job"] for e in workers} == {ex.ALONE, *ex.JOBS}

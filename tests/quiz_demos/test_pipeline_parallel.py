@@ -1,19 +1,20 @@
 """Topic pipeline-parallel: torch.distributed.pipelining's own GPipe and 1F1B schedules, run by two
-gloo ranks on CPU (one spawn for the whole module), with every forward and backward of each stage,
-the micro-batches' saved activations alive at once, and the messages each rank sent recorded.
+gloo ranks on CPU (one run through the grader's harness for the whole module), with every forward
+and backward of each stage, the micro-batches' saved activations alive at once, and the messages
+each rank sent recorded.
 Each schedule runs two steps and the second is recorded: the first also runs a forward of its own
 to infer the shapes that the stages exchange."""
 
 from __future__ import annotations
 
 import copy
-import os
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from quiz_demos.world import run_world
 
 WORLD = 2
 MICROBATCHES = 4
@@ -79,13 +80,18 @@ def _sends(events: list) -> list[tuple[int, int]]:
     return [(e["peer"], e["bytes"]) for e in events if e["op"] in ("send", "isend")]
 
 
-def _rank(rank: int, port: int, out_dir: str) -> None:
+def pipeline_main(ctx) -> dict:
+    with ctx.group():
+        out = _observe(ctx.rank)
+        dist.barrier()
+    return out
+
+
+def _observe(rank: int) -> dict:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from grader import probes
 
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
     x, y = batch()
     out = {}
     for name, schedule_class in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
@@ -110,20 +116,12 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
         out["too_few"] = None
     except ValueError as exc:
         out["too_few"] = str(exc)
-    torch.save(out, os.path.join(out_dir, f"{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    return out
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    out_dir = str(tmp_path_factory.mktemp("pipeline"))
-    store = dist.TCPStore("127.0.0.1", 0, WORLD + 1, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=60))
-    mp.start_processes(_rank, args=(store.port, out_dir), nprocs=WORLD, start_method="spawn", join=True)
-    return [torch.load(os.path.join(out_dir, f"{r}.pt")) for r in range(WORLD)]
+def ranks(session):
+    return run_world(session, "quiz_demos.test_pipeline_parallel:pipeline_main", WORLD)
 
 
 def unit_time_idle(orders: list[list[str]]) -> float:

@@ -1,0 +1,89 @@
+"""Jobs that run in one background process while the rest of the suite goes on.
+
+Some tests wait far more than they compute: a grading of exercise 15 starts real torchrun jobs
+(about 30 s each, most of it waiting for agents and restarts), a deadlock variant waits out its
+deadline, a debugging-track script hangs until the grader stops it. ``tests/conftest.py`` collects
+the jobs the selected tests will ask for, and one background process runs them one after
+another from the start of the run, so that their waiting overlaps the rest of the suite. A test
+gets the same result it would have computed itself: the same call, on the same file, with the
+same options. Every test still asserts on it.
+
+Two kinds of job:
+- ``grade``: ``grade_file`` in a warm harness session, the ``grade`` fixture's own call; the result
+  is the report.
+- ``cli``: ``python -m grader FILE ARGS`` as a command of its own, with a tag in its environment;
+  the result is its exit code, its output, and the processes still carrying the tag the moment
+  it exited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = "@@job "  # a line of the background process's output that carries one job's result
+GRADE_TIMEOUT_S = 60.0  # the ``grade`` fixture's default
+
+
+def grade_key(path, options: dict) -> str:
+    return "grade " + json.dumps([str(Path(path).resolve()), sorted(options.items())])
+
+
+def cli_key(path, args: list[str]) -> str:
+    return "cli " + json.dumps([str(Path(path).resolve()), list(args)])
+
+
+def processes_carrying(tag: str) -> list[int]:
+    """Pids of the processes whose environment has ``DDP_GRADE_TEST_TAG=tag``."""
+    found = []
+    needle = f"DDP_GRADE_TEST_TAG={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def cli_grading(path, args: list[str], state_dir, timeout_s: float) -> dict:
+    """Grade ``path`` with the command line; what it printed and what it left alive at exit."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "DDP_GRADE_TEST_TAG": tag, "DDP_GRADE_STATE_DIR": str(state_dir)}
+    done = subprocess.run([sys.executable, "-m", "grader", str(path), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+    left = processes_carrying(tag)  # looked at the moment the command has exited
+    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-3000:], "left": left}
+
+
+def _run_jobs(jobs: list[dict], state_dir: str) -> None:
+    """The background process: run each job, print one marked line with its result."""
+    import contextlib
+
+    from grader import grading, harness
+    from grader.grading import GradeOptions, grade_file
+
+    with contextlib.ExitStack() as stack:
+        session = None
+        for n, job in enumerate(jobs):
+            if job["kind"] == "grade":
+                if session is None:
+                    grading.warm_up()
+                    session = stack.enter_context(harness.Session())
+                options = {"timeout_s": GRADE_TIMEOUT_S, **dict(job["options"])}
+                result = grade_file(job["path"], session, GradeOptions(**options), None).to_dict()
+            else:
+                state = os.path.join(state_dir, f"cli-{n}")
+                result = cli_grading(job["path"], job["args"], state, job["timeout_s"])
+            print(MARK + json.dumps({"key": job["key"], "result": result}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _run_jobs(json.loads(Path(sys.argv[1]).read_text()), sys.argv[2])
