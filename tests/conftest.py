@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,9 @@ class BackgroundJobs:
         self.process: subprocess.Popen | None = None
         self.stopped = False
         self.state = tempfile.mkdtemp(prefix="ddp-grade-background-")
+        self.started = time.monotonic()
+        self.finished_at: float | None = None  # seconds after the start, when the last job ended
+        self.waited_s = 0.0  # how long the tests waited for results in all
         # The environment as the run began: tests that set a variable of their own (a tag they look
         # for in /proc, a server switch) must not find it in these processes.
         self.env = {**os.environ, "DDP_GRADE_STATE_DIR": self.state, "DDP_GRADE_SERVER": "0"}
@@ -74,7 +78,10 @@ class BackgroundJobs:
         return key in self.done
 
     def result(self, key: str):
-        if not self.done[key].wait(timeout=1800):
+        asked = time.monotonic()
+        finished = self.done[key].wait(timeout=1800)
+        self.waited_s += time.monotonic() - asked
+        if not finished:
             pytest.fail(f"the background job {key} did not end")
         result = self.results[key]
         if isinstance(result, str):
@@ -104,6 +111,7 @@ class BackgroundJobs:
                         self.results[found["key"]] = found["result"]
                         self.done[found["key"]].set()
                 self.process.wait()
+            self.finished_at = time.monotonic() - self.started
             with open(errors) as f:
                 error = f"exit {self.process.returncode}:\n{f.read()[-3000:]}"
         except Exception as exc:  # the tests that ask for these results fail with it
@@ -181,6 +189,13 @@ def pytest_collection_finish(session):
 def pytest_sessionfinish(session, exitstatus):
     if _background is not None:
         _background.stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _background is not None and _background.finished_at is not None:
+        terminalreporter.write_line(
+            f"background jobs: {len(_background.jobs)} ran in {_background.finished_at:.0f} s from collection; "
+            f"tests waited {_background.waited_s:.0f} s for them")
 
 
 def statuses(report) -> dict:
