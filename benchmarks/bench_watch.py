@@ -66,7 +66,9 @@ def warm(ex: catalog.Exercise, saves: int, session: harness.Session) -> tuple[li
 def cold(ex: catalog.Exercise) -> tuple[float, int]:
     env = {**os.environ, "DDP_GRADE_STATE_DIR": tempfile.mkdtemp(prefix="bench-state-")}
     started = time.monotonic()
-    proc = subprocess.run(["ddp-grade", str(ROOT / "solutions" / ex.filename), "--quiet", "--no-server"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # `python -m grader` is `ddp-grade`, without needing the virtual environment on PATH.
+    command = [sys.executable, "-m", "grader", str(ROOT / "solutions" / ex.filename), "--quiet", "--no-server"]
+    proc = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.monotonic() - started, proc.returncode
 
 
