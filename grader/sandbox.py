@@ -107,7 +107,11 @@ binds, argv = rest[:split], rest[split + 1:]
 hidden = [h for h in (home, "/tmp") if os.path.isdir(h)]
 def under(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
-keep = {path: os.open(path, os.O_PATH) for path in binds if any(under(path, h) for h in hidden)}
+wanted = [path for path in binds if any(under(path, h) for h in hidden)]
+# A path inside another one bound back (the learner's file inside a kit kept under /tmp) is seen
+# through that one: binding it again would need a mount point made inside a read-only folder.
+wanted = [path for path in wanted if not any(other != path and under(path, other) for other in wanted)]
+keep = {path: os.open(path, os.O_PATH) for path in wanted}
 for h in hidden:
     mount("tmpfs", h, "tmpfs", 0)
 for path, fd in keep.items():

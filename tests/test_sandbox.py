@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -139,3 +140,23 @@ def test_batch_grades_each_submission_in_a_sandbox_of_its_own(tool, tmp_path, mo
         f"{name}/01_setup.py": "passed" for name in ("alice", "bob", "carol", "dave")}, result.output[-3000:]
     assert alice.read_bytes() == before, "a submission wrote into another submission's file"
     assert carrying(tag) == []
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_kit_kept_under_tmp_grades_in_the_sandbox(tool):
+    """Inside, /tmp is an empty folder; the kit kept there, and the learner's file inside the kit,
+    are bound back read-only (the file is seen through the kit's folder, not bound a second time)."""
+    kit = Path(tempfile.mkdtemp(prefix="ddp-grade-kit-", dir="/tmp"))
+    try:
+        shutil.copytree(ROOT / "grader", kit / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+        (kit / "solutions").mkdir()
+        shutil.copy(ROOT / "solutions" / "01_setup.py", kit / "solutions")
+        env = {**os.environ, "PYTHONPATH": str(kit), sandbox.TOOL_ENV: tool}
+        # From the kit's own folder, so that `-m grader` is the copy under /tmp.
+        done = subprocess.run([sys.executable, "-m", "grader", "solutions/01_setup.py", "-q", "--no-server",
+                               "--world-size", "2", "--timeout", "30", "--sandbox"], cwd=kit, env=env,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(kit, ignore_errors=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+    assert "checks passed" in done.stdout, done.stdout[-2000:]
