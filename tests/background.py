@@ -18,6 +18,7 @@ Two kinds of job:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "@@job "  # a line of the background process's output that carries one job's result
-GRADE_TIMEOUT_S = 60.0  # the ``grade`` fixture's default
+GRADE_TIMEOUT_S = 60.0  # a grading's deadline in the tests, unless a test sets its own
 
 
 def grade_key(path, options: dict) -> str:
@@ -38,18 +39,24 @@ def cli_key(path, args: list[str]) -> str:
     return "cli " + json.dumps([str(Path(path).resolve()), list(args)])
 
 
-def processes_carrying(tag: str) -> list[int]:
-    """Pids of the processes whose environment has ``DDP_GRADE_TEST_TAG=tag``."""
+def processes_with(entry: str) -> list[int]:
+    """Pids of the processes whose environment has ``entry`` (``NAME=value``): every descendant of a
+    command started with it inherits it."""
     found = []
-    needle = f"DDP_GRADE_TEST_TAG={tag}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+    needle = entry.encode()
+    for process in Path("/proc").iterdir():
+        if process.name.isdigit():
             try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
+                if needle in (process / "environ").read_bytes().split(b"\0"):
+                    found.append(int(process.name))
             except OSError:
                 pass
     return found
+
+
+def processes_carrying(tag: str) -> list[int]:
+    """Pids of the processes whose environment has ``DDP_GRADE_TEST_TAG=tag``."""
+    return processes_with(f"DDP_GRADE_TEST_TAG={tag}")
 
 
 def cli_grading(path, args: list[str], state_dir, timeout_s: float) -> dict:
@@ -64,8 +71,6 @@ def cli_grading(path, args: list[str], state_dir, timeout_s: float) -> dict:
 
 def _run_jobs(jobs: list[dict], state_dir: str) -> None:
     """The background process: run each job, print one marked line with its result."""
-    import contextlib
-
     from grader import grading, harness
     from grader.grading import GradeOptions, grade_file
 
@@ -85,5 +90,5 @@ def _run_jobs(jobs: list[dict], state_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT))  # this kit's grader, as a test run from ROOT imports it
     _run_jobs(json.loads(Path(sys.argv[1]).read_text()), sys.argv[2])

@@ -41,7 +41,7 @@ def grade(session):
         key = background.grade_key(path, options)
         if _background is not None and exercise is None and _background.has(key):
             return report_from_dict(_background.result(key))
-        options.setdefault("timeout_s", 60)
+        options.setdefault("timeout_s", background.GRADE_TIMEOUT_S)
         return grade_file(str(path), session, GradeOptions(**options), exercise)
 
     return _grade
@@ -142,15 +142,17 @@ def _grade_job(path: Path, options: dict | None = None) -> dict:
             "options": sorted(options.items())}
 
 
+def _of_background_exercise(path: Path) -> bool:
+    return path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES))
+
+
 def _waits_more_than_it_computes(path: Path) -> dict | None:
     """A variant that hangs until a deadline stops it (or one of exercise 15's), as a job."""
     from test_variants import expectations
 
     e = expectations(path)
-    if path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES)) and not e["options"]:
-        return _grade_job(path)
-    if e["status"] == "timeout" or "finishes" in e["fail"]:
-        return _grade_job(path, e["options"])
+    if _of_background_exercise(path) or e["status"] == "timeout" or "finishes" in e["fail"]:
+        return _grade_job(path, e["options"])  # the options test_variants grades it with
     return None
 
 
@@ -160,11 +162,8 @@ def _background_job(item) -> dict | None:
     name = item.originalname
     if name == "test_variant_fails_with_the_right_check":
         return _waits_more_than_it_computes(params["path"])
-    if name == "test_right_answer_passes":
-        path = params["path"]
-        if path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES)) and \
-                "# grade-options:" not in path.read_text(encoding="utf-8", errors="replace"):
-            return _grade_job(path)
+    if name == "test_right_answer_passes" and _of_background_exercise(params["path"]):
+        return _grade_job(params["path"])  # right answers are graded with the default options
     if name == "test_solution_passes_every_check" and params["exercise"].id in BACKGROUND_EXERCISES:
         return _grade_job(ROOT / "solutions" / params["exercise"].filename)
     if name == "test_broken_script_as_shipped_shows_its_symptom":  # each hangs or runs to a deadline

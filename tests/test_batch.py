@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from background import processes_with
 from conftest import ROOT
 from grader import batch
 from grader.cli import main
@@ -101,18 +102,6 @@ def test_an_unknown_exercise_is_refused_before_anything_starts(tmp_path):
     assert result.exit_code == 2 and "unknown exercise '77'" in result.output
 
 
-def _processes_with(text: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if text.encode() in f.read():
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 @pytest.mark.slow
 def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, monkeypatch):
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
@@ -140,7 +129,7 @@ def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, m
     shutil.rmtree(scratch, ignore_errors=True)
     assert left == [], "a worker's temporary folder was left behind"
     if os.path.isdir("/proc"):
-        assert _processes_with(f"TMPDIR={scratch}") == [], "a worker or one of its ranks is still alive"
+        assert processes_with(f"TMPDIR={scratch}") == [], "a worker or one of its ranks is still alive"
 
 
 @pytest.mark.slow
@@ -153,7 +142,7 @@ def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path)
                             # Ctrl-C must reach it even when these tests run as a background job (SIGINT ignored)
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
-    while len(_processes_with(f"BATCH_TEST_TAG={tag}")) < 3 and time.monotonic() < deadline:
+    while len(processes_with(f"BATCH_TEST_TAG={tag}")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)  # the batch, a worker and its pool at least
     time.sleep(2)
     proc.send_signal(signal.SIGINT)
@@ -161,7 +150,7 @@ def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path)
     assert proc.returncode == 130, (out, err)
     assert "interrupted" in err
     time.sleep(0.5)
-    assert _processes_with(f"BATCH_TEST_TAG={tag}") == []
+    assert processes_with(f"BATCH_TEST_TAG={tag}") == []
 
 
 def test_folders_give_only_files_named_for_an_exercise_of_the_catalog(tmp_path):

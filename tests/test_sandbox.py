@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from background import processes_carrying
 from conftest import ROOT
 from grader import sandbox
 
@@ -32,18 +33,6 @@ def grade(path: Path, tool: str | None, **env) -> subprocess.CompletedProcess:
         args.append("--sandbox")
         full_env[sandbox.TOOL_ENV] = tool
     return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=120)
-
-
-def carrying(tag: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if f"DDP_GRADE_TEST_TAG={tag}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -80,7 +69,7 @@ def test_a_daemon_started_in_the_sandbox_does_not_outlive_it(tool):
     tag = uuid.uuid4().hex
     done = grade(ROOT / "tests" / "hostile" / "01_daemon.py", tool, DDP_GRADE_TEST_TAG=tag)
     assert done.returncode == 0, done.stdout[-2000:]
-    assert carrying(tag) == []
+    assert processes_carrying(tag) == []
 
 
 def test_without_a_tool_sandbox_is_refused_with_one_line(monkeypatch):
@@ -139,7 +128,7 @@ def test_batch_grades_each_submission_in_a_sandbox_of_its_own(tool, tmp_path, mo
     assert {r["submission"]: r["status"] for r in data["reports"]} == {
         f"{name}/01_setup.py": "passed" for name in ("alice", "bob", "carol", "dave")}, result.output[-3000:]
     assert alice.read_bytes() == before, "a submission wrote into another submission's file"
-    assert carrying(tag) == []
+    assert processes_carrying(tag) == []
 
 
 @pytest.mark.parametrize("tool", TOOLS)
