@@ -6,9 +6,9 @@ anything it started), sends its output to a file, arms ``faulthandler`` so the
 parent can ask for its stack, imports the learner's file, runs the exercise's
 driver and sends back one message: what it observed, or how it failed.
 
-Messages to the parent are ``torch.save`` bytes, read there with
-``torch.load(weights_only=True)``: plain data and tensors only, so nothing a
-submission puts in them can run code in the parent.
+Messages to the parent are written by :mod:`grader.wire`: plain data and tensors
+only, read there with an allowlist, so nothing a submission puts in them can run
+code in the parent.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import contextlib
 import faulthandler
 import importlib
 import importlib.util
-import io
 import os
 import signal
 import sys
@@ -218,9 +217,9 @@ def _source_line(path: str, lineno: int) -> str:
 
 
 def send(conn, payload: dict) -> None:
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    conn.send_bytes(buffer.getvalue())
+    from grader import wire
+
+    conn.send_bytes(wire.dumps(payload))
 
 
 def _redirect_output(path: str) -> None:

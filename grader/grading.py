@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from grader import catalog, diagnose, learner
-from grader.harness import RankOutcome, Session, WorldOutcome, Worker, WorkerDied, WorkerTimeout
+from grader.harness import RankOutcome, Session, World, WorldOutcome, Worker, WorkerDied, WorkerTimeout
 from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (re-exported for callers)
 from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, PASS, SKIP, UNUSABLE, UNUSABLE_FILE,
                             CheckResult, Report, RunProblem, overall_status)
@@ -104,11 +104,34 @@ class Grading:
             self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
             backend=backend or self.backend, kwargs=kwargs, env=env,
         )
+        self._stop_on_problems(outcome, expect_ok)
+        return outcome
+
+    def run_each_size(self, driver: str, world_sizes: list[int], *, kwargs: dict | None = None) -> list[WorldOutcome]:
+        """Run ``driver`` once on each of ``world_sizes`` ranks, all worlds at the same time.
+
+        What ``run`` would give for each size in turn, and in the same order (a timeout or a
+        failing rank of the first world stops the grading before the second is looked at), but
+        a watch re-grade waits for the slowest world instead of for their sum. For light
+        exercises only: every rank of every world is alive at once.
+        """
+        sizes = list(world_sizes)
+        if len(sizes) == 1:
+            return [self.run(driver, sizes[0], kwargs=kwargs)]
+        self._notify("run", driver=driver, world_size=max(sizes),
+                     label=f"{driver} on {', '.join(map(str, sizes))} ranks at once")
+        self.sizes_run.extend(size for size in sizes if size not in self.sizes_run)
+        outcomes = self.session.run_many([World(self._ref(driver), size, kwargs) for size in sizes],
+                                         learner_path=self.path, timeout_s=self.remaining(), backend=self.backend)
+        for outcome in outcomes:
+            self._stop_on_problems(outcome, expect_ok=True)
+        return outcomes
+
+    def _stop_on_problems(self, outcome: WorldOutcome, expect_ok: bool) -> None:
         if outcome.timed_out:
             raise Abort(diagnose.timeout_problem(outcome, self.timeout_s, self.path))
         if expect_ok:
             self.stop_on_failures(outcome)
-        return outcome
 
     def worker(self, driver: str, kwargs: dict | None = None) -> Worker:
         self._notify("worker", driver=driver)

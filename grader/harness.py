@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import io
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -51,6 +50,12 @@ RUN_MARKER = "DDP_GRADE_RUN"  # environment variable carried by every process of
 
 DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.limits; a Session takes GradeOptions.limits
 REAP_PASSES = 5  # a process forking in a loop is caught within a few passes
+# c10d names the peer of every store connection with a reverse DNS lookup (its log text), and for
+# 127.0.0.1, which it reaches as ::ffff:127.0.0.1, /etc/hosts has no answer: the query goes to the
+# DNS server. Where that server drops a query now and then, glibc waits 5 s before asking again
+# and the rank stalls in init_process_group. One try of 1 s bounds the stall, and after a failed
+# lookup c10d stops looking names up in that process. A RES_OPTIONS of the user's own is kept.
+RESOLVER_OPTIONS = "timeout:1 attempts:1"
 
 
 @dataclass
@@ -100,6 +105,16 @@ class WorldOutcome:
 
 
 @dataclass
+class World:
+    """One run of :meth:`Session.run_many`: ``driver`` on ``world_size`` ranks."""
+
+    driver: str
+    world_size: int
+    kwargs: dict | None = None
+    env: dict | None = None
+
+
+@dataclass
 class _Rank:
     rank: int
     process: object
@@ -120,6 +135,7 @@ class Session:
     """
 
     def __init__(self, limits: dict | None = None, start_method: str | None = None):
+        bound_name_lookups()
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self.ctx = _context(start_method)
         self.tmp = tempfile.mkdtemp(prefix="ddp-grade-")
@@ -160,26 +176,43 @@ class Session:
         grace_s: float = GRACE_AFTER_FAILURE_S,
     ) -> WorldOutcome:
         """Run ``driver`` (``"module:function"``) in ``world_size`` fresh rank processes."""
+        return self.run_many([World(driver, world_size, kwargs, env)], learner_path=learner_path,
+                             timeout_s=timeout_s, backend=backend, grace_s=grace_s)[0]
+
+    def run_many(self, worlds: list[World], *, learner_path: str, timeout_s: float, backend: str = "gloo",
+                 grace_s: float = GRACE_AFTER_FAILURE_S) -> list[WorldOutcome]:
+        """Run several independent worlds at the same time, under one deadline; outcomes in order.
+
+        Each world has its own store, folder and grace period after a failure: one world's
+        failure stops none of the others.
+        """
         from torch.distributed import TCPStore
 
-        run_dir = self.new_run_dir()
         started = time.monotonic()
-        # This process holds the rendezvous port for the whole run; every rank,
-        # rank 0 included, connects to it as a client.
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        ranks: list[_Rank] = []
+        stores, run_dirs, groups = [], [], []
         try:
-            for rank in range(world_size):
-                spec = self._spec(driver, rank, world_size, learner_path, run_dir, timeout_s,
-                                  backend, kwargs, _rendezvous_env(store.port, env))
-                ranks.append(self._start(spec))
-            timed_out = _wait(ranks, started + timeout_s, grace_s, self.limits)
+            for world in worlds:
+                run_dir = self.new_run_dir()
+                # This process holds the rendezvous port for the whole run; every rank,
+                # rank 0 included, connects to it as a client.
+                store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+                stores.append(store)
+                run_dirs.append(run_dir)
+                ranks: list[_Rank] = []
+                groups.append(ranks)
+                for rank in range(world.world_size):
+                    spec = self._spec(world.driver, rank, world.world_size, learner_path, run_dir, timeout_s,
+                                      backend, world.kwargs, _rendezvous_env(store.port, world.env))
+                    ranks.append(self._start(spec))
+            timed_out = _wait_all(groups, started + timeout_s, grace_s, self.limits)
         finally:
-            _stop(ranks, run_dir)
-            del store
+            _stop([r for ranks in groups for r in ranks])
+            stores.clear()
         strays = reap_strays(self.marker, marker_file=self.marker_file)
-        outcomes = _blame([_outcome(r, run_dir, self.limits) for r in ranks])
-        return WorldOutcome(world_size, outcomes, timed_out, time.monotonic() - started, run_dir, strays)
+        seconds = time.monotonic() - started
+        return [WorldOutcome(world.world_size, _blame([_outcome(r, run_dir, self.limits) for r in ranks]),
+                             late, seconds, run_dir, strays)
+                for world, ranks, run_dir, late in zip(worlds, groups, run_dirs, timed_out)]
 
     def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
                backend: str = "gloo") -> "Worker":
@@ -299,25 +332,41 @@ class WorkerDied(Exception):
 # --- waiting and stopping ---------------------------------------------------------
 
 
-def _wait(ranks: list[_Rank], deadline: float, grace_s: float, limits: dict | None = None) -> bool:
-    """Collect messages and exits until every rank is done; True if the deadline hit first."""
+def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
+              limits: dict | None = None) -> list[bool]:
+    """Collect messages and exits until every rank of every group is done.
+
+    A group is one world: once one of its ranks has failed, the others get ``grace_s`` more
+    (the other groups are not affected). Returns, per group, True if the deadline hit first.
+    """
     memory = (limits or {}).get("memory_bytes") or 0
-    grace_until = None  # set once a rank has failed: the others get grace_s more
+    grace_until: list[float | None] = [None] * len(groups)  # per group, set once a rank has failed
+    timed_out = [False] * len(groups)
+    done = [False] * len(groups)
     while True:
-        live = [r for r in ranks if not r.ended]
-        if not live:
-            return False
         now = time.monotonic()
-        if grace_until is not None and now >= grace_until and grace_until < deadline:
-            return False
-        if now >= deadline:
-            return True
-        stop_at = deadline if grace_until is None else min(deadline, grace_until)
+        for k, ranks in enumerate(groups):
+            if done[k]:
+                continue
+            if all(r.ended for r in ranks):
+                done[k] = True
+            elif grace_until[k] is not None and now >= grace_until[k] and grace_until[k] < deadline:
+                done[k] = True
+            elif now >= deadline:
+                done[k] = timed_out[k] = True
+        if all(done):
+            return timed_out
+        stop_at = min([deadline] + [g for k, g in enumerate(grace_until) if g is not None and not done[k]])
         waitables = {}
-        for r in live:
-            if r.payload is None and not r.conn_closed:
-                waitables[r.conn] = r
-            waitables[r.process.sentinel] = r
+        for k, ranks in enumerate(groups):
+            if done[k]:
+                continue
+            for r in ranks:
+                if r.ended:
+                    continue
+                if r.payload is None and not r.conn_closed:
+                    waitables[r.conn] = r
+                waitables[r.process.sentinel] = r
         step = max(0.0, stop_at - now)
         if memory:
             step = min(step, _limits.MEMORY_POLL_S)
@@ -332,12 +381,15 @@ def _wait(ranks: list[_Rank], deadline: float, grace_s: float, limits: dict | No
                     r.payload = _receive(r.conn, min(deadline, time.monotonic() + 5), block=False)
                 r.ended = True
                 r.ended_at = time.monotonic()
-        if memory:
-            for r in ranks:
-                if not r.ended and _over_memory(r, memory):
-                    r.ended, r.ended_at = True, time.monotonic()
-        if grace_until is None and any(_failed(r) for r in ranks):
-            grace_until = time.monotonic() + grace_s
+        for k, ranks in enumerate(groups):
+            if done[k]:
+                continue
+            if memory:
+                for r in ranks:
+                    if not r.ended and _over_memory(r, memory):
+                        r.ended, r.ended_at = True, time.monotonic()
+            if grace_until[k] is None and any(_failed(r) for r in ranks):
+                grace_until[k] = time.monotonic() + grace_s
 
 
 def _failed(r: _Rank) -> bool:
@@ -421,15 +473,15 @@ def _receive(conn, deadline: float, block: bool = True) -> dict | None:
 
 
 def _load(data: bytes) -> dict:
-    import torch
+    from grader import wire
 
-    payload = torch.load(io.BytesIO(data), weights_only=True)
+    payload = wire.loads(data)
     if not isinstance(payload, dict):
         raise ValueError("malformed report")
     return payload
 
 
-def _stop(ranks: list[_Rank], run_dir: str) -> None:
+def _stop(ranks: list[_Rank]) -> None:
     """Ask every live rank for its stack, then kill it and everything it started."""
     live = [r for r in ranks if r.process.is_alive()]
     if live:
@@ -666,6 +718,7 @@ def warm_up(dynamo: bool = True, modules: list[str] | tuple[str, ...] = ()) -> N
     once in the pool (the layer above names its drivers' modules).
     """
     _preload_extra[:] = [m for m in modules if m not in PRELOAD]
+    bound_name_lookups()  # before the pool starts: it and every rank inherit the setting
     ctx = _context(None, dynamo)
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
@@ -720,12 +773,23 @@ def _rendezvous_env(port: int, extra: dict | None) -> dict:
     return env
 
 
+def bound_name_lookups() -> None:
+    """Give this process (and what it starts) RESOLVER_OPTIONS unless RES_OPTIONS is set already.
+
+    The grader's own store connects to itself once per run, so the lookup stall hits this process
+    too, not only the ranks.
+    """
+    os.environ.setdefault("RES_OPTIONS", RESOLVER_OPTIONS)
+
+
 def _platform_env() -> dict:
-    """Keep gloo on the loopback interface, where every rank of a run lives."""
+    """Keep gloo on the loopback interface, where every rank of a run lives, and bound the ranks'
+    name lookups (RESOLVER_OPTIONS)."""
+    env = {"RES_OPTIONS": os.environ.get("RES_OPTIONS", RESOLVER_OPTIONS)}
     if "GLOO_SOCKET_IFNAME" in os.environ:
-        return {}
+        return env
     if sys.platform.startswith("linux"):
-        return {"GLOO_SOCKET_IFNAME": "lo"}
-    if sys.platform == "darwin":
-        return {"GLOO_SOCKET_IFNAME": "lo0"}
-    return {}
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    elif sys.platform == "darwin":
+        env["GLOO_SOCKET_IFNAME"] = "lo0"
+    return env

@@ -99,8 +99,8 @@ def _error_of(fn) -> str | None:
 
 def grade(g) -> None:
     backend = g.backend if g.backend_requested != "auto" else None
-    for world_size in g.world_sizes:
-        outcome = g.run("rank_main", world_size, kwargs={"backend": backend})
+    for world_size, outcome in zip(g.world_sizes, g.run_each_size("rank_main", g.world_sizes,
+                                                                 kwargs={"backend": backend})):
         check_run(g, outcome.results(), world_size)
     # backend= given: it is the one to join with, even where setup_ddp would pick another.
     request = requested_backend(g.backend)
