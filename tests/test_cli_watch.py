@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from grader.cli import main
-from grader.commands.watch import fingerprint, watch_loop
+from grader.commands.watch import FolderEvents, fingerprint, watch_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,6 +81,34 @@ def test_a_deleted_file_and_its_return_are_changes(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file events are read with Linux inotify")
+@pytest.mark.parametrize("how", ["written in place", "replaced by a rename"])
+def test_on_linux_a_save_wakes_the_loop_without_waiting_for_the_next_poll(tmp_path, how):
+    f = tmp_path / "01_setup.py"
+    f.write_text("v1")
+    assert FolderEvents.open(f) is not None
+    seen = []
+    first = threading.Event()
+
+    def on_change(k):
+        seen.append(f.read_text())
+        first.set()
+
+    # A poll every 10 minutes: only a file event can bring the second grading within the join below.
+    loop = threading.Thread(target=watch_loop, args=(f, on_change), kwargs={"poll_s": 600, "max_grades": 2},
+                            daemon=True)
+    loop.start()
+    assert first.wait(30)
+    if how == "written in place":
+        f.write_text("v2")
+    else:
+        (tmp_path / "01_setup.py.tmp").write_text("v2")
+        os.replace(tmp_path / "01_setup.py.tmp", f)
+    loop.join(60)
+    assert not loop.is_alive()
+    assert seen == ["v1", "v2"]
+
+
 def test_watch_command_grades_the_file_in_one_warm_session(tmp_path, monkeypatch):
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
     f = tmp_path / "01_setup.py"

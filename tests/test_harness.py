@@ -127,3 +127,73 @@ def test_a_session_removes_its_temporary_folder(tmp_path):
         run_dir = session.new_run_dir()
         open(os.path.join(run_dir, "rank0.out"), "w").write("x")
     assert not os.path.exists(session.tmp)
+
+
+# --- several worlds at once (Session.run_many) ------------------------------------------
+
+
+def fails_at_once_main(ctx) -> dict:
+    """Rank 1 raises at once; rank 0 would wait far longer than any test."""
+    if ctx.rank == 1:
+        raise RuntimeError("rank 1 gave up")
+    time.sleep(60)
+    return {}
+
+
+def sleeps_then_answers_main(ctx) -> dict:
+    time.sleep(ctx.kwargs.get("sleep_s", 0.0))
+    return {"rank": ctx.rank, "world_size": ctx.world_size}
+
+
+def _world(name: str, size: int, **kwargs) -> harness.World:
+    return harness.World(f"test_harness:{name}", size, kwargs)
+
+
+def test_worlds_run_together_answer_in_order_each_with_its_own_ranks():
+    with harness.Session() as session:
+        outcomes = session.run_many([_world("sleeps_then_answers_main", 2), _world("sleeps_then_answers_main", 3)],
+                                    learner_path=__file__, timeout_s=60)
+    assert [o.world_size for o in outcomes] == [2, 3]
+    assert outcomes[0].results() == [{"rank": r, "world_size": 2} for r in range(2)]
+    assert outcomes[1].results() == [{"rank": r, "world_size": 3} for r in range(3)]
+    assert outcomes[0].run_dir != outcomes[1].run_dir
+
+
+def test_a_failing_world_gets_its_grace_without_cutting_short_the_world_beside_it():
+    with harness.Session() as session:
+        started = time.monotonic()
+        failing, beside = session.run_many(
+            [_world("fails_at_once_main", 2), _world("sleeps_then_answers_main", 2, sleep_s=3.0)],
+            learner_path=__file__, timeout_s=60, grace_s=0.5)
+        seconds = time.monotonic() - started
+    assert [r.status for r in failing.ranks] == ["killed", "error"]  # rank 0 stopped after the grace
+    assert not failing.timed_out
+    assert beside.ok, [r.status for r in beside.ranks]  # ran its 3 s, well past the other's grace
+    assert seconds < 30
+
+
+def test_a_world_that_hangs_times_out_alone():
+    with harness.Session() as session:
+        hung, beside = session.run_many(
+            [_world("sleeps_then_answers_main", 2, sleep_s=60), _world("sleeps_then_answers_main", 2)],
+            learner_path=__file__, timeout_s=3)
+    assert hung.timed_out and [r.status for r in hung.ranks] == ["killed", "killed"]
+    assert not beside.timed_out and beside.ok
+
+
+def test_every_process_of_a_grading_bounds_its_name_lookups(monkeypatch):
+    """c10d looks up the name of 127.0.0.1 on every store connection; a DNS server that drops the query
+    must not stall a rank for glibc's default 5 s (harness.RESOLVER_OPTIONS)."""
+    monkeypatch.delenv("RES_OPTIONS", raising=False)
+    with harness.Session() as session:
+        outcome = session.run("test_harness:resolver_options_main", 1, learner_path=__file__, timeout_s=60)
+        assert os.environ["RES_OPTIONS"] == harness.RESOLVER_OPTIONS
+    assert outcome.results() == [harness.RESOLVER_OPTIONS]
+    monkeypatch.setenv("RES_OPTIONS", "timeout:2")  # the user's own is kept
+    with harness.Session() as session:
+        outcome = session.run("test_harness:resolver_options_main", 1, learner_path=__file__, timeout_s=60)
+    assert outcome.results() == ["timeout:2"]
+
+
+def resolver_options_main(ctx) -> str | None:
+    return os.environ.get("RES_OPTIONS")
