@@ -47,6 +47,27 @@ class Plan:
     backend_requested: str = "auto"  # what --backend said
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run for :meth:`Grading.run_at_once`; the fields mean what ``Grading.run``'s arguments do."""
+
+    driver: str
+    world_size: int
+    kwargs: dict | None = None
+    env: dict | None = None
+    label: str | None = None
+    expect_ok: bool = True
+
+
+def _together(runs: list[Run]) -> str:
+    """The live line's words for runs started at once: "rank_main on 2, 3, 2 ranks and defaults_main on 1 rank"."""
+    sizes: dict[str, list[int]] = {}
+    for r in runs:
+        sizes.setdefault(r.driver, []).append(r.world_size)
+    parts = [f"{driver} on {', '.join(map(str, n))} rank{'s' if n != [1] else ''}" for driver, n in sizes.items()]
+    return " and ".join(parts) + " at once"
+
+
 class Grading:
     """What an exercise's ``grade`` function works with: runs to start, verdicts to record."""
 
@@ -107,25 +128,26 @@ class Grading:
         self._stop_on_problems(outcome, expect_ok)
         return outcome
 
-    def run_each_size(self, driver: str, world_sizes: list[int], *, kwargs: dict | None = None) -> list[WorldOutcome]:
-        """Run ``driver`` once on each of ``world_sizes`` ranks, all worlds at the same time.
+    def run_at_once(self, runs: list[Run]):
+        """Start every run in ``runs`` at the same time; yield their outcomes in order.
 
-        What ``run`` would give for each size in turn, and in the same order (a timeout or a
-        failing rank of the first world stops the grading before the second is looked at), but
-        a watch re-grade waits for the slowest world instead of for their sum. For light
-        exercises only: every rank of every world is alive at once.
+        Each outcome gets the checks ``run`` makes (a timeout, a failing rank with ``expect_ok``)
+        just before it is yielded, so a grading that reads them in order stops where the same
+        runs one after another would have stopped, with the same verdicts recorded. A re-grade
+        waits for the slowest run instead of for their sum. For light exercises only: every
+        rank of every run is alive at once.
         """
-        sizes = list(world_sizes)
-        if len(sizes) == 1:
-            return [self.run(driver, sizes[0], kwargs=kwargs)]
-        self._notify("run", driver=driver, world_size=max(sizes),
-                     label=f"{driver} on {', '.join(map(str, sizes))} ranks at once")
-        self.sizes_run.extend(size for size in sizes if size not in self.sizes_run)
-        outcomes = self.session.run_many([World(self._ref(driver), size, kwargs) for size in sizes],
+        runs = list(runs)
+        self._notify("run", driver=runs[0].driver, world_size=max(r.world_size for r in runs),
+                     label=_together(runs))
+        for r in runs:
+            if r.label is None and r.world_size not in self.sizes_run:
+                self.sizes_run.append(r.world_size)
+        outcomes = self.session.run_many([World(self._ref(r.driver), r.world_size, r.kwargs, r.env) for r in runs],
                                          learner_path=self.path, timeout_s=self.remaining(), backend=self.backend)
-        for outcome in outcomes:
-            self._stop_on_problems(outcome, expect_ok=True)
-        return outcomes
+        for r, outcome in zip(runs, outcomes):
+            self._stop_on_problems(outcome, r.expect_ok)
+            yield outcome
 
     def _stop_on_problems(self, outcome: WorldOutcome, expect_ok: bool) -> None:
         if outcome.timed_out:

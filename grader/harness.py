@@ -53,9 +53,10 @@ REAP_PASSES = 5  # a process forking in a loop is caught within a few passes
 # c10d names the peer of every store connection with a reverse DNS lookup (its log text), and for
 # 127.0.0.1, which it reaches as ::ffff:127.0.0.1, /etc/hosts has no answer: the query goes to the
 # DNS server. Where that server drops a query now and then, glibc waits 5 s before asking again
-# and the rank stalls in init_process_group. One try of 1 s bounds the stall, and after a failed
-# lookup c10d stops looking names up in that process. A RES_OPTIONS of the user's own is kept.
-RESOLVER_OPTIONS = "timeout:1 attempts:1"
+# and the rank stalls in init_process_group. Asking again after 1 s instead bounds the stall
+# (a failed lookup would make c10d print a warning, so the second try is kept). A RES_OPTIONS of
+# the user's own is kept.
+RESOLVER_OPTIONS = "timeout:1 attempts:2"
 
 
 @dataclass

@@ -109,6 +109,29 @@ def test_on_linux_a_save_wakes_the_loop_without_waiting_for_the_next_poll(tmp_pa
     assert seen == ["v1", "v2"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="file events are read with Linux inotify")
+def test_a_file_event_says_when_a_save_of_the_watched_file_is_complete(tmp_path):
+    f = tmp_path / "03_train.py"
+    f.write_text("v1")
+    events = FolderEvents.open(f)
+    try:
+        (tmp_path / "notes.txt").write_text("another file")
+        assert events.wait(5) is False  # woken, but not by this file
+        os.utime(f)
+        assert events.wait(5) is False  # touched: nothing was written
+        with open(f, "a") as handle:
+            handle.write("# more")
+            handle.flush()
+            assert events.wait(5) is False  # written, still open: may not be complete
+        assert events.wait(5) is True  # closed after writing
+        (tmp_path / "03_train.py.swp").write_text("v3")
+        os.replace(tmp_path / "03_train.py.swp", f)
+        assert events.wait(5) is True  # renamed onto it, as many editors save
+        assert events.wait(0.05) is False  # nothing new
+    finally:
+        events.close()
+
+
 def test_watch_command_grades_the_file_in_one_warm_session(tmp_path, monkeypatch):
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
     f = tmp_path / "01_setup.py"

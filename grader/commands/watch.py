@@ -4,8 +4,9 @@ On Linux, a change in the file's folder wakes the loop at once (inotify, read th
 extra dependency). Everywhere, and as a backstop on Linux, the file is also polled every 0.05 s
 (modification time, size and content hash): file events do not reach every container, WSL or
 network mount, polling does. Either way, what counts as a save is decided by comparing
-fingerprints, and a change is graded once the file has stayed the same for 0.03 s (editors may
-write in several steps). Reading and hashing an exercise file 20 times a second costs next to
+fingerprints. A change is graded at once when a file event says the write of the file was
+closed (or a file was renamed onto it); otherwise once the file has stayed the same for 0.03 s
+(editors may write in several steps). Reading and hashing an exercise file 20 times a second costs next to
 nothing. The grading reuses one warm harness session for the whole watch, so each verdict
 comes from processes that already have torch imported.
 """
@@ -17,6 +18,7 @@ import ctypes.util
 import hashlib
 import os
 import select
+import struct
 import sys
 import threading
 import time
@@ -53,7 +55,8 @@ def watch_loop(path, on_change: Callable[[int], None], *, poll_s: float = POLL_S
     Stops after ``max_grades`` calls, when ``stop`` is set, or on KeyboardInterrupt (raised to the
     caller). A change counts when the content differs (same-content saves, e.g. "touch", are
     ignored) and the file then stays unchanged for SETTLE_S. With the default ``sleep``, a file
-    event in the folder (where :class:`FolderEvents` has them) ends the wait of ``poll_s`` early.
+    event in the folder (where :class:`FolderEvents` has them) ends the wait of ``poll_s`` early,
+    and one saying the file's write was closed makes the change count at once.
     """
     stop = stop or threading.Event()
     events = FolderEvents.open(path) if sleep is time.sleep else None
@@ -69,7 +72,7 @@ def _loop(path, on_change, poll_s, max_grades, stop, sleep, wait) -> int:
     last = fingerprint(path)
     on_change(graded := graded + 1)
     while not stop.is_set() and (max_grades is None or graded < max_grades):
-        wait(poll_s)
+        saved = wait(poll_s)  # True only where a file event said a write of this file has finished
         if stop.is_set():
             break
         now = fingerprint(path)
@@ -78,11 +81,11 @@ def _loop(path, on_change, poll_s, max_grades, stop, sleep, wait) -> int:
         if now.digest == last.digest:
             last = now  # touched, not changed
             continue
-        sleep(SETTLE_S)  # let a multi-step save finish
-        settled = fingerprint(path)
-        if settled != now:
-            continue  # still being written: look again at the next poll
-        last = settled
+        if not saved:
+            sleep(SETTLE_S)  # let a multi-step save finish
+            if fingerprint(path) != now:
+                continue  # still being written: look again at the next poll
+        last = now
         on_change(graded := graded + 1)
     return graded
 
@@ -94,8 +97,9 @@ class FolderEvents:
     _MASK = 0x2 | 0x4 | 0x8 | 0x80 | 0x100 | 0x200  # MODIFY ATTRIB CLOSE_WRITE MOVED_TO CREATE DELETE
     _FLAGS = 0o4000 | 0o2000000  # IN_NONBLOCK | IN_CLOEXEC
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, name: bytes):
         self.fd = fd
+        self.name = name  # the watched file's name in its folder
 
     @classmethod
     def open(cls, path) -> "FolderEvents | None":
@@ -113,17 +117,32 @@ class FolderEvents:
                 return None
         except (OSError, AttributeError):
             return None
-        return cls(fd)
+        return cls(fd, os.path.basename(os.path.abspath(path)).encode())
 
-    def wait(self, timeout_s: float) -> None:
-        """Until an event arrives or ``timeout_s`` has passed; the events themselves are discarded."""
+    def wait(self, timeout_s: float) -> bool:
+        """Until an event arrives or ``timeout_s`` has passed. True when a write of the watched file
+        was closed, or a file was renamed onto it: the save is complete, no need to let it settle."""
         readable, _, _ = select.select([self.fd], [], [], timeout_s)
-        if readable:
+        saved = False
+        while readable:
             try:
-                while os.read(self.fd, 65536):
-                    pass
+                data = os.read(self.fd, 65536)
             except BlockingIOError:
-                pass
+                break
+            if not data:
+                break
+            saved = saved or self._finished_a_save(data)
+        return saved
+
+    def _finished_a_save(self, data: bytes) -> bool:
+        offset = 0
+        while offset + 16 <= len(data):
+            _wd, mask, _cookie, size = struct.unpack_from("iIII", data, offset)
+            name = data[offset + 16:offset + 16 + size].rstrip(b"\0")
+            offset += 16 + size
+            if mask & (0x8 | 0x80) and name == self.name:  # IN_CLOSE_WRITE, IN_MOVED_TO
+                return True
+        return False
 
     def close(self) -> None:
         os.close(self.fd)
