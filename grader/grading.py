@@ -72,6 +72,7 @@ class Grading:
     """What an exercise's ``grade`` function works with: runs to start, verdicts to record."""
 
     Stopped = Abort  # what ``stop`` raises, for checks that must let it pass (e.g. through Hypothesis)
+    Run = Run  # what ``run_at_once`` takes (check modules do not import this layer)
 
     def __init__(self, exercise: catalog.Exercise, path: str, session: Session, plan: Plan, *,
                  timeout_s: float = DEFAULT_TIMEOUT_S, on_event=None):

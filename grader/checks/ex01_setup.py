@@ -98,17 +98,15 @@ def _error_of(fn) -> str | None:
 
 
 def grade(g) -> None:
-    from grader.grading import Run
-
     backend = g.backend if g.backend_requested != "auto" else None
     # backend= given: it is the one to join with, even where setup_ddp would pick another.
     request = requested_backend(g.backend)
     first = g.world_sizes[0]
     outcomes = g.run_at_once(
-        [Run("rank_main", world_size, {"backend": backend}) for world_size in g.world_sizes]
-        + [Run("rank_main", first, {"backend": request, "observe_errors": True}),
-           Run("defaults_main", 1, env={"MASTER_ADDR": None, "MASTER_PORT": None},
-               label="setup_ddp with MASTER_ADDR and MASTER_PORT unset (not run, only recorded)")])
+        [g.Run("rank_main", world_size, {"backend": backend}) for world_size in g.world_sizes]
+        + [g.Run("rank_main", first, {"backend": request, "observe_errors": True}),
+           g.Run("defaults_main", 1, env={"MASTER_ADDR": None, "MASTER_PORT": None},
+                 label="setup_ddp with MASTER_ADDR and MASTER_PORT unset (not run, only recorded)")])
     for world_size in g.world_sizes:
         check_run(g, next(outcomes).results(), world_size)
     check_requested_backend(g, next(outcomes).results(), request, first)
