@@ -11,7 +11,7 @@ them), several times; the medians are printed side by side:
 
     python benchmarks/bench_grade.py [--repeat 5] [--file solutions/03_train.py] [--world-size 2]
 
-The grader runs each exercise at its default world sizes (03: 2 and then 3), so
+The grader runs each exercise at its default world sizes (03: 2 and 3, at once), so
 it does more than the floor; the target is a ratio of at most 1.5.
 """
 
