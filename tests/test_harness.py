@@ -197,3 +197,35 @@ def test_every_process_of_a_grading_bounds_its_name_lookups(monkeypatch):
 
 def resolver_options_main(ctx) -> str | None:
     return os.environ.get("RES_OPTIONS")
+
+
+def test_a_grading_reads_runs_started_at_once_in_order_and_stops_where_one_by_one_would():
+    from grader import catalog
+    from grader.grading import Abort, Grading, Plan
+
+    ok = harness.WorldOutcome(2, [RankOutcome(r, "ok", result={"rank": r}) for r in range(2)])
+    failed = harness.WorldOutcome(3, [RankOutcome(0, "ok", result={}), RankOutcome(1, "error", error={
+        "type": "RuntimeError", "message": "rank 1 gave up", "traceback": "", "where": None, "phase": "run"}),
+        RankOutcome(2, "ok", result={})])
+    hung = harness.WorldOutcome(2, [RankOutcome(r, "killed") for r in range(2)], timed_out=True)
+
+    class StartsEverythingAtOnce:
+        def __init__(self):
+            self.started = []
+
+        def run_many(self, worlds, **kwargs):
+            self.started.append([(w.driver, w.world_size) for w in worlds])
+            return [ok, failed, hung]
+
+    session = StartsEverythingAtOnce()
+    g = Grading(catalog.by_id("01"), "01_setup.py", session, Plan("gloo", [2, 3]), timeout_s=30)
+    outcomes = g.run_at_once([g.Run("rank_main", 2), g.Run("rank_main", 3), g.Run("rank_main", 2)])
+    assert session.started == []  # nothing starts before the first outcome is asked for
+    assert next(outcomes) is ok
+    assert session.started == [[("grader.checks.ex01_setup:rank_main", 2),
+                                ("grader.checks.ex01_setup:rank_main", 3),
+                                ("grader.checks.ex01_setup:rank_main", 2)]]
+    with pytest.raises(Abort) as stopped:  # the failing rank of the second run, not the third's timeout
+        next(outcomes)
+    assert stopped.value.problem.rank == 1 and stopped.value.problem.world_size == 3
+    assert g.sizes_run == [2, 3]
