@@ -4,7 +4,8 @@ A :class:`Session` owns a warm process pool (a ``multiprocessing`` forkserver
 that has imported torch once) and a temporary folder. :meth:`Session.run`
 starts one process per rank from that pool, gives each a fresh rendezvous (a
 TCPStore that this process holds, so no port is ever picked and then lost to
-another program), and waits for every rank under a deadline:
+another program), and waits for every rank under a deadline (:meth:`Session.run_many`
+does the same for several worlds at once, each with its own rendezvous):
 
 * a rank that returns sends its observations back as data;
 * a rank that raises, exits early or crashes is recorded as such, and the
@@ -185,7 +186,9 @@ class Session:
         """Run several independent worlds at the same time, under one deadline; outcomes in order.
 
         Each world has its own store, folder and grace period after a failure: one world's
-        failure stops none of the others.
+        failure stops none of the others. The ranks a grace period gives up on are stopped with
+        everyone else, when the last world is done; each outcome's ``seconds`` and
+        ``stray_processes`` are those of the whole call.
         """
         from torch.distributed import TCPStore
 
