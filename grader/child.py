@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from grader import wire
+
 # Variables a launcher may have left in the grader's own environment; a child
 # must not inherit them, or a learner who forgets to pass rank and world size
 # would still appear to work.
@@ -217,8 +219,6 @@ def _source_line(path: str, lineno: int) -> str:
 
 
 def send(conn, payload: dict) -> None:
-    from grader import wire
-
     conn.send_bytes(wire.dumps(payload))
 
 

@@ -119,9 +119,7 @@ class Grading:
         launchers); ``graded_size`` is then the world size it grades (for the report's header).
         """
         self._notify("run", driver=driver, world_size=world_size, label=label)
-        size = graded_size if graded_size is not None else (None if label else world_size)
-        if size is not None and size not in self.sizes_run:
-            self.sizes_run.append(size)
+        self._graded(graded_size if graded_size is not None else (None if label else world_size))
         outcome = self.session.run(
             self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
             backend=backend or self.backend, kwargs=kwargs, env=env,
@@ -142,13 +140,17 @@ class Grading:
         self._notify("run", driver=runs[0].driver, world_size=max(r.world_size for r in runs),
                      label=_together(runs))
         for r in runs:
-            if r.label is None and r.world_size not in self.sizes_run:
-                self.sizes_run.append(r.world_size)
+            self._graded(None if r.label else r.world_size)
         outcomes = self.session.run_many([World(self._ref(r.driver), r.world_size, r.kwargs, r.env) for r in runs],
                                          learner_path=self.path, timeout_s=self.remaining(), backend=self.backend)
         for r, outcome in zip(runs, outcomes):
             self._stop_on_problems(outcome, r.expect_ok)
             yield outcome
+
+    def _graded(self, size: int | None) -> None:
+        """Note a world size a run grades (None: the run is not one group), for the report's header."""
+        if size is not None and size not in self.sizes_run:
+            self.sizes_run.append(size)
 
     def _stop_on_problems(self, outcome: WorldOutcome, expect_ok: bool) -> None:
         if outcome.timed_out:

@@ -128,6 +128,7 @@ class _Rank:
     conn_closed: bool = False
     limit: str = ""  # set when the grader stopped it for a limit
     peak_rss: int = 0
+    stopped: bool = False  # killed and joined by _stop: never signalled again (its pid may be reused)
 
 
 class Session:
@@ -186,9 +187,8 @@ class Session:
         """Run several independent worlds at the same time, under one deadline; outcomes in order.
 
         Each world has its own store, folder and grace period after a failure: one world's
-        failure stops none of the others. The ranks a grace period gives up on are stopped with
-        everyone else, when the last world is done; each outcome's ``seconds`` and
-        ``stray_processes`` are those of the whole call.
+        failure stops none of the others; each outcome's ``seconds`` and ``stray_processes`` are
+        those of the whole call.
         """
         from torch.distributed import TCPStore
 
@@ -341,7 +341,9 @@ def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
     """Collect messages and exits until every rank of every group is done.
 
     A group is one world: once one of its ranks has failed, the others get ``grace_s`` more
-    (the other groups are not affected). Returns, per group, True if the deadline hit first.
+    (the other groups are not affected). A group that is done is stopped at once, so what is
+    left of it uses no CPU or memory while the others run. Returns, per group, True if the
+    deadline hit first.
     """
     memory = (limits or {}).get("memory_bytes") or 0
     grace_until: list[float | None] = [None] * len(groups)  # per group, set once a rank has failed
@@ -349,6 +351,7 @@ def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
     done = [False] * len(groups)
     while True:
         now = time.monotonic()
+        finished = []
         for k, ranks in enumerate(groups):
             if done[k]:
                 continue
@@ -356,8 +359,12 @@ def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
                 done[k] = True
             elif grace_until[k] is not None and now >= grace_until[k] and grace_until[k] < deadline:
                 done[k] = True
+                finished.append(k)
             elif now >= deadline:
                 done[k] = timed_out[k] = True
+                finished.append(k)
+        if finished:  # together: one wait for the stacks, however many groups ended here
+            _stop([r for k in finished for r in groups[k]])
         if all(done):
             return timed_out
         stop_at = min([deadline] + [g for k, g in enumerate(grace_until) if g is not None and not done[k]])
@@ -486,7 +493,8 @@ def _load(data: bytes) -> dict:
 
 
 def _stop(ranks: list[_Rank]) -> None:
-    """Ask every live rank for its stack, then kill it and everything it started."""
+    """Ask every live rank for its stack, then kill it and everything it started (once per rank)."""
+    ranks = [r for r in ranks if not r.stopped]
     live = [r for r in ranks if r.process.is_alive()]
     if live:
         _dump_stacks(live)
@@ -495,6 +503,7 @@ def _stop(ranks: list[_Rank]) -> None:
     for r in ranks:
         r.process.join(timeout=5)
         r.conn.close()
+        r.stopped = True
 
 
 def _dump_stacks(ranks: list[_Rank]) -> None:

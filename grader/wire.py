@@ -57,7 +57,9 @@ def _tensor(dtype: str, shape: tuple, data: bytes, requires_grad: bool, paramete
         t = torch.empty(shape, dtype=kind)
     if parameter:
         return torch.nn.Parameter(t, requires_grad=bool(requires_grad))
-    return t.requires_grad_(bool(requires_grad)) if requires_grad and (kind.is_floating_point or kind.is_complex) else t
+    if requires_grad and (kind.is_floating_point or kind.is_complex):  # only those can require grad
+        t.requires_grad_()
+    return t
 
 
 ALLOWED = {

@@ -69,6 +69,8 @@ def test_right_answers_written_differently_pass(grade, tmp_path, name):
 
 def test_describe_flags_what_is_not_a_list_of_ints():
     assert ex02_shard._describe([3, 1]) == ("list", [3, 1], None)
+    assert ex02_shard._describe([]) == ("list", [], None)
+    assert ex02_shard._describe([5, 2**63, -2**63]) == ("list", [5, -1, -2**63], None)  # past int64: no index
     kind, items, bad = ex02_shard._describe(torch.tensor([2, 0]))
     assert (kind, items, bad) == ("Tensor", [2, 0], None)
     kind, items, bad = ex02_shard._describe([torch.tensor(4), 5])

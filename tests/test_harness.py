@@ -133,10 +133,13 @@ def test_a_session_removes_its_temporary_folder(tmp_path):
 
 
 def fails_at_once_main(ctx) -> dict:
-    """Rank 1 raises at once; rank 0 would wait far longer than any test."""
+    """Rank 1 raises at once; rank 0 would run far longer than any test, saying when it is alive."""
     if ctx.rank == 1:
         raise RuntimeError("rank 1 gave up")
-    time.sleep(60)
+    for _ in range(600):
+        with open(os.path.join(ctx.run_dir, "alive"), "a") as f:
+            f.write(f"{time.monotonic()}\n")
+        time.sleep(0.1)
     return {}
 
 
@@ -166,10 +169,13 @@ def test_a_failing_world_gets_its_grace_without_cutting_short_the_world_beside_i
             [_world("fails_at_once_main", 2), _world("sleeps_then_answers_main", 2, sleep_s=3.0)],
             learner_path=__file__, timeout_s=60, grace_s=0.5)
         seconds = time.monotonic() - started
+        alive = [float(t) for t in open(os.path.join(failing.run_dir, "alive")).read().split()]
     assert [r.status for r in failing.ranks] == ["killed", "error"]  # rank 0 stopped after the grace
     assert not failing.timed_out
     assert beside.ok, [r.status for r in beside.ranks]  # ran its 3 s, well past the other's grace
     assert seconds < 30
+    # Stopped when its grace ended, not left running until the world beside it was done.
+    assert alive[-1] - started < 2.5, f"rank 0 was still running {alive[-1] - started:.1f} s after the start"
 
 
 def test_a_world_that_hangs_times_out_alone():

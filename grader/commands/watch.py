@@ -14,7 +14,6 @@ comes from processes that already have torch imported.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import os
 import select
@@ -90,12 +89,17 @@ def _loop(path, on_change, poll_s, max_grades, stop, sleep, wait) -> int:
     return graded
 
 
+# From <sys/inotify.h>.
+IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x2, 0x4, 0x8, 0x80, 0x100, 0x200
+IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
+EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, length of the name that follows
+
+
 class FolderEvents:
     """Linux inotify on a file's folder: :meth:`wait` returns as soon as something in it is written,
     created, moved or deleted (editors often save by writing a new file and renaming it)."""
 
-    _MASK = 0x2 | 0x4 | 0x8 | 0x80 | 0x100 | 0x200  # MODIFY ATTRIB CLOSE_WRITE MOVED_TO CREATE DELETE
-    _FLAGS = 0o4000 | 0o2000000  # IN_NONBLOCK | IN_CLOEXEC
+    _MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE
 
     def __init__(self, fd: int, name: bytes):
         self.fd = fd
@@ -107,17 +111,17 @@ class FolderEvents:
         if not sys.platform.startswith("linux"):
             return None
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            fd = libc.inotify_init1(cls._FLAGS)
+            libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols, libc's among them
+            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
             if fd < 0:
                 return None
-            folder = os.path.dirname(os.path.abspath(path)).encode()
+            folder = os.fsencode(os.path.dirname(os.path.abspath(path)))
             if libc.inotify_add_watch(fd, folder, cls._MASK) < 0:
                 os.close(fd)
                 return None
         except (OSError, AttributeError):
             return None
-        return cls(fd, os.path.basename(os.path.abspath(path)).encode())
+        return cls(fd, os.fsencode(os.path.basename(os.path.abspath(path))))
 
     def wait(self, timeout_s: float) -> bool:
         """Until an event arrives or ``timeout_s`` has passed. True when a write of the watched file
@@ -136,11 +140,12 @@ class FolderEvents:
 
     def _finished_a_save(self, data: bytes) -> bool:
         offset = 0
-        while offset + 16 <= len(data):
-            _wd, mask, _cookie, size = struct.unpack_from("iIII", data, offset)
-            name = data[offset + 16:offset + 16 + size].rstrip(b"\0")
-            offset += 16 + size
-            if mask & (0x8 | 0x80) and name == self.name:  # IN_CLOSE_WRITE, IN_MOVED_TO
+        while offset + EVENT_HEADER.size <= len(data):
+            _wd, mask, _cookie, size = EVENT_HEADER.unpack_from(data, offset)
+            offset += EVENT_HEADER.size
+            name = data[offset:offset + size].rstrip(b"\0")
+            offset += size
+            if mask & (IN_CLOSE_WRITE | IN_MOVED_TO) and name == self.name:
                 return True
         return False
 
