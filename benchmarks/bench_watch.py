@@ -84,7 +84,7 @@ def main() -> None:
     # exercise here, and its pool can be started only once: give it what the most demanding needs.
     grading.warm_up(dynamo=any(ex.preload_dynamo for ex in wanted))
     for ex in wanted:
-        with harness.Session() as session:
+        with harness.Session(spares=True) as session:  # as `ddp-grade watch` makes it
             times, status = warm(ex, args.saves, session)
         cold_s, rc = cold(ex)
         print(f"{ex.id + ' ' + ex.slug:<10} {statistics.median(times):>26.2f} s "

@@ -215,7 +215,7 @@ def serve() -> None:
             if session is None or session.limits != job["limits"]:
                 if session is not None:
                     session.close()
-                session = harness.Session(limits=job["limits"])
+                session = harness.Session(limits=job["limits"], spares=True)
             options = GradeOptions.from_dict(job)
             try:
                 report = grade_file(job["path"], session, options, job["exercise"]).to_dict()

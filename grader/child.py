@@ -19,6 +19,7 @@ import faulthandler
 import importlib
 import importlib.util
 import os
+import pickle
 import signal
 import sys
 import time
@@ -383,8 +384,20 @@ def _caller_in_learner_file() -> dict | None:
     return None
 
 
+def serve(conn) -> None:
+    """Entry point of every rank process: wait for the spec on ``conn``, then run it.
+
+    A spare (see harness.Session) waits here until a run needs it; its pipe closing ends it.
+    """
+    try:
+        spec = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        os._exit(0)
+    main(spec, conn)
+
+
 def main(spec: dict, conn) -> None:
-    """Entry point of every rank process."""
+    """Run one rank of ``spec``, send the parent one report, and exit."""
     global _CONN, _LEARNER_PATH, _STACK_FILE
     try:
         os.setpgrp()

@@ -336,7 +336,7 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     tty = _color()
     grading.warm_up(dynamo=ex.preload_dynamo if ex else True)
 
-    with harness.Session(limits=options.limits) as session:
+    with harness.Session(limits=options.limits, spares=True) as session:
         def once(n: int) -> None:
             report = grade_and_record(path, session, options, exercise_id, progress, quiet)
             if tty:
@@ -472,7 +472,7 @@ def interview(exercise_id, minutes, n_questions, seed, track, options):
             raise EOFError
         return line
 
-    with harness.Session(limits=options.limits) as session:
+    with harness.Session(limits=options.limits, spares=True) as session:
         run = iv.Interview(
             ex, path, minutes if minutes is not None else ex.minutes, questions,
             grade=lambda: grade_and_record(path, session, options, None, progress, quiet=False),

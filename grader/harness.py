@@ -51,6 +51,7 @@ RUN_MARKER = "DDP_GRADE_RUN"  # environment variable carried by every process of
 
 DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.limits; a Session takes GradeOptions.limits
 REAP_PASSES = 5  # a process forking in a loop is caught within a few passes
+MAX_SPARES = 8  # rank processes a session with spares keeps forked ahead of its next run
 # c10d names the peer of every store connection with a reverse DNS lookup (its log text), and for
 # 127.0.0.1, which it reaches as ::ffff:127.0.0.1, /etc/hosts has no answer: the query goes to the
 # DNS server. Where that server drops a query now and then, glibc waits 5 s before asking again
@@ -135,9 +136,15 @@ class Session:
     """A warm pool of processes with torch imported, and a place for temporary files.
 
     Use as a context manager; one session can grade many files.
+
+    ``spares=True`` (for sessions that grade again and again: watch, the server, batches): after
+    each run the session forks, in the background, as many rank processes as that run used,
+    and the next run hands its specs to them instead of forking while the clock runs. A spare
+    is a plain fork of the pool that has not yet received anything: it imports the learner's
+    file, sets its environment and joins its group only once its spec arrives, as any rank does.
     """
 
-    def __init__(self, limits: dict | None = None, start_method: str | None = None):
+    def __init__(self, limits: dict | None = None, start_method: str | None = None, spares: bool = False):
         bound_name_lookups()
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self.ctx = _context(start_method)
@@ -149,6 +156,12 @@ class Session:
         self.marker_file = os.path.join(self.tmp, "marker")
         open(self.marker_file, "w").close()
         self._runs = 0
+        self._keep_spares = spares
+        self._spares: list[tuple[object, object]] = []  # (process, pipe end), oldest first
+        self._spares_wanted = 0
+        self._spare_lock = threading.Lock()
+        self._refill: threading.Thread | None = None
+        self._closed = False
 
     def __enter__(self) -> "Session":
         return self
@@ -157,6 +170,12 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        self._closed = True
+        if self._refill is not None:
+            self._refill.join(timeout=30)
+        with self._spare_lock:
+            spares, self._spares = self._spares, []
+        _retire(spares)
         reap_strays(self.marker, marker_file=self.marker_file)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -214,6 +233,7 @@ class Session:
             stores.clear()
         strays = reap_strays(self.marker, marker_file=self.marker_file)
         seconds = time.monotonic() - started
+        self._fork_spares(sum(world.world_size for world in worlds))
         return [WorldOutcome(world.world_size, _blame([_outcome(r, run_dir, self.limits) for r in ranks]),
                              late, seconds, run_dir, strays)
                 for world, ranks, run_dir, late in zip(worlds, groups, run_dirs, timed_out)]
@@ -240,18 +260,73 @@ class Session:
             "limits": self.limits,
         }
 
+    def spare_pids(self) -> list[int]:
+        """The processes forked ahead of need that are waiting now (none unless ``spares=True``)."""
+        with self._spare_lock:
+            return [process.pid for process, _ in self._spares]
+
     def _start(self, spec: dict) -> _Rank:
+        """A rank running ``spec``: a spare when one is left, else a process forked now."""
+        message = pickle.dumps(spec)
+        while True:
+            spare = self._take_spare()
+            process, conn = spare or self._fork()
+            try:
+                conn.send_bytes(message)
+                return _Rank(spec["rank"], process, conn, time.monotonic())
+            except OSError:  # a spare that died while it waited: retire it and take another
+                if spare is None:
+                    raise
+                _retire([spare])
+
+    def _fork(self) -> tuple[object, object]:
+        """A new process from the pool, waiting for its spec on the pipe returned with it."""
         from grader import child
 
         parent_end, child_end = self.ctx.Pipe(duplex=True)
         # Not a daemon: a rank may start processes of its own (exercise 04 spawns);
         # every rank is killed with its process group at the end of the run anyway.
-        process = self.ctx.Process(target=child.main, args=(spec, child_end), daemon=False,
-                                   name=f"ddp-grade-rank{spec['rank']}")
+        process = self.ctx.Process(target=child.serve, args=(child_end,), daemon=False, name="ddp-grade-rank")
         with _hidden_main():
             process.start()
         child_end.close()
-        return _Rank(spec["rank"], process, parent_end, time.monotonic())
+        return process, parent_end
+
+    def _take_spare(self) -> tuple[object, object] | None:
+        with self._spare_lock:
+            while self._spares:
+                spare = self._spares.pop(0)
+                if spare[0].is_alive():
+                    return spare
+                _retire([spare])
+        return None
+
+    def _fork_spares(self, count: int) -> None:
+        """In the background, fork spares until ``count`` (at most MAX_SPARES) are waiting."""
+        if not self._keep_spares or self._closed:
+            return
+        with self._spare_lock:
+            self._spares_wanted = min(MAX_SPARES, max(self._spares_wanted, count))
+            if self._refill is not None and self._refill.is_alive():
+                return  # the running refill reads the new count
+            self._refill = threading.Thread(target=self._refill_spares, name="ddp-grade spares", daemon=True)
+            self._refill.start()
+
+    def _refill_spares(self) -> None:
+        while True:
+            with self._spare_lock:
+                if self._closed or len(self._spares) >= self._spares_wanted:
+                    return
+            try:
+                spare = self._fork()
+            except Exception:  # no spares then: runs fork their ranks as they start
+                return
+            with self._spare_lock:
+                if not self._closed:
+                    self._spares.append(spare)
+                    continue
+            _retire([spare])
+            return
 
 
 class Worker:
@@ -267,32 +342,39 @@ class Worker:
     def __enter__(self) -> "Worker":
         return self
 
+    @property
+    def alive(self) -> bool:
+        """False once the child was stopped or ended: a new worker is needed then."""
+        return not self._rank.ended
+
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def call(self, name: str, **kwargs) -> dict:
+    def call(self, name: str, within_s: float | None = None, **kwargs) -> dict:
         """Ask the child to run handler ``name``; returns its reply ``{"status", "result"|"error"}``.
 
-        Raises :class:`WorkerTimeout` past the deadline and :class:`WorkerDied`
-        when the child ends without answering.
+        Raises :class:`WorkerTimeout` past the deadline (or ``within_s`` from now, if sooner;
+        either way the child is stopped) and :class:`WorkerDied` when the child ends without
+        answering.
         """
         self.calls += 1
         r = self._rank
         conn = r.conn
+        deadline = self.deadline if within_s is None else min(self.deadline, time.monotonic() + within_s)
         try:
             conn.send_bytes(pickle.dumps((name, kwargs)))
         except (BrokenPipeError, OSError):
             raise WorkerDied(self._finish())
         memory = self.session.limits.get("memory_bytes") or 0
         while True:
-            remaining = self.deadline - time.monotonic()
+            remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WorkerTimeout(self._finish(kill=True))
             step = min(remaining, _limits.MEMORY_POLL_S) if memory else remaining
             ready = multiprocessing.connection.wait([conn, r.process.sentinel], timeout=step)
             if conn in ready:
                 try:
-                    return _load(_recv(conn, self.deadline))
+                    return _load(_recv(conn, deadline))
                 except TimeoutError:
                     raise WorkerTimeout(self._finish(kill=True)) from None
                 except (EOFError, OSError):
@@ -310,6 +392,7 @@ class Worker:
                 pass
             self._rank.process.join(timeout=2)
             self._finish(kill=True)
+        self.session._fork_spares(1)
 
     def _finish(self, kill: bool = False) -> RankOutcome:
         if kill and self._rank.process.is_alive():
@@ -506,6 +589,17 @@ def _stop(ranks: list[_Rank]) -> None:
         r.stopped = True
 
 
+def _retire(spares: list[tuple[object, object]]) -> None:
+    """End spares that were never used: each ends when its pipe closes, or is killed."""
+    for _, conn in spares:
+        conn.close()
+    for process, _ in spares:
+        process.join(timeout=2)
+        if process.is_alive():
+            _kill(process)
+            process.join(timeout=5)
+
+
 def _dump_stacks(ranks: list[_Rank]) -> None:
     for r in ranks:
         try:
@@ -683,10 +777,14 @@ def _default_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-PRELOAD = ["grader.child"]  # the rank side of this layer; warm_up(modules=...) adds the caller's
+# The rank side of this layer, and a module it imports when it sets limits; warm_up(modules=...)
+# adds the caller's.
+PRELOAD = ["grader.child", "resource"]
 # DistributedDataParallel's constructor imports torch._dynamo (1-2 s); preloading it
-# once in the forkserver saves that in every rank of the exercises that build a DDP.
-PRELOAD_DYNAMO = ["torch._dynamo"]
+# once in the forkserver saves that in every rank of the exercises that build a DDP. Its
+# forward's first record_function imports the CUPTI monitor (20 ms of CPU per rank), and
+# torch.save its serialization config.
+PRELOAD_DYNAMO = ["torch._dynamo", "torch.profiler._cupti_monitor", "torch.utils.serialization"]
 
 
 _preload_extra: list[str] = []  # what warm_up was asked to preload besides PRELOAD

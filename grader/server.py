@@ -224,7 +224,7 @@ def _answer(stream, version: str, sessions: dict, GradeOptions, served: dict) ->
     options = GradeOptions.from_dict(request["options"])
     key = json.dumps(options.limits, sort_keys=True)
     if key not in sessions:
-        sessions[key] = harness.Session(limits=options.limits)
+        sessions[key] = harness.Session(limits=options.limits, spares=True)
 
     def on_event(kind: str, **info) -> None:
         with contextlib.suppress(OSError):

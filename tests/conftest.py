@@ -27,9 +27,10 @@ VARIANTS = ROOT / "tests" / "variants"
 
 @pytest.fixture(scope="session")
 def session():
-    """A grading session (warm forkserver with torch imported) shared by all tests."""
+    """A grading session (warm forkserver with torch imported) shared by all tests, with spares
+    as watch, the server and batches make it."""
     grading.warm_up()
-    with harness.Session() as s:
+    with harness.Session(spares=True) as s:
         yield s
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from grader.checks import ex02_shard
+
+ROOT = Path(__file__).resolve().parent.parent
 
 HEADER = """\
 import random
@@ -105,3 +108,59 @@ def test_disjoint_names_both_ranks():
     results = _results({"plain": [[0, 1], [1, 2]], "shuffled": [[0, 1], [2, 3]]})
     with pytest.raises(ex02_shard.Violation, match="index 1 is in the shards of rank 0 and rank 1"):
         ex02_shard.check_disjoint(4, 2, 0, 0, results)
+
+
+# --- the shortcut: every example at once ----------------------------------------------------
+
+
+class InProcess:
+    """Stands in for both the grading and the worker: runs a learner file's shard_indices here."""
+
+    Stopped = RuntimeError
+
+    def __init__(self, path):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("learner_under_test", path)
+        self.module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.module)
+        self.learner_path = str(path)
+        self.examples: list = []  # (num_samples, world_size, seed, epoch) of every call, in order
+        self.records: dict = {}
+
+    def function(self, name):
+        return getattr(self.module, name)
+
+    def call(self, worker, name, **kwargs):
+        _, seed, epoch = kwargs["configs"][0]
+        self.examples.append((kwargs["num_samples"], kwargs["world_size"], seed, epoch))
+        return ex02_shard.shards(self, **kwargs)
+
+    def try_call(self, worker, name, *, within_s, **kwargs):
+        return ex02_shard.shards_at_once(self, **kwargs)
+
+    def record(self, check_id, passed, message=""):
+        self.records.setdefault(check_id, passed)
+
+    @staticmethod
+    def with_context(exc, context):
+        return exc
+
+
+def test_the_shortcut_checks_the_examples_hypothesis_tries_on_a_passing_answer_in_its_order():
+    reference = InProcess(ROOT / "solutions" / "02_shard.py")
+    ex02_shard.grade_shards(reference, None)
+    assert reference.records == {check_id: True for check_id in ex02_shard.SHARD_CHECKS}
+    assert list(dict.fromkeys(reference.examples)) == ex02_shard.passing_examples()
+    assert len(ex02_shard.passing_examples()) > ex02_shard.EXAMPLES // 2
+
+
+@pytest.mark.parametrize("variant", sorted(p.name for p in (ROOT / "tests" / "variants").glob("02_*.py")))
+def test_the_shortcut_passes_the_reference_and_leaves_every_wrong_answer_to_hypothesis(variant):
+    assert ex02_shard.passes_every_example_at_once(InProcess(ROOT / "solutions" / "02_shard.py"), None)
+    wrong = InProcess(ROOT / "tests" / "variants" / variant)
+    if not ex02_shard.passes_every_example_at_once(wrong, None):
+        return
+    # Only a variant whose mistake is in make_dataloader may pass the shortcut: Hypothesis agrees.
+    ex02_shard.grade_shards(wrong, None)
+    assert all(wrong.records.values()), (variant, wrong.records)

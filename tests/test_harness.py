@@ -235,3 +235,61 @@ def test_a_grading_reads_runs_started_at_once_in_order_and_stops_where_one_by_on
         next(outcomes)
     assert stopped.value.problem.rank == 1 and stopped.value.problem.world_size == 3
     assert g.sizes_run == [2, 3]
+
+
+# --- spares: rank processes forked ahead of the next run --------------------------------------
+
+
+def pid_main(ctx) -> int:
+    return os.getpid()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _spares(session: harness.Session, count: int) -> set[int]:
+    deadline = time.monotonic() + 60
+    while len(session.spare_pids()) < count:
+        assert time.monotonic() < deadline, f"{len(session.spare_pids())} spares after 60 s, {count} expected"
+        time.sleep(0.02)
+    return set(session.spare_pids())
+
+
+def test_a_session_with_spares_runs_its_next_ranks_on_processes_forked_ahead():
+    with harness.Session(spares=True) as session:
+        first = session.run("test_harness:pid_main", 3, learner_path=__file__, timeout_s=60)
+        waiting = _spares(session, 3)  # as many as the last run used
+        second = session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
+        assert first.ok and second.ok
+        assert set(second.results()) <= waiting
+        assert not set(second.results()) & set(first.results())  # a spare serves one run, never two
+        refilled = _spares(session, 3)
+        assert not refilled & set(second.results())
+    assert not [pid for pid in waiting | refilled if _running(pid)]  # closing the session ends them
+
+
+def test_a_spare_that_died_while_it_waited_is_passed_over():
+    with harness.Session(spares=True) as session:
+        session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
+        dead = _spares(session, 2)
+        for pid in dead:
+            os.kill(pid, 9)
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{pid}") for pid in dead) and time.monotonic() < deadline:
+            time.sleep(0.02)  # reaped by the pool, which then tells the session
+        time.sleep(0.2)
+        outcome = session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
+    assert outcome.ok, [r.status for r in outcome.ranks]
+    assert not set(outcome.results()) & dead
+
+
+def test_a_session_without_spares_forks_nothing_ahead():
+    with harness.Session() as session:
+        outcome = session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
+        time.sleep(0.5)
+        assert outcome.ok and session.spare_pids() == []
