@@ -3,7 +3,8 @@
 For each of exercises 01-03: a temporary copy of the reference solution is watched by the same
 loop and the same single harness session that `ddp-grade watch` uses; the script then "saves"
 the file (appends a comment with a new number) several times and measures, for each save, the
-time from the write to the finished report. The median is printed beside the wall time of a
+time from the write to the finished report. The median is printed beside the same loop in a
+session without spares (ranks forked when each run starts), and beside the wall time of a
 cold `ddp-grade FILE --quiet` (a fresh process: import torch, start the process pool, grade).
 
     python benchmarks/bench_watch.py [--saves 5] [--exercises 01,02,03]
@@ -79,17 +80,20 @@ def main() -> None:
     args = parser.parse_args()
     wanted = [catalog.by_id(x) for x in args.exercises.split(",")]
     print(f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, {args.saves} saves per exercise")
-    print(f"{'exercise':<10} {'watch: save->verdict median':>28} {'(min-max)':>14} {'cold ddp-grade FILE':>20}")
+    print(f"{'exercise':<10} {'watch: save->verdict median':>28} {'(min-max)':>14} {'no spares':>10} "
+          f"{'cold ddp-grade FILE':>20}")
     # `ddp-grade watch NN` warms the pool once, for its exercise. One process serves every
     # exercise here, and its pool can be started only once: give it what the most demanding needs.
     grading.warm_up(dynamo=any(ex.preload_dynamo for ex in wanted))
     for ex in wanted:
         with harness.Session(spares=True) as session:  # as `ddp-grade watch` makes it
             times, status = warm(ex, args.saves, session)
+        with harness.Session() as session:  # every rank forked when its run starts
+            bare, _ = warm(ex, args.saves, session)
         cold_s, rc = cold(ex)
         print(f"{ex.id + ' ' + ex.slug:<10} {statistics.median(times):>26.2f} s "
-              f"{f'({min(times):.2f}-{max(times):.2f})':>14} {cold_s:>18.2f} s"
-              f"   [watch: {status}; cold exit {rc}]")
+              f"{f'({min(times):.2f}-{max(times):.2f})':>14} {statistics.median(bare):>8.2f} s "
+              f"{cold_s:>18.2f} s   [watch: {status}; cold exit {rc}]")
 
 
 if __name__ == "__main__":
