@@ -164,3 +164,11 @@ def test_the_shortcut_passes_the_reference_and_leaves_every_wrong_answer_to_hypo
     # Only a variant whose mistake is in make_dataloader may pass the shortcut: Hypothesis agrees.
     ex02_shard.grade_shards(wrong, None)
     assert all(wrong.records.values()), (variant, wrong.records)
+
+
+def test_a_reply_the_shortcut_cannot_read_is_left_to_hypothesis():
+    class Garbled(InProcess):
+        def try_call(self, worker, name, *, within_s, **kwargs):
+            return [{"items": "not a tensor"}] * len(kwargs["examples"])
+
+    assert not ex02_shard.passes_every_example_at_once(Garbled(ROOT / "solutions" / "02_shard.py"), None)

@@ -286,13 +286,13 @@ def passes_every_example_at_once(g, worker) -> bool:
     if replies is None or len(replies) != len(examples):
         return False
     for (num_samples, world_size, seed, epoch), reply in zip(examples, replies):
-        if "raised" in reply:
-            return False
-        results = _unpack(reply, list(configs_for(seed, epoch)), world_size)
         try:
+            if "raised" in reply:
+                return False
+            results = _unpack(reply, list(configs_for(seed, epoch)), world_size)
             for check_id in SHARD_CHECKS:
                 CHECKERS[check_id](num_samples, world_size, seed, epoch, results)
-        except Violation:
+        except (Violation, LookupError, TypeError, ValueError, AttributeError):  # the usual way says which
             return False
     return True
 
