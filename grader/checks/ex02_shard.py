@@ -16,6 +16,8 @@ Hypothesis as if the shortcut had not been taken.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.data import Dataset
 
@@ -253,30 +255,26 @@ def probed(prop):
     from hypothesis import HealthCheck, Verbosity, given, seed, settings
     from hypothesis import strategies as st
 
+    drawn = given(num_samples=st.integers(0, MAX_SAMPLES), world_size=st.integers(1, MAX_WORLD),
+                  seed=st.integers(0, MAX_SEED), epoch=st.integers(0, MAX_EPOCH))
+    configured = settings(database=None, deadline=None, max_examples=EXAMPLES, verbosity=Verbosity.quiet,
+                          suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
     # A fixed seed, not derandomize's hash of the property's source: the shortcut's property and
     # this one must draw the same examples.
-    return seed(HYPOTHESIS_SEED)(settings(database=None, deadline=None, max_examples=EXAMPLES,
-                                          suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
-                                          report_multiple_bugs=False)(
-        given(num_samples=st.integers(0, MAX_SAMPLES), world_size=st.integers(1, MAX_WORLD),
-              seed=st.integers(0, MAX_SEED), epoch=st.integers(0, MAX_EPOCH))(prop)))
+    return seed(HYPOTHESIS_SEED)(configured(drawn(prop)))
 
 
-_passing_examples: list = []  # filled once per process
-
-
-def passing_examples() -> list:
+@functools.cache
+def passing_examples() -> tuple:
     """The examples Hypothesis tries, in order, on an implementation that passes them all."""
-    if not _passing_examples:
-        tried: list = []
+    tried: list = []
 
-        @probed
-        def record(num_samples, world_size, seed, epoch):
-            tried.append((num_samples, world_size, seed, epoch))
+    @probed
+    def record(num_samples, world_size, seed, epoch):
+        tried.append((num_samples, world_size, seed, epoch))
 
-        record()
-        _passing_examples[:] = list(dict.fromkeys(tried))
-    return _passing_examples
+    record()
+    return tuple(dict.fromkeys(tried))
 
 
 def passes_every_example_at_once(g, worker) -> bool:
