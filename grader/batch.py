@@ -84,9 +84,22 @@ def collect(paths: list[str], exercise: str | None = None) -> list[Submission]:
                 found.extend(Submission(f"{d.name}/{f.name}", str(f), exercise) for f in mine)
             if not files and not subdirs:
                 found.append(Submission(str(p), str(p), exercise, problem=f"no exercise files in {p}"))
+        elif os.path.lexists(p) and _unreadable(p):  # a link that leads nowhere, a file it cannot read
+            found.append(Submission(str(p), str(p), exercise, problem=_unreadable(p)))
         else:  # a file, or a path that does not exist: grading says which
             found.append(Submission(str(p), str(p), exercise))
     return found
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` cannot be graded as a file (the path named), or None when it can be read."""
+    from grader import learner
+
+    try:
+        learner.read_source(path)
+    except learner.Unusable as exc:
+        return str(exc)
+    return None
 
 
 def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
@@ -122,9 +135,10 @@ class WorkerProcess:
 
             # Inside, /tmp is a fresh folder of the sandbox's own, gone when the worker ends.
             self.tmp = None
-            argv = sb.wrap(argv, [os.path.abspath(p) for p in visible], sandbox)
-            env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": "/tmp", "DDP_GRADE_SERVER": "0",
-                   "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state"}
+            size = settings.get("limits", {}).get("tmp_bytes") or sb.DEFAULT_TMP_MIB * 2**20
+            argv = sb.wrap(argv, [os.path.abspath(p) for p in visible], sandbox, tmp_bytes=size)
+            env = sb.environment({**extra, BATCH_MARKER: self.marker, "DDP_GRADE_SERVER": "0",
+                                  "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state"}, size)
         else:
             # The worker's temporary files (its sessions', its pool's) go in a folder this process
             # removes, so they are gone even when the worker has to be killed.

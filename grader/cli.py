@@ -10,7 +10,7 @@ Exit codes (every command):
       its normal way to stop
 
 Per command: `list`, `hint`, `solution`, `reset`, `restore` exit 0 or 2 (unknown exercise,
-kit files not found); `doctor` exits 0 when grading can work here, 1 when something is wrong;
+kit files not found, a copy that cannot be kept); `server status` and `server stop` exit 0; `doctor` exits 0 when grading can work here, 1 when something is wrong;
 `interview` exits 0 when the exercise passed at the end, 1 when not, 130 on Ctrl-C;
 `batch` and `batch merge` exit with the worst result of the submissions (2 > 3 > 1 > 0; merge: 2 when
 it refuses its parts); `gradescope run` exits 0 whenever it wrote results.json, 2 when the bundle
@@ -108,8 +108,9 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server
             report = _grade_with_server(path, options, exercise_id, progress, quiet) if use_server else None
         if report is None:
             report = _grade_here(path, options, exercise_id, progress, quiet)
-            if use_server:
-                server.start_in_background()  # the next grading finds a warm pool
+            if use_server and server.start_in_background() and not quiet:  # the next grading finds a warm pool
+                click.echo("ddp-grade: started a grading server in the background to keep the next gradings warm; "
+                           "it stops after 10 idle minutes, or now with `ddp-grade server stop`.", err=True)
     except KeyboardInterrupt:  # the ranks are already stopped and the temp folder removed
         click.echo("ddp-grade: interrupted", err=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
@@ -146,21 +147,22 @@ def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
     if sandbox.tool() is None:
         _fail("--sandbox needs bwrap (the bubblewrap package) or unshare with user namespaces; neither works "
               "here (see `ddp-grade doctor`)")
-    if not os.path.exists(path):
-        _fail(f"no such file: {path}")
+    _require_readable(path)
     inner = [sys.executable, "-m", "grader", "grade", os.path.abspath(path), "--format", "json", "-q",
              "--no-server", "--timeout", f"{options.timeout_s:g}", "--backend", options.backend,
              "--memory-limit", f"{options.limits['memory_bytes'] / 2**20:g}",
              "--cpu-limit", f"{options.limits['cpu_seconds']:g}",
-             "--output-limit", f"{options.limits['output_bytes'] / 2**20:g}"]
+             "--output-limit", f"{options.limits['output_bytes'] / 2**20:g}",
+             "--tmp-limit", f"{options.limits['tmp_bytes'] / 2**20:g}"]
     if options.world_size:
         inner += ["--world-size", str(options.world_size)]
     if exercise_id:
         inner += ["--exercise", exercise_id]
-    env = {**os.environ, "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0"}
+    size = options.limits["tmp_bytes"]
+    env = sandbox.environment({"DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0"}, size)
 
     def run(on_event):
-        done = subprocess.run(sandbox.wrap(inner, [path]), env=env, capture_output=True, text=True,
+        done = subprocess.run(sandbox.wrap(inner, [path], tmp_bytes=size), env=env, capture_output=True, text=True,
                               timeout=catalog.longest_timeout(options.timeout_s) + 60)
         try:
             report = report_from_dict(json.loads(done.stdout))
@@ -206,11 +208,22 @@ def grade_and_record(path, session, options, exercise_id, progress, quiet, grade
         line.done()
     if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):
         progress.record_grading(ex.id, report.status)
+        _say_unsaved(progress, "this grading")
     elif ex is not None and report.status == "passed" and not quiet:
         where = _kit_call_quiet(lambda: str(kit.exercise_path(ex)))
         click.echo(f"Not recorded as progress: {path} is not the kit's own file"
                    + (f" ({where})" if where else "") + ".", err=True)
     return report
+
+
+def _require_readable(path: str) -> None:
+    """Exit 2 with the reason (the path named) unless ``path`` is a file that can be read."""
+    from grader import learner
+
+    try:
+        learner.read_source(path)
+    except learner.Unusable as exc:
+        _fail(str(exc))
 
 
 def _kit_call_quiet(fn):
@@ -242,6 +255,14 @@ def _kit_call(fn):
         return fn()
     except kit.KitError as exc:
         _fail(str(exc))
+
+
+def _say_unsaved(progress: prog.Progress, what: str) -> None:
+    """One line on stderr when a change to progress could not be saved (the command still did its work)."""
+    if progress.unsaved and not getattr(progress, "told_unsaved", False):
+        progress.told_unsaved = True  # once per command (watch grades again and again)
+        click.echo(f"ddp-grade: progress was not saved ({progress.unsaved}); {what} is not remembered. "
+                   f"Set DDP_GRADE_STATE_DIR to a folder you can write.", err=True)
 
 
 def _progress() -> prog.Progress:
@@ -305,6 +326,7 @@ def hint(exercise_id, again, check_id):
         click.echo(hints.hint_text(ex, progress, again=again, check_id=check_id))
     except ValueError as exc:
         _fail(str(exc))
+    _say_unsaved(progress, "which hints were shown")
 
 
 @main.command()
@@ -327,8 +349,9 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     from grader.report import render_text
 
     progress = _progress()
-    if target is not None and exercise_id is None and not os.path.exists(target) and \
-            not re.fullmatch(r"\d{1,2}(_\w+)?", target):
+    if target is not None and os.path.lexists(target):
+        _require_readable(target)
+    elif target is not None and exercise_id is None and not re.fullmatch(r"\d{1,2}(_\w+)?", target):
         _fail(f"no such file: {target}")
     ex, path = _exercise_arg(target, progress)
     if exercise_id:
@@ -395,6 +418,7 @@ def reset(exercise_id):
     progress = _progress()
     ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     written = _kit_call(lambda: files.reset(ex, progress))
+    _say_unsaved(progress, "that the exercise starts over")
     if written.saved_as:
         click.echo(f"Your file was saved as {written.saved_as}")
     click.echo(f"Exercise {ex.id} reset in the kit at {kit.root()}: {written.path} is the stub again. "
@@ -499,6 +523,47 @@ def doctor(no_group):
     found = doc.findings(run_group=not no_group)
     click.echo(doc.render(found))
     raise SystemExit(EXIT_OK if doc.healthy(found) else EXIT_FAILED)
+
+
+@main.group("server")
+def server_group():
+    """The warm grading server that `ddp-grade FILE` starts in the background.
+
+    It keeps a pool of processes with torch imported so the next gradings start at once; it
+    stops by itself after 10 idle minutes (DDP_GRADE_SERVER_IDLE_S), and never runs with
+    `--no-server` or DDP_GRADE_SERVER=0.
+    """
+
+
+@server_group.command("status")
+def server_status():
+    """Whether a server runs for this state folder, its pid and gradings served (exit 0 either way)."""
+    from grader import server
+
+    click.echo(_server_line(server.status()))
+    raise SystemExit(EXIT_OK)
+
+
+@server_group.command("stop")
+def server_stop():
+    """Stop the server now (exit 0, also when none was running)."""
+    from grader import server
+
+    if server.stop():
+        click.echo(f"stopped the grading server ({server.socket_path()})")
+    else:
+        click.echo("no grading server is running")
+    raise SystemExit(EXIT_OK)
+
+
+def _server_line(found: dict) -> str:
+    if not found["running"]:
+        return f"no grading server is running (it would listen on {found['socket']})"
+    if found.get("refused"):
+        return f"a grading server listens on {found['socket']} but refused this command: {found['refused']}"
+    state = "current code" if found["current"] else "older code (it exits at the next grading)"
+    return (f"a grading server is running: pid {found['pid']}, {state}, {found['gradings']} grading(s) served, "
+            f"socket {found['socket']}; `ddp-grade server stop` stops it")
 
 
 # Subcommands that live in their own modules, one line each.

@@ -142,7 +142,8 @@ class Grading:
         for r in runs:
             self._graded(None if r.label else r.world_size)
         outcomes = self.session.run_many([World(self._ref(r.driver), r.world_size, r.kwargs, r.env) for r in runs],
-                                         learner_path=self.path, timeout_s=self.remaining(), backend=self.backend)
+                                         learner_path=self.path, timeout_s=self.remaining(), backend=self.backend,
+                                         last_read_on_failure=[r.expect_ok for r in runs])
         for r, outcome in zip(runs, outcomes):
             self._stop_on_problems(outcome, r.expect_ok)
             yield outcome

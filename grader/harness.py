@@ -202,12 +202,15 @@ class Session:
                              timeout_s=timeout_s, backend=backend, grace_s=grace_s)[0]
 
     def run_many(self, worlds: list[World], *, learner_path: str, timeout_s: float, backend: str = "gloo",
-                 grace_s: float = GRACE_AFTER_FAILURE_S) -> list[WorldOutcome]:
+                 grace_s: float = GRACE_AFTER_FAILURE_S, last_read_on_failure: list[bool] | None = None
+                 ) -> list[WorldOutcome]:
         """Run several independent worlds at the same time, under one deadline; outcomes in order.
 
         Each world has its own store, folder and grace period after a failure: one world's
         failure stops none of the others; each outcome's ``seconds`` and ``stray_processes`` are
-        those of the whole call.
+        those of the whole call. ``last_read_on_failure[k]``: when world k ends with a failed
+        rank, the caller reads no outcome after it, so the worlds after it are stopped at once
+        (their ranks show as ``killed``) instead of running on to their end or the deadline.
         """
         from torch.distributed import TCPStore
 
@@ -227,7 +230,7 @@ class Session:
                     spec = self._spec(world.driver, rank, world.world_size, learner_path, run_dir, timeout_s,
                                       backend, world.kwargs, _rendezvous_env(store.port, world.env))
                     ranks.append(self._start(spec))
-            timed_out = _wait_all(groups, started + timeout_s, grace_s, self.limits)
+            timed_out = _wait_all(groups, started + timeout_s, grace_s, self.limits, last_read_on_failure)
         finally:
             _stop([r for ranks in groups for r in ranks])
             stores.clear()
@@ -420,14 +423,16 @@ class WorkerDied(Exception):
 
 
 def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
-              limits: dict | None = None) -> list[bool]:
+              limits: dict | None = None, last_read_on_failure: list[bool] | None = None) -> list[bool]:
     """Collect messages and exits until every rank of every group is done.
 
     A group is one world: once one of its ranks has failed, the others get ``grace_s`` more
-    (the other groups are not affected). A group that is done is stopped at once, so what is
-    left of it uses no CPU or memory while the others run. Returns, per group, True if the
-    deadline hit first.
+    (the other groups are not affected, except the groups after one that
+    ``last_read_on_failure`` marks: they are stopped when it ends with a failure). A group
+    that is done is stopped at once, so what is left of it uses no CPU or memory while the
+    others run. Returns, per group, True if the deadline hit first.
     """
+    last_read = last_read_on_failure or [False] * len(groups)
     memory = (limits or {}).get("memory_bytes") or 0
     grace_until: list[float | None] = [None] * len(groups)  # per group, set once a rank has failed
     timed_out = [False] * len(groups)
@@ -446,6 +451,12 @@ def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
             elif now >= deadline:
                 done[k] = timed_out[k] = True
                 finished.append(k)
+        for k, ranks in enumerate(groups):  # nobody reads the worlds after a failed one that is read last
+            if done[k] and last_read[k] and not timed_out[k] and any(_failed(r) for r in ranks):
+                for j in range(k + 1, len(groups)):
+                    if not done[j]:
+                        done[j] = True
+                        finished.append(j)
         if finished:  # together: one wait for the stacks, however many groups ended here
             _stop([r for k in finished for r in groups[k]])
         if all(done):
@@ -732,7 +743,7 @@ def _blame(outcomes: list[RankOutcome]) -> list[RankOutcome]:
 
 
 def _which_limit(r: _Rank, payload: dict | None, limits: dict) -> str:
-    """"memory", "cpu", "output" or "": the limit this failed rank ran into, from what was seen."""
+    """"memory", "cpu", "output", "tmp" or "": the limit this failed rank ran into, from what was seen."""
     if r.limit:
         return r.limit
     if r.process.exitcode == -getattr(signal, "SIGXCPU", -1000) and limits.get("cpu_seconds"):
@@ -745,6 +756,8 @@ def _which_limit(r: _Rank, payload: dict | None, limits: dict) -> str:
     if limits.get("output_bytes") and ("File too large" in text or
                                        r.process.exitcode == -getattr(signal, "SIGXFSZ", -1000)):
         return "output"
+    if "No space left on device" in text and _limits.in_sandbox():
+        return "tmp"
     return ""
 
 

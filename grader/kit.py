@@ -9,6 +9,7 @@ The pristine stubs ship inside the package (``grader/stubs/``), so ``reset`` wor
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import shutil
@@ -104,14 +105,18 @@ def backups_dir() -> Path:
 def backup(path: Path) -> Path:
     """Copy ``path`` to a new timestamped file in :func:`backups_dir`; return the copy's path."""
     folder = backups_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = folder / f"{path.stem}.{stamp}{path.suffix}"
     n = 1
-    while target.exists():
-        target = folder / f"{path.stem}.{stamp}-{n}{path.suffix}"
-        n += 1
-    shutil.copyfile(path, target)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        while target.exists():
+            target = folder / f"{path.stem}.{stamp}-{n}{path.suffix}"
+            n += 1
+        shutil.copyfile(path, target)
+    except OSError as exc:  # nothing is overwritten without its copy: the caller stops here
+        raise KitError(f"cannot keep a copy of {path} in {folder} ({exc.strerror or exc}); nothing was changed") \
+            from None
     return target
 
 
@@ -132,5 +137,10 @@ def backups_of(ex: catalog.Exercise) -> list[Path]:
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path``'s content so that a reader sees the old or the new file, never half."""
     tmp = path.with_name(f".{path.name}.ddp-grade-tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise KitError(f"cannot write {path} ({exc.strerror or exc}); it is unchanged") from None

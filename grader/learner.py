@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import tokenize
 from pathlib import Path
 
@@ -18,6 +19,11 @@ def read_source(path: str | Path) -> str:
     """The file's text, or :class:`Unusable` with a clear reason."""
     p = Path(path)
     if not p.exists():
+        if os.path.islink(p):  # a link that leads nowhere: a loop, or a missing target
+            try:
+                os.stat(p)
+            except OSError as exc:
+                raise Unusable(f"cannot read {path}: {exc.strerror or exc} (a symbolic link)") from None
         raise Unusable(f"no such file: {path}")
     if p.is_dir():
         raise Unusable(f"{path} is a folder: give one exercise file, such as {p / '03_train.py'}"

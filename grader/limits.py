@@ -21,9 +21,14 @@ option                default             how it is enforced
 ``--output-limit``    64 (MiB)            ``RLIMIT_FSIZE``: no file a rank writes (its printed
                                           output, a checkpoint) can grow past it; writing further
                                           fails with ``OSError: File too large``
+``--tmp-limit``       512 (MiB)           in a sandbox only (``--sandbox``, ``batch``): the size of
+                                          the sandbox's own ``/tmp`` and of its ``/dev/shm``, each
+                                          a tmpfs; writing further fails with ``OSError: No space
+                                          left on device``. Without a sandbox a rank writes to the
+                                          machine's folders, and this limit does not apply
 ====================  ==================  =========================================================
 
-``0`` turns a limit off. A rank that hits a limit fails the run (exit 1) with a
+``0`` turns a limit off (``--tmp-limit 0`` means its default: a sandbox's folders always have a size). A rank that hits a limit fails the run (exit 1) with a
 message that names the limit and the option that changes it, for example
 ``rank 1 went over the memory limit (2048 MiB resident) and was stopped``.
 
@@ -40,6 +45,7 @@ MIB = 2**20
 DEFAULT_MEMORY_MIB = 2048
 DEFAULT_CPU_SECONDS = 300
 DEFAULT_OUTPUT_MIB = 64
+DEFAULT_TMP_MIB = 512
 
 # Address space on top of the resident-memory limit (RLIMIT_AS backstop): torch maps about
 # 1 GiB it never touches, and gloo and the thread pools reserve stacks.
@@ -52,20 +58,33 @@ OPTIONS = {
     "memory": "--memory-limit",
     "cpu": "--cpu-limit",
     "output": "--output-limit",
+    "tmp": "--tmp-limit",
 }
 
 
 def limits_dict(memory_mib: float | None = DEFAULT_MEMORY_MIB, cpu_seconds: float | None = DEFAULT_CPU_SECONDS,
-                output_mib: float | None = DEFAULT_OUTPUT_MIB) -> dict:
-    """The ``limits`` a :class:`grader.harness.Session` takes, from the CLI's units (0 or None: off)."""
+                output_mib: float | None = DEFAULT_OUTPUT_MIB, tmp_mib: float | None = DEFAULT_TMP_MIB) -> dict:
+    """The ``limits`` a :class:`grader.harness.Session` takes, from the CLI's units (0 or None: off;
+    for ``tmp``, the default)."""
     return {
         "memory_bytes": int((memory_mib or 0) * MIB),
         "cpu_seconds": int(cpu_seconds or 0),
         "output_bytes": int((output_mib or 0) * MIB),
+        "tmp_bytes": int((tmp_mib or DEFAULT_TMP_MIB) * MIB),
     }
 
 
 DEFAULT_LIMITS = limits_dict()
+
+
+SANDBOX_ENV = "DDP_GRADE_SANDBOXED"  # set by the sandbox for what runs inside it (the size of its /tmp)
+
+
+def in_sandbox() -> bool:
+    """True in a grading that runs inside the grader's sandbox (see :mod:`grader.sandbox`)."""
+    import os
+
+    return bool(os.environ.get(SANDBOX_ENV))
 
 
 def address_space_bytes(memory_bytes: int) -> int:
@@ -79,17 +98,23 @@ def describe(limit: str, limits: dict) -> str:
         amount = f"{limits.get('memory_bytes', 0) / MIB:g} MiB resident"
     elif limit == "cpu":
         amount = f"{limits.get('cpu_seconds', 0):g} s of CPU time"
+    elif limit == "tmp":
+        amount = f"{limits.get('tmp_bytes', 0) / MIB:g} MiB each"
+        return f"the sandbox's /tmp and /dev/shm limit ({amount}; {OPTIONS[limit]} changes it)"
     else:
         amount = f"{limits.get('output_bytes', 0) / MIB:g} MiB per file"
     return f"the {limit} limit ({amount}; {OPTIONS[limit]} changes it)"
 
 
 def limit_options(f):
-    """--memory-limit, --cpu-limit, --output-limit for a command that grades.
+    """--memory-limit, --cpu-limit, --output-limit, --tmp-limit for a command that grades.
 
-    They reach the command as ``memory_limit`` (MiB), ``cpu_limit`` (s) and ``output_limit``
-    (MiB); :func:`grader.options.grading_options` turns them into one ``GradeOptions``.
+    They reach the command as ``memory_limit`` (MiB), ``cpu_limit`` (s), ``output_limit`` and
+    ``tmp_limit`` (MiB); :func:`grader.options.grading_options` turns them into one ``GradeOptions``.
     """
+    f = click.option("--tmp-limit", "tmp_limit", type=click.FloatRange(min=0), default=DEFAULT_TMP_MIB,
+                     show_default=True, metavar="MIB",
+                     help="In a sandbox (--sandbox, batch): the size of its /tmp and of its /dev/shm, in MiB each.")(f)
     f = click.option("--output-limit", "output_limit", type=click.FloatRange(min=0), default=DEFAULT_OUTPUT_MIB,
                      show_default=True, metavar="MIB",
                      help="Largest file (printed output included) a rank may write, in MiB; 0: no limit.")(f)

@@ -50,9 +50,9 @@ def grading_options(f):
     """--world-size, --backend, --timeout and the limits, given to the command as one ``options``."""
 
     @functools.wraps(f)
-    def command(*args, world_size, backend, timeout_s, memory_limit, cpu_limit, output_limit, **kwargs):
+    def command(*args, world_size, backend, timeout_s, memory_limit, cpu_limit, output_limit, tmp_limit, **kwargs):
         options = GradeOptions(world_size=world_size, backend=backend, timeout_s=timeout_s,
-                               limits=_limits.limits_dict(memory_limit, cpu_limit, output_limit))
+                               limits=_limits.limits_dict(memory_limit, cpu_limit, output_limit, tmp_limit))
         return f(*args, options=options, **kwargs)
 
     command = _limits.limit_options(command)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader import catalog, kit, learner
-from grader.state import StateFile
+from grader.state import StateFile, StateUnwritable
 
 STATE_NAME = "progress.json"
 
@@ -49,18 +49,43 @@ class Row:
 
 
 class Progress:
-    """progress.json, loaded once; every change is saved at once (atomically)."""
+    """progress.json, loaded once; every change is read afresh, made and saved under the file's lock
+    (so gradings at once never lose each other's records). When the state folder cannot be written,
+    changes stay in memory and ``unsaved`` says why."""
 
     def __init__(self, state: StateFile | None = None):
         self.state = state or StateFile(STATE_NAME)
+        self.state.valid, self.state.salvage = shape_ok, _clean
         self.data = _clean(self.state.load())
 
     def warning(self) -> str | None:
-        """A line for the user when progress.json was unreadable and kept aside."""
+        """A line for the user when progress.json was unreadable (or of the wrong shape) and kept aside."""
         return self.state.warning()
+
+    @property
+    def unsaved(self) -> str | None:
+        """Why the last change could not be saved (the folder and the reason), or None."""
+        return self.state.unsaved
+
+    def _change(self, edit) -> None:
+        """Apply ``edit(data)`` to the file as it is now, under its lock; in memory only when it cannot be saved."""
+
+        def change(data: dict) -> dict:
+            data = _clean(data)
+            edit(data)
+            return data
+
+        try:
+            self.data = self.state.update(change)
+        except StateUnwritable:
+            edit(self.data)
 
     def entry(self, exercise_id: str) -> dict:
         return self.data["exercises"].setdefault(exercise_id, {})
+
+    @staticmethod
+    def _entry(data: dict, exercise_id: str) -> dict:
+        return data["exercises"].setdefault(exercise_id, {})
 
     def passed(self, exercise_id: str) -> bool:
         return bool(self.data["exercises"].get(exercise_id, {}).get("passed"))
@@ -70,12 +95,16 @@ class Progress:
 
     def record_grading(self, exercise_id: str, status: str) -> None:
         """Remember a grading of the kit's file; a pass is kept until ``reset``."""
-        e = self.entry(exercise_id)
-        e["last_status"] = status
-        e["last_graded"] = _now()
-        if status == "passed" and not e.get("passed"):
-            e["passed"] = e["last_graded"]
-        self.save()
+        now = _now()
+
+        def edit(data: dict) -> None:
+            e = self._entry(data, exercise_id)
+            e["last_status"] = status
+            e["last_graded"] = now
+            if status == "passed" and not e.get("passed"):
+                e["passed"] = now
+
+        self._change(edit)
 
     def next_hint(self, ex: catalog.Exercise, again: bool = False) -> tuple[int, str] | None:
         """(level, text) of the next hint, counting it as shown; the last one again when all were shown.
@@ -90,20 +119,38 @@ class Progress:
         else:
             level = min(shown + 1, len(ex.hints))
         if level > shown:
-            self.entry(ex.id)["hints_shown"] = level
-            self.save()
+
+            def edit(data: dict) -> None:
+                e = self._entry(data, ex.id)
+                e["hints_shown"] = max(level, e.get("hints_shown", 0))
+
+            self._change(edit)
         return level, ex.hints[level - 1]
 
     def forget(self, exercise_id: str) -> None:
         """After ``reset``: the exercise starts over; when it passed, that is kept as ``passed_before``."""
-        e = self.entry(exercise_id)
-        if e.get("passed"):
-            e["passed_before"] = e.pop("passed")
-        e.pop("last_status", None)
-        self.save()
+        def edit(data: dict) -> None:
+            e = self._entry(data, exercise_id)
+            if e.get("passed"):
+                e["passed_before"] = e.pop("passed")
+            e.pop("last_status", None)
 
-    def save(self) -> None:
-        self.state.save(self.data)
+        self._change(edit)
+
+
+def shape_ok(data: dict) -> bool:
+    """progress.json's shape: ``exercises`` a table of tables, ``hints_shown`` a whole number. A file
+    of another shape is kept aside, never overwritten."""
+    exercises = data.get("exercises", {})
+    if not isinstance(exercises, dict):
+        return False
+    for value in exercises.values():
+        if not isinstance(value, dict):
+            return False
+        shown = value.get("hints_shown", 0)
+        if not isinstance(shown, int) or isinstance(shown, bool):
+            return False
+    return True
 
 
 def _clean(data: dict) -> dict:
@@ -193,5 +240,5 @@ def is_kit_file(path: str | Path, ex: catalog.Exercise) -> bool:
     """True when ``path`` is the kit's own exercise file for ``ex`` (the one progress is about)."""
     try:
         return Path(path).resolve() == kit.exercise_path(ex).resolve()
-    except (kit.KitError, OSError):
+    except (kit.KitError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.12 and older)
         return False

@@ -20,17 +20,32 @@ What it keeps, and what it never shares:
 The harness's guarantees hold inside the server as in the command: each grading has its
 deadline, and every process a run started is stopped and reaped. ``--no-server`` (or
 ``DDP_GRADE_SERVER=0``) turns it off. When the server cannot be reached, or fails mid-way, the
-command grades in its own process.
+command grades in its own process. A client that goes away mid-grading costs the server that
+grading and nothing more.
+
+Who it answers: the server runs code (a learner's file, unsandboxed), so it answers only a
+``ddp-grade`` command of its own user running outside any sandbox:
+
+* the socket and the key file beside it are the user's alone (mode 0600, in the state folder);
+* every request carries the key, 32 random bytes the server writes when it starts, which only a
+  process that can read the state folder can send (a sandbox never shows the state folder);
+* the kernel names the peer of each connection (``SO_PEERCRED``): it must be a process of the
+  same user, in the same user, mount, network and PID namespaces as the server; anything in a
+  sandbox (bwrap, unshare, a container) is refused before its request is read. Sandboxed
+  gradings never use the server.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import signal
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +57,8 @@ SERVER_ENV = "DDP_GRADE_SERVER"  # "0": never use or start a server
 IDLE_ENV = "DDP_GRADE_SERVER_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 SOCKET_NAME = "server.sock"
+KEY_NAME = "server.key"
+NAMESPACES = ("user", "mnt", "net", "pid")  # a client must share all of them with the server
 CONNECT_TIMEOUT_S = 1.0
 MARGIN_S = 30.0  # beyond a grading's own timeout before the command stops waiting for the server
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes on Linux
@@ -57,6 +74,17 @@ def enabled() -> bool:
 
 def socket_path() -> Path:
     return state_dir() / SOCKET_NAME
+
+
+def key_path() -> Path:
+    return state_dir() / KEY_NAME
+
+
+def _read_key() -> str:
+    try:
+        return key_path().read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def code_version() -> str:
@@ -78,7 +106,7 @@ def grade_remote(path: str, exercise_id: str | None, options, on_event=None) -> 
     sock = _connect()
     if sock is None:
         raise Unavailable("no server")
-    request = {"version": code_version(), "path": os.path.abspath(path), "shown_as": path,
+    request = {"key": _read_key(), "version": code_version(), "path": os.path.abspath(path), "shown_as": path,
                "exercise_id": exercise_id, "options": options.to_dict()}
     try:
         with sock, sock.makefile("rwb") as stream:
@@ -91,7 +119,7 @@ def grade_remote(path: str, exercise_id: str | None, options, on_event=None) -> 
                     on_event(message.pop("kind"), **{k: v for k, v in message.items() if k != "type"})
                 elif message["type"] == "report":
                     return message["report"]
-                elif message["type"] in ("stale", "error"):
+                elif message["type"] in ("stale", "error", "refused"):
                     raise Unavailable(message.get("why", message["type"]))
     except (OSError, ValueError, KeyError) as exc:
         raise Unavailable(f"the server stopped answering: {exc}") from None
@@ -112,17 +140,34 @@ def _connect() -> socket.socket | None:
     return sock
 
 
-def start_in_background() -> None:
-    """Start a server for the next gradings, detached from this command (never waited for)."""
+def _answering() -> bool:
+    """Something listens on the socket."""
+    sock = _connect()
+    if sock is None:
+        return False
+    sock.close()
+    return True
+
+
+def start_in_background() -> bool:
+    """Start a server for the next gradings, detached from this command (never waited for).
+
+    True when one was started; False when the state folder cannot hold its socket (too long a
+    path, not writable) or one already answers there.
+    """
     path = socket_path()
-    if len(str(path)) > MAX_SOCKET_PATH:
-        return
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(path.parent / "server.log", "ab")
-        subprocess.Popen([sys.executable, "-m", "grader.server"], stdin=subprocess.DEVNULL, stdout=log,
-                         stderr=log, start_new_session=True, close_fds=True, cwd=str(path.parent))
-        log.close()
+    if len(str(path)) > MAX_SOCKET_PATH or _answering():
+        return False
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):
+            return False
+        with open(path.parent / "server.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "grader.server"], stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=log, start_new_session=True, close_fds=True, cwd=str(path.parent))
+    except OSError:
+        return False
+    return True
 
 
 def status() -> dict:
@@ -132,11 +177,15 @@ def status() -> dict:
         return {"running": False, "socket": str(socket_path())}
     try:
         with sock, sock.makefile("rwb") as stream:
-            stream.write(json.dumps({"ping": True}).encode() + b"\n")
+            stream.write(json.dumps({"key": _read_key(), "ping": True}).encode() + b"\n")
             stream.flush()
             answer = json.loads(stream.readline())
     except (OSError, ValueError):
         return {"running": False, "socket": str(socket_path())}
+    if not isinstance(answer, dict) or answer.get("type") == "refused":
+        why = answer.get("why") if isinstance(answer, dict) else "an unreadable answer"
+        return {"running": True, "socket": str(socket_path()), "pid": None, "current": False, "gradings": 0,
+                "refused": why}
     return {"running": True, "socket": str(socket_path()), "pid": answer.get("pid"),
             "current": answer.get("version") == code_version(), "gradings": answer.get("gradings", 0)}
 
@@ -147,7 +196,7 @@ def stop() -> bool:
     if sock is None:
         return False
     with contextlib.suppress(OSError, ValueError), sock, sock.makefile("rwb") as stream:
-        stream.write(json.dumps({"stop": True}).encode() + b"\n")
+        stream.write(json.dumps({"key": _read_key(), "stop": True}).encode() + b"\n")
         stream.flush()
         stream.readline()
     return True
@@ -163,17 +212,20 @@ def serve() -> None:
 
     version = code_version()
     path = socket_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if _connect() is not None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if _answering():
         return  # another server already answers there
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_mask = os.umask(0o177)  # the socket is the user's alone from the moment it exists
     try:
         listener.bind(str(path))
     except OSError:
         return  # another server bound it first
-    os.chmod(path, 0o600)
+    finally:
+        os.umask(old_mask)
+    key = _write_key()
     listener.listen(8)
     idle_s = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
@@ -187,58 +239,140 @@ def serve() -> None:
                 conn, _ = listener.accept()
             except socket.timeout:
                 return
-            with conn, conn.makefile("rwb") as stream:
-                if not _answer(stream, version, sessions, GradeOptions, served):
-                    return
+            if not _serve_connection(conn, key, version, sessions, GradeOptions, served):
+                return
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        for stale in (path, key_path()):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         for session in sessions.values():
             session.close()
         harness.stop_pool()
 
 
-def _answer(stream, version: str, sessions: dict, GradeOptions, served: dict) -> bool:
+def _write_key() -> str:
+    """A fresh key in ``server.key`` (0600, written whole before the first request can come)."""
+    key = secrets.token_hex(32)
+    target = key_path()
+    tmp = target.with_name(f"{KEY_NAME}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(key + "\n")
+    os.replace(tmp, target)
+    return key
+
+
+def peer_refusal(conn: socket.socket) -> str | None:
+    """Why this connection's peer may not use the server, or None when it may.
+
+    The peer must be a process of this user in this user, mount, network and PID namespaces:
+    a process in a sandbox (or any other container) is refused.
+    """
+    if not hasattr(socket, "SO_PEERCRED"):
+        return "the peer of the connection cannot be checked on this system"
+    try:
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError as exc:
+        return f"the peer of the connection cannot be checked: {exc}"
+    if uid != os.getuid():
+        return f"the client runs as user {uid}, not as the server's user {os.getuid()}"
+    if pid <= 0:
+        return "the client runs in a PID namespace the server cannot see (a sandbox or a container)"
+    for ns in NAMESPACES:
+        try:
+            theirs = os.readlink(f"/proc/{pid}/ns/{ns}")
+            mine = os.readlink(f"/proc/self/ns/{ns}")
+        except OSError:
+            return f"the client's {ns} namespace cannot be read"
+        if theirs != mine:
+            return f"the client runs in another {ns} namespace (a sandbox or a container)"
+    return None
+
+
+def _serve_connection(conn: socket.socket, key: str, version: str, sessions: dict, GradeOptions,
+                      served: dict) -> bool:
+    """Serve one connection; False when the server must exit. A client gone away is never the server's end."""
+    try:
+        with conn:
+            conn.settimeout(CONNECT_TIMEOUT_S * 10)  # reading the request; a grading sets no timeout on sends
+            why = peer_refusal(conn)
+            stream = conn.makefile("rwb")
+            try:
+                if why is not None:
+                    _log(f"refused a connection: {why}")
+                    _send(stream, {"type": "refused", "why": why})
+                    return True
+                return _answer(stream, conn, key, version, sessions, GradeOptions, served)
+            finally:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
+    except (OSError, ValueError) as exc:  # the client went away, or sent something unreadable
+        _log(f"a connection ended early: {type(exc).__name__}: {exc}")
+        return True
+
+
+def _send(stream, message: dict) -> None:
+    stream.write(json.dumps(message).encode() + b"\n")
+    stream.flush()
+
+
+def _log(line: str) -> None:
+    import time
+
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
+def _answer(stream, conn, key: str, version: str, sessions: dict, GradeOptions, served: dict) -> bool:
     """Serve one request; False when the server must exit (stale code, or asked to stop)."""
     from grader import harness
     from grader.grading import grade_file
-
-    def send(message: dict) -> None:
-        stream.write(json.dumps(message).encode() + b"\n")
-        stream.flush()
 
     try:
         request = json.loads(stream.readline())
     except ValueError:
         return True
+    if not isinstance(request, dict) or not hmac.compare_digest(str(request.get("key", "")), key):
+        _log("refused a request without the server's key")
+        _send(stream, {"type": "refused", "why": "the request does not carry this server's key"})
+        return True
     if request.get("ping"):
-        send({"pid": os.getpid(), "version": version, **served})
+        _send(stream, {"pid": os.getpid(), "version": version, **served})
         return True
     if request.get("stop"):
-        send({"stopping": True})
+        _send(stream, {"stopping": True})
         return False
     if request.get("version") != version:
-        send({"type": "stale", "why": "the grader's code changed since this server started"})
+        _send(stream, {"type": "stale", "why": "the grader's code changed since this server started"})
         return False
+    conn.settimeout(None)
     options = GradeOptions.from_dict(request["options"])
-    key = json.dumps(options.limits, sort_keys=True)
-    if key not in sessions:
-        sessions[key] = harness.Session(limits=options.limits, spares=True)
+    limits_key = json.dumps(options.limits, sort_keys=True)
+    if limits_key not in sessions:
+        sessions[limits_key] = harness.Session(limits=options.limits, spares=True)
+    gone = []
 
-    def on_event(kind: str, **info) -> None:
-        with contextlib.suppress(OSError):
-            send({"type": "event", "kind": kind, **info})
+    def send_quietly(message: dict) -> None:
+        if gone:
+            return
+        try:
+            _send(stream, message)
+        except (OSError, ValueError):
+            gone.append(True)  # the client went away: finish the grading (its ranks are reaped), send nothing
 
     try:
-        report = grade_file(request["path"], sessions[key], options, request.get("exercise_id"), on_event=on_event)
+        report = grade_file(request["path"], sessions[limits_key], options, request.get("exercise_id"),
+                            on_event=lambda kind, **info: send_quietly({"type": "event", "kind": kind, **info}))
     except Exception as exc:  # the grader's own failure: the command grades in its own process instead
-        send({"type": "error", "why": f"{type(exc).__name__}: {exc}"})
+        send_quietly({"type": "error", "why": f"{type(exc).__name__}: {exc}"})
         return True
     report.path = request.get("shown_as") or report.path
     served["gradings"] += 1
-    with contextlib.suppress(OSError):
-        send({"type": "report", "report": report.to_dict()})
+    send_quietly({"type": "report", "report": report.to_dict()})
+    if gone:
+        _log("a client went away before its grading ended; the grading finished and its processes were reaped")
     return True
 
 

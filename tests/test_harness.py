@@ -87,11 +87,15 @@ def test_a_limit_is_named_with_the_option_that_changes_it():
     assert rank_line(rank_record(rank, "")) == f"rank 1 went over {detail} and was stopped"
     assert "--cpu-limit" in limits.describe("cpu", limits.DEFAULT_LIMITS)
     assert "--output-limit" in limits.describe("output", limits.DEFAULT_LIMITS)
+    assert "--tmp-limit" in limits.describe("tmp", limits.DEFAULT_LIMITS)
 
 
 def test_the_defaults_are_on_and_zero_turns_a_limit_off():
-    assert limits.DEFAULT_LIMITS == {"memory_bytes": 2048 * 2**20, "cpu_seconds": 300, "output_bytes": 64 * 2**20}
-    assert limits.limits_dict(0, 0, 0) == {"memory_bytes": 0, "cpu_seconds": 0, "output_bytes": 0}
+    assert limits.DEFAULT_LIMITS == {"memory_bytes": 2048 * 2**20, "cpu_seconds": 300, "output_bytes": 64 * 2**20,
+                                     "tmp_bytes": 512 * 2**20}
+    # A sandbox's /tmp always has a size: 0 means its default.
+    assert limits.limits_dict(0, 0, 0, 0) == {"memory_bytes": 0, "cpu_seconds": 0, "output_bytes": 0,
+                                              "tmp_bytes": 512 * 2**20}
     assert limits.address_space_bytes(0) == 0
     assert limits.address_space_bytes(2**30) > 2**30
 
@@ -107,9 +111,9 @@ def test_limit_options_reach_the_sessions_the_command_makes(tmp_path, monkeypatc
     monkeypatch.setattr(harness, "Session", RecordingSession)
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path))
     result = CliRunner().invoke(main, ["grade", str(tmp_path / "01_setup.py"), "-q", "--memory-limit", "100",
-                                       "--cpu-limit", "7", "--output-limit", "0"])
+                                       "--cpu-limit", "7", "--output-limit", "0", "--tmp-limit", "32"])
     assert result.exit_code == 2  # no such file; the options were still read
-    assert seen == [{"memory_bytes": 100 * 2**20, "cpu_seconds": 7, "output_bytes": 0}]
+    assert seen == [{"memory_bytes": 100 * 2**20, "cpu_seconds": 7, "output_bytes": 0, "tmp_bytes": 32 * 2**20}]
     with harness.Session(limits={"cpu_seconds": 1}) as session:
         assert session.limits == {**limits.DEFAULT_LIMITS, "cpu_seconds": 1}
 
@@ -136,6 +140,10 @@ def fails_at_once_main(ctx) -> dict:
     """Rank 1 raises at once; rank 0 would run far longer than any test, saying when it is alive."""
     if ctx.rank == 1:
         raise RuntimeError("rank 1 gave up")
+    if ctx.kwargs.get("pid_file"):
+        with open(ctx.kwargs["pid_file"] + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(ctx.kwargs["pid_file"] + ".tmp", ctx.kwargs["pid_file"])
     for _ in range(600):
         with open(os.path.join(ctx.run_dir, "alive"), "a") as f:
             f.write(f"{time.monotonic()}\n")
@@ -162,20 +170,46 @@ def test_worlds_run_together_answer_in_order_each_with_its_own_ranks():
     assert outcomes[0].run_dir != outcomes[1].run_dir
 
 
-def test_a_failing_world_gets_its_grace_without_cutting_short_the_world_beside_it():
+def waits_for_a_stopped_rank_main(ctx) -> dict:
+    """Answers only once the process whose pid is in ``ctx.kwargs["pid_file"]`` is gone (or a zombie)."""
+    while True:
+        try:
+            pid = int(open(ctx.kwargs["pid_file"]).read())
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except (OSError, ValueError):
+            if os.path.exists(ctx.kwargs["pid_file"]):
+                break  # the pid is written and its /proc entry is gone
+        time.sleep(0.05)
+    return {"rank": ctx.rank, "saw_it_stopped": True}
+
+
+def test_a_failing_world_gets_its_grace_without_cutting_short_the_world_beside_it(tmp_path):
+    """Order, not seconds: the world beside answers only after the failing world's rank 0 was stopped, so
+    this finishes only if that rank is stopped when its grace ends, while the world beside still runs."""
+    pid_file = str(tmp_path / "rank0.pid")
     with harness.Session() as session:
-        started = time.monotonic()
         failing, beside = session.run_many(
-            [_world("fails_at_once_main", 2), _world("sleeps_then_answers_main", 2, sleep_s=3.0)],
+            [_world("fails_at_once_main", 2, pid_file=pid_file),
+             _world("waits_for_a_stopped_rank_main", 2, pid_file=pid_file)],
             learner_path=__file__, timeout_s=60, grace_s=0.5)
-        seconds = time.monotonic() - started
-        alive = [float(t) for t in open(os.path.join(failing.run_dir, "alive")).read().split()]
     assert [r.status for r in failing.ranks] == ["killed", "error"]  # rank 0 stopped after the grace
-    assert not failing.timed_out
-    assert beside.ok, [r.status for r in beside.ranks]  # ran its 3 s, well past the other's grace
-    assert seconds < 30
-    # Stopped when its grace ended, not left running until the world beside it was done.
-    assert alive[-1] - started < 2.5, f"rank 0 was still running {alive[-1] - started:.1f} s after the start"
+    assert not failing.timed_out and not beside.timed_out
+    assert beside.results() == [{"rank": r, "saw_it_stopped": True} for r in range(2)]
+
+
+def test_worlds_after_a_failed_world_read_last_are_stopped_with_it(tmp_path):
+    """``last_read_on_failure``: the grading reads nothing after a world that failed, so the worlds after
+    it (here one that would run until the deadline) are stopped with it; the ones before it run on."""
+    with harness.Session() as session:
+        before, failing, after = session.run_many(
+            [_world("sleeps_then_answers_main", 2, sleep_s=0.5), _world("fails_at_once_main", 2),
+             _world("sleeps_then_answers_main", 2, sleep_s=600)],
+            learner_path=__file__, timeout_s=300, grace_s=0.2, last_read_on_failure=[True, True, True])
+    assert before.ok and not before.timed_out
+    assert [r.status for r in failing.ranks] == ["killed", "error"] and not failing.timed_out
+    assert [r.status for r in after.ranks] == ["killed", "killed"] and not after.timed_out
 
 
 def test_a_world_that_hangs_times_out_alone():

@@ -65,3 +65,9 @@ def test_a_hand_edited_progress_file_of_the_wrong_shape_does_not_crash(tmp_path)
     state.save({"exercises": {"01": "yes", "02": {"hints_shown": "many"}, "03": {"passed": "2025-01-01"}}})
     p = Progress(state)
     assert not p.passed("01") and p.hints_shown("02") == 0 and p.passed("03")
+    # The file itself is kept aside whole, never overwritten, and the user is told where.
+    aside = list(tmp_path.glob("progress.json.corrupt-*"))
+    assert len(aside) == 1 and '"many"' in aside[0].read_text()
+    assert str(aside[0]) in p.warning()
+    p.record_grading("04", "failed")
+    assert Progress(StateFile("progress.json", tmp_path)).passed("03")  # what could be read is carried over

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -26,9 +27,12 @@ TOOLS = [pytest.param(name, marks=pytest.mark.skipif(sandbox._tool(name) is None
          for name in (sandbox.BWRAP, sandbox.UNSHARE)]
 
 
-def grade(path: Path, tool: str | None, **env) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "grader", str(path), "-q", "--no-server", "--world-size", "2", "--timeout", "30"]
-    full_env = {**os.environ, **env}
+def grade(path: Path, tool: str | None, *extra: str, **env) -> subprocess.CompletedProcess:
+    """Grade ``path`` (sandboxed by ``tool`` unless None); the test's own variables in ``env`` are handed
+    in on purpose (DDP_GRADE_SANDBOX_PASS), as course staff would hand one in."""
+    args = [sys.executable, "-m", "grader", str(path), "-q", "--no-server", "--world-size", "2", "--timeout", "30",
+            *extra]
+    full_env = {**os.environ, **env, sandbox.PASS_ENV: ",".join(env)}
     if tool:
         args.append("--sandbox")
         full_env[sandbox.TOOL_ENV] = tool
@@ -113,6 +117,7 @@ def test_batch_grades_each_submission_in_a_sandbox_of_its_own(tool, tmp_path, mo
     alice = learners / "alice" / "01_setup.py"
     before = alice.read_bytes()
     monkeypatch.setenv(sandbox.TOOL_ENV, tool)
+    monkeypatch.setenv(sandbox.PASS_ENV, "DDP_GRADE_TEST_TAG DDP_GRADE_TEST_OUTSIDE DDP_GRADE_TEST_SECRET")
     monkeypatch.setenv("DDP_GRADE_TEST_TAG", tag)
     monkeypatch.setenv("DDP_GRADE_TEST_OUTSIDE", str(alice))  # bob writes into a classmate's file
     monkeypatch.setenv("DDP_GRADE_TEST_SECRET", str(secret / "secret"))
@@ -149,3 +154,151 @@ def test_a_kit_kept_under_tmp_grades_in_the_sandbox(tool):
         shutil.rmtree(kit, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
     assert "checks passed" in done.stdout, done.stdout[-2000:]
+
+
+# --- what a sandboxed submission can reach (issue: the server, /dev/shm, /tmp, the environment) --------------
+
+
+@pytest.fixture
+def outside_state():
+    """A state folder outside the home folder and /tmp (where nothing hides it by chance), short enough
+    for a Unix socket's path, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="ddp-esc-", dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def running_server(outside_state, tmp_path):
+    """A grading server on ``outside_state``, started as the grader's own command would start it, whose
+    rank processes would write ``escaped`` if they ever graded the escaping file."""
+    from grader import server
+
+    tag = uuid.uuid4().hex
+    escaped = tmp_path / "escaped"
+    env = {**os.environ, "DDP_GRADE_STATE_DIR": str(outside_state), "DDP_GRADE_SERVER": "1",
+           "DDP_GRADE_TEST_ESCAPED": str(escaped), "DDP_GRADE_TEST_TAG": tag}
+    process = subprocess.Popen([sys.executable, "-m", "grader.server"], env=env, start_new_session=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    old = os.environ.get("DDP_GRADE_STATE_DIR")
+    os.environ["DDP_GRADE_STATE_DIR"] = str(outside_state)
+    try:
+        deadline = time.monotonic() + 60
+        while not server.status()["running"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.status()["running"], "the server did not come up"
+        yield {"escaped": escaped, "state": outside_state, "process": process}
+        assert server.status()["gradings"] == 0, "the server graded something"
+    finally:
+        server.stop()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        for pid in processes_carrying(tag):
+            os.kill(pid, 9)
+        if old is None:
+            os.environ.pop("DDP_GRADE_STATE_DIR", None)
+        else:
+            os.environ["DDP_GRADE_STATE_DIR"] = old
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_sandboxed_submission_cannot_have_the_grading_server_run_it(tool, running_server, tmp_path):
+    """The submission looks for every Unix socket it can see (and is told where the server's is) and asks
+    each to grade it: nothing it finds may run it outside the sandbox."""
+    reached = tmp_path / "reached.json"
+    done = grade(FILES / "01_asks_the_server.py", tool, DDP_GRADE_STATE_DIR=str(running_server["state"]),
+                 DDP_GRADE_TEST_STATE=str(running_server["state"]), DDP_GRADE_TEST_REACHED=str(reached))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+    assert not running_server["escaped"].exists(), running_server["escaped"].read_text()
+    assert not reached.exists(), "the submission wrote outside its sandbox"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_batch_submission_cannot_have_the_grading_server_run_it(tool, running_server, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from grader.cli import main
+
+    (tmp_path / "class" / "eve").mkdir(parents=True)
+    shutil.copy(FILES / "01_asks_the_server.py", tmp_path / "class" / "eve" / "01_setup.py")
+    monkeypatch.setenv(sandbox.TOOL_ENV, tool)
+    monkeypatch.setenv(sandbox.PASS_ENV, "DDP_GRADE_TEST_STATE")
+    monkeypatch.setenv("DDP_GRADE_TEST_STATE", str(running_server["state"]))
+    result = CliRunner().invoke(main, ["batch", str(tmp_path / "class"), "--world-size", "2", "--timeout", "30",
+                                       "--format", "json", "-q"])
+    data = json.loads(result.output)
+    assert [r["status"] for r in data["reports"]] == ["passed"], result.output[-3000:]
+    assert not running_server["escaped"].exists(), running_server["escaped"].read_text()
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_dev_shm_in_the_sandbox_is_its_own(tool):
+    name = f"ddp-grade-test-{uuid.uuid4().hex[:8]}"
+    planted, left = Path("/dev/shm") / f"{name}-host", Path("/dev/shm") / f"{name}-inside"
+    planted.write_text("hunter2")
+    try:
+        outside = grade(FILES / "01_uses_dev_shm.py", None, DDP_GRADE_TEST_SHM_READ=str(planted))
+        assert outside.returncode == 1 and "read the machine's /dev/shm: hunter2" in outside.stdout
+        done = grade(FILES / "01_uses_dev_shm.py", tool, DDP_GRADE_TEST_SHM_READ=str(planted),
+                     DDP_GRADE_TEST_SHM_WRITE=str(left))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+        assert not left.exists(), "a write to /dev/shm inside the sandbox reached the machine's /dev/shm"
+    finally:
+        planted.unlink(missing_ok=True)
+        left.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_tmp_in_the_sandbox_has_a_size_and_a_full_one_is_reported_as_such(tool):
+    """The file writes 3,000 MB into /tmp; the sandbox's holds 64 MiB here, and the report names the limit."""
+    done = grade(FILES / "01_fills_tmp.py", tool, "--tmp-limit", "64")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-1000:]
+    assert "No space left on device" in done.stdout
+    assert "the sandbox's /tmp and /dev/shm limit (64 MiB each; --tmp-limit changes it)" in done.stdout
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_the_graders_environment_does_not_reach_a_sandboxed_submission(tool):
+    env = {**os.environ, "SECRET_ENV": "hunter2", "DDP_GRADE_API_SECRET": "hunter2"}
+    args = [sys.executable, "-m", "grader", str(FILES / "01_reads_environment.py"), "-q", "--no-server",
+            "--world-size", "2", "--timeout", "30"]
+    outside = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert outside.returncode == 1 and "hunter2" in outside.stdout  # the file does look
+    inside = subprocess.run(args + ["--sandbox"], env={**env, sandbox.TOOL_ENV: tool}, capture_output=True,
+                            text=True, timeout=120)
+    assert inside.returncode == 0, inside.stdout[-2000:] + inside.stderr[-1000:]
+
+
+def test_the_sandbox_environment_is_an_allowlist(monkeypatch):
+    monkeypatch.setenv("SECRET_ENV", "hunter2")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hunter2")
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", "/somewhere")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("HANDED_IN", "yes")
+    monkeypatch.setenv(sandbox.PASS_ENV, "HANDED_IN")
+    env = sandbox.environment({"DDP_GRADE_STATE_DIR": "/tmp/state"}, 2**20)
+    assert "SECRET_ENV" not in env and "AWS_SECRET_ACCESS_KEY" not in env
+    assert env["DDP_GRADE_STATE_DIR"] == "/tmp/state" and env["TMPDIR"] == "/tmp"
+    assert env["LC_ALL"] == "C.UTF-8" and env["NCCL_DEBUG"] == "INFO" and env["HANDED_IN"] == "yes"
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_the_sandbox_has_a_root_of_its_own_and_no_capabilities(tool, outside_state):
+    """Nothing of the machine but what the grading needs: not /var (where this state folder is), not /home,
+    /root or /run; no capability left to mount, unmount or remount anything."""
+    probe = (
+        "import json, os, sys\n"
+        "seen = sorted(os.listdir('/'))\n"
+        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
+        "print(json.dumps([seen, caps, os.path.exists(sys.argv[1])]))\n"
+    )
+    done = subprocess.run(sandbox.wrap([sys.executable, "-c", probe, str(outside_state)], [], tool),
+                          env=sandbox.environment({}, 2**24), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen, caps, state_seen = json.loads(done.stdout)
+    assert not {"var", "home", "run", "srv", "mnt", "opt", "boot"} & set(seen), seen
+    assert caps == ["0000000000000000"] * 3
+    assert state_seen is False

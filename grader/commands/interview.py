@@ -23,7 +23,7 @@ from grader.quiz.session import (
     filter_questions,
     order_questions,
     parse_answer_for,
-    record_answer,
+    save_answer,
     shuffle_choices,
 )
 from grader.results import PASS, SKIP, Report
@@ -71,6 +71,7 @@ class Outcome:
     final: Report | None = None
     answers: list[Answer] = field(default_factory=list)
     questions: int = 0
+    unsaved: str | None = None  # why answers could not be saved, if they could not
 
     @property
     def passed(self) -> bool:
@@ -157,8 +158,10 @@ class Interview:
             out.answers.append(answer)
             self.echo(quiz_render.feedback_text(answer))
             if self.quiz_state is not None:
-                quiz_progress = record_answer(quiz_progress, answer)
-                self.quiz_state.save(quiz_progress)
+                quiz_progress, unsaved = save_answer(self.quiz_state, quiz_progress, answer)
+                if unsaved and not out.unsaved:
+                    self.echo(f"(answers are not being saved: {unsaved})")
+                out.unsaved = unsaved
 
 
 def summary(out: Outcome) -> str:

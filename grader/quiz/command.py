@@ -21,7 +21,7 @@ from grader.quiz.session import (
     order_questions,
     parse_answer_for,
     plural,
-    record_answer,
+    save_answer,
     review_questions,
     score,
     shuffle_choices,
@@ -215,6 +215,7 @@ def ask_all(presented, state, progress, seed, fmt, scripted) -> int:
             click.echo(text, err=to_err)
 
     answers: list[Answer] = []
+    warned_unsaved = False
     given_iter = iter(scripted) if scripted is not None else None
     completed = True
     try:
@@ -224,8 +225,10 @@ def ask_all(presented, state, progress, seed, fmt, scripted) -> int:
             if given_iter:
                 show(f"Your answer: {letters_of(given)}")
             answer = Answer(p, given)
-            progress = record_answer(progress, answer)
-            state.save(progress)
+            progress, unsaved = save_answer(state, progress, answer)
+            if unsaved and not warned_unsaved:
+                click.echo(f"ddp-grade: answers are not being saved ({unsaved}); the quiz goes on.", err=True)
+                warned_unsaved = True
             answers.append(answer)
             show(render.feedback_text(answer))
     except (KeyboardInterrupt, QuizStopped):

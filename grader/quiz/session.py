@@ -144,6 +144,17 @@ def clean_progress(data: dict) -> dict:
     return {"version": 1, "seq": seq if isinstance(seq, int) else 0, "questions": records}
 
 
+def save_answer(state, progress: dict, answer: Answer) -> tuple[dict, str | None]:
+    """Record ``answer`` in the quiz's state file (read afresh under its lock, so quizzes at once keep
+    every answer); the new progress, and why it could not be saved (None when it was)."""
+    from grader.state import StateUnwritable
+
+    try:
+        return state.update(lambda data: record_answer(clean_progress(data), answer)), None
+    except StateUnwritable as exc:
+        return record_answer(progress, answer), str(exc.strerror or exc)
+
+
 def wrong_ids_most_recent_first(progress: dict) -> list[str]:
     """Ids whose latest answer was wrong, the most recently answered first."""
     records = progress.get("questions", {})
