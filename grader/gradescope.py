@@ -207,6 +207,8 @@ def _test_output(check: dict | None, problem: str, why_none: str) -> str:
         return ""
     if status == "skip":
         return f"does not apply here ({check.get('message', '')}); counted as passed"
+    if status == "not-checked":
+        return f"{check.get('message', '')}; it can pass once {check.get('likely_cause') or 'that check'} passes"
     lines = [check.get("message", "")]
     where = ", ".join(x for x in (f"rank {check['rank']}" if check.get("rank") is not None else "",
                                   f"world size {check['world_size']}" if check.get("world_size") else "") if x)

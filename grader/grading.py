@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from grader import catalog, diagnose, learner
 from grader.harness import RankOutcome, Session, World, WorldOutcome, Worker, WorkerDied, WorkerTimeout
 from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (re-exported for callers)
-from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, PASS, SKIP, UNUSABLE, UNUSABLE_FILE,
+from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_CHECKED, PASS, SKIP, UNUSABLE,
+                            UNUSABLE_FILE,
                             CheckResult, Report, RunProblem, overall_status)
 
 
@@ -238,10 +239,23 @@ class Grading:
         if previous is not None and ok:
             previous.seconds += seconds
             return ok
+        # The debugging track trains the diagnosis: its report says what was seen, and the check's
+        # hint (the way to the fix) stays behind `ddp-grade hint NN --check ID`.
+        hint = "" if ok or self.exercise.is_debug else info.hint
         self._verdicts[check_id] = CheckResult(
-            check_id, info.title, status, "" if ok else message, rank, world_size, seconds, info.points,
-            "" if ok else info.hint)
+            check_id, info.title, status, "" if ok else message, rank, world_size, seconds, info.points, hint)
         return ok
+
+    def not_checked(self, check_id: str, because: str, reason: str, *, world_size: int | None = None) -> None:
+        """Check ``check_id`` could not be decided because check ``because`` failed: shown as not
+        checked (neither passed nor failed), pointing at ``because``. A failure already recorded stays."""
+        previous = self._verdicts.get(check_id)
+        if previous is not None and previous.status == FAIL:
+            return
+        info = self.exercise.check(check_id)
+        self._notify("check", check_id=check_id, status=NOT_CHECKED)
+        self._verdicts[check_id] = CheckResult(check_id, info.title, NOT_CHECKED, f"not checked: {reason}",
+                                               world_size=world_size, points=info.points, likely_cause=because)
 
     def section(self, title: str, text: str, data: dict | None = None) -> None:
         """Add what the grading observed beyond verdicts to the report (e.g. the schedule each rank ran).

@@ -8,9 +8,11 @@ import signal
 import click
 
 from grader import results as R
-from grader.results import ERROR, FAIL, FAILED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report, RunProblem
+from grader.results import (ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report,
+                            RunProblem)
 
-_LABELS = {PASS: ("PASS", "green"), FAIL: ("FAIL", "red"), ERROR: ("----", "yellow"), SKIP: ("SKIP", "blue")}
+_LABELS = {PASS: ("PASS", "green"), FAIL: ("FAIL", "red"), ERROR: ("----", "yellow"), SKIP: ("SKIP", "blue"),
+           NOT_CHECKED: ("----", "yellow")}
 
 
 def render_text(report: Report, color: bool = False, verbose: bool = False) -> str:
@@ -37,7 +39,8 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
         lines.append("")
         width = max(len(c.id) for c in report.checks)
         failures = report.failures_by_cause()  # causes first, then what they explain, then the rest
-        for c in failures + [c for c in report.checks if c.status != FAIL]:
+        waiting = [c for c in report.checks if c.status == NOT_CHECKED]
+        for c in failures + waiting + [c for c in report.checks if c.status not in (FAIL, NOT_CHECKED)]:
             label, colour = _LABELS[c.status]
             lines.append(f"  {style(label, fg=colour)}  {c.id.ljust(width)}  {c.title}")
             if c.status == FAIL:
@@ -45,7 +48,7 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
                     lines.append(f"        {msg_line}")
                 if c.hint:
                     lines.append(style(f"        hint: {c.hint}", dim=True))
-            elif c.status == SKIP and c.message:
+            elif c.status in (SKIP, NOT_CHECKED) and c.message:
                 lines.append(style(f"        {c.message}", dim=True))
             elif c.status == ERROR and verbose:
                 lines.append(style(f"        {c.message}", dim=True))
@@ -78,14 +81,20 @@ def hint_pointer(report: Report) -> str:
 
 def _summary(report: Report, style) -> str:
     counts = report.counts()
-    graded = len(report.checks) - counts[SKIP]
+    graded = len(report.checks) - counts[SKIP] - counts[NOT_CHECKED]
+    waiting = ""
+    if counts[NOT_CHECKED]:
+        causes = sorted({c.likely_cause for c in report.checks if c.status == NOT_CHECKED and c.likely_cause})
+        waiting = (f"; {counts[NOT_CHECKED]} not checked until {' and '.join(causes) or 'the failed checks'} "
+                   f"{'pass' if len(causes) > 1 else 'passes'}")
     if report.status == PASSED:
         return style(f"All {graded} checks passed.", fg="green", bold=True)
     if report.status == UNUSABLE:
         return style("Could not grade this file (exit 2).", fg="yellow", bold=True)
     if report.status == TIMEOUT:
-        return style(f"Timed out; {counts[PASS]}/{graded} checks passed before that (exit 3).", fg="yellow", bold=True)
-    return style(f"{counts[PASS]}/{graded} checks passed (exit 1).", fg="red", bold=True)
+        return style(f"Timed out; {counts[PASS]}/{graded} checks passed before that{waiting} (exit 3).", fg="yellow",
+                     bold=True)
+    return style(f"{counts[PASS]}/{graded} checks passed{waiting} (exit 1).", fg="red", bold=True)
 
 
 def render_json(report: Report) -> str:
@@ -109,7 +118,7 @@ def render_junit(report: Report) -> str:
         "tests": str(len(report.checks) or 1),
         "failures": str(counts[FAIL]),
         "errors": str(counts[ERROR] + (0 if report.checks else 1)),
-        "skipped": str(counts[SKIP]),
+        "skipped": str(counts[SKIP] + counts[NOT_CHECKED]),
         "time": f"{report.seconds:.3f}",
     })
     props = ET.SubElement(suite, "properties")
@@ -138,7 +147,7 @@ def render_junit(report: Report) -> str:
         elif c.status == ERROR:
             el = ET.SubElement(case, "error", {"message": _xml_text(first), "type": "error"})
             el.text = _xml_text(c.message)
-        elif c.status == SKIP:
+        elif c.status in (SKIP, NOT_CHECKED):
             ET.SubElement(case, "skipped", {"message": _xml_text(c.message)})
     if report.problem and report.checks:
         out = ET.SubElement(suite, "system-out")

@@ -10,13 +10,14 @@ PASS = "pass"
 FAIL = "fail"
 ERROR = "error"  # the check could not be evaluated (not run, or the grader could not decide)
 SKIP = "skip"  # does not apply here (e.g. an NCCL-only check on gloo)
+NOT_CHECKED = "not-checked"  # not decided because a check it depends on failed (which one: ``likely_cause``)
 
 # Overall statuses and their exit codes.
 PASSED = "passed"
 FAILED = "failed"
 UNUSABLE = "unusable"  # the file could not be graded
 TIMEOUT = "timeout"
-SCHEMA = 2  # of Report.to_dict(): 2 added run_problem
+SCHEMA = 3  # of Report.to_dict(): 2 added run_problem; 3 added the check status not-checked
 
 EXIT_CODES = {PASSED: EXIT_OK, FAILED: EXIT_FAILED, UNUSABLE: EXIT_UNUSABLE, TIMEOUT: EXIT_TIMEOUT}
 
@@ -27,14 +28,15 @@ class CheckResult:
 
     id: str  # stable check id
     title: str  # what the check establishes
-    status: str  # pass, fail, error or skip
+    status: str  # pass, fail, error, skip or not-checked
     message: str = ""  # what was observed, in terms a learner acts on
     rank: int | None = None  # the rank that shows the problem, when one does
     world_size: int | None = None  # the world size of the run that shows it
     seconds: float = 0.0  # time spent deciding it (including its runs)
     points: float = 1.0  # weight in the score
-    hint: str = ""  # what to look at when it fails
-    likely_cause: str | None = None  # another failed check that explains this failure: fix that one first
+    hint: str = ""  # what to look at when it fails (empty for the debugging track: the report never gives the fix)
+    likely_cause: str | None = None  # another failed check that explains this failure (or kept this one from
+    # being decided, for not-checked): fix that one first
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -168,13 +170,13 @@ class Report:
         return [c for c in failed if not c.likely_cause] + [c for c in failed if c.likely_cause]
 
     def counts(self) -> dict:
-        out = {PASS: 0, FAIL: 0, ERROR: 0, SKIP: 0}
+        out = {PASS: 0, FAIL: 0, ERROR: 0, SKIP: 0, NOT_CHECKED: 0}
         for c in self.checks:
             out[c.status] += 1
         return out
 
     def to_dict(self) -> dict:
-        """The stable JSON shape (``schema`` 2), documented in docs/results-schema.md."""
+        """The stable JSON shape (``schema``: :data:`SCHEMA`), documented in docs/results-schema.md."""
         return {
             "schema": SCHEMA,
             "exercise": self.exercise,

@@ -114,6 +114,19 @@ def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
         message = next(c.message for c in report.checks if c.id == check_id)
         assert got[check_id] == "fail" and message.strip() and not message.startswith("not checked"), \
             (check_id, got, message)
+    # What the report says is what a colleague would see, and where: never the way to the fix, which
+    # stays behind `ddp-grade hint` (the exercise's hints and every check's hint).
+    from grader.report import render_json, render_text
+
+    shown = render_text(report, verbose=True) + render_json(report)
+    for hint in [*exercise.hints, *(c.hint for c in exercise.checks if c.hint)]:
+        assert hint not in shown, hint
+    assert all(c.hint == "" or c.likely_cause for c in report.checks), [(c.id, c.hint) for c in report.checks]
+    # A check that could not be decided because another failed is shown as not checked, not failed.
+    waiting = [c for c in report.checks if c.status == "not-checked"]
+    assert all(c.likely_cause and got[c.likely_cause] == "fail" for c in waiting)
+    decided = len(report.checks) - len(waiting) - list(got.values()).count("skip")
+    assert f"/{decided} checks passed" in render_text(report)
 
 
 @pytest.mark.slow

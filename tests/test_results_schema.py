@@ -1,4 +1,5 @@
-"""The JSON report (schema 1) is what docs/results-schema.md says; JUnit XML parses and counts right."""
+"""The JSON report (schema: results.SCHEMA) is what docs/results-schema.md says, and what every page that names
+its version says; JUnit XML parses and counts right."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def sample() -> Report:
         CheckResult("b", "second", FAIL, "rank 1 differs by 0.3 <&>", rank=1, world_size=3, hint="look"),
         CheckResult("c", "third", ERROR, "not run"),
         CheckResult("d", "fourth", SKIP, "nccl only"),
+        CheckResult("e", "fifth", results.NOT_CHECKED, "not checked: b failed", likely_cause="b"),
     ], backend="gloo", world_sizes=[2, 3], seconds=4.2)
 
 
@@ -80,24 +82,26 @@ def test_a_run_problem_is_carried_as_documented_fields():
 def test_every_kind_of_run_problem_is_documented():
     text = DOC.read_text(encoding="utf-8").split("## A run problem object", 1)[1]
     kinds = {value for name, value in vars(results).items() if name.isupper() and isinstance(value, str)
-             and name not in ("PASS", "FAIL", "ERROR", "SKIP", "PASSED", "FAILED", "UNUSABLE", "TIMEOUT")}
+             and name not in ("PASS", "FAIL", "ERROR", "SKIP", "NOT_CHECKED", "PASSED", "FAILED", "UNUSABLE",
+                              "TIMEOUT")}
     assert kinds and all(f"`{kind}`" in text for kind in kinds)
 
 
-def test_schema_2_values():
+def test_schema_3_values():
     data = json.loads(render_json(sample()))
-    assert data["schema"] == 2 and data["exit_code"] == 1 and data["run_problem"] is None
-    assert data["score"] == {"points": 2.0, "max_points": 4.0}  # the skipped check does not count
-    assert data["counts"] == {"pass": 1, "fail": 1, "error": 1, "skip": 1}
-    assert [c["status"] for c in data["checks"]] == ["pass", "fail", "error", "skip"]
+    assert data["schema"] == 3 and data["exit_code"] == 1 and data["run_problem"] is None
+    assert data["score"] == {"points": 2.0, "max_points": 5.0}  # the skipped check does not count
+    assert data["counts"] == {"pass": 1, "fail": 1, "error": 1, "skip": 1, "not-checked": 1}
+    assert [c["status"] for c in data["checks"]] == ["pass", "fail", "error", "skip", "not-checked"]
 
 
 def test_junit_xml_has_one_case_per_check_and_the_right_counts():
     suite = ET.fromstring(render_junit(sample()))
     assert suite.tag == "testsuite" and suite.get("name") == "ddp-grade.exercise-03"
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("4", "1", "1", "1")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("5", "1", "1", "2")
     cases = {c.get("name"): c for c in suite.iter("testcase")}
-    assert list(cases) == ["a", "b", "c", "d"]
+    assert list(cases) == ["a", "b", "c", "d", "e"]
+    assert cases["e"].find("skipped").get("message") == "not checked: b failed"
     failure = cases["b"].find("failure")
     assert failure.get("message") == "rank 1 differs by 0.3 <&>" and "hint: look" in failure.text
     assert "rank 1" in failure.text and "world size 3" in failure.text
@@ -132,3 +136,25 @@ def test_sections_are_documented_shown_under_the_checks_and_survive_the_round_tr
     assert text.index("what ran:") > text.index("second")
     assert report_from_dict(data).sections == report.sections
     assert json.loads(render_json(sample()))["sections"] == []
+
+
+def test_every_page_that_names_the_report_schema_names_the_codes_version():
+    """README, the learner's page and the schema document say the version the code writes."""
+    root = DOC.parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    named = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"(?:JSON|JSON object) \(schema (\d+)", text):
+            named.append((page.name, int(m.group(1))))
+    named += [(DOC.name, int(m.group(1))) for m in re.finditer(r"`schema` \| int \| always `(\d+)` for this shape \|\n"
+                                                              r"\| `exercise`", DOC.read_text(encoding="utf-8"))]
+    assert len({name for name, _ in named}) >= 3, named  # README, learner.md, results-schema.md
+    assert all(version == results.SCHEMA for _, version in named), named
+
+
+def test_a_not_checked_check_is_neither_passed_nor_failed_in_the_summary():
+    text = render_text(sample())
+    assert "1/3 checks passed; 1 not checked until b passes (exit 1)." in text
+    data = json.loads(render_json(sample()))
+    assert data["counts"]["not-checked"] == 1 and data["score"]["max_points"] == 5

@@ -5,6 +5,7 @@ says at its top what the grader must answer:
 
     # expect-fail: check-id [check-id ...]     these checks fail
     # expect-pass: check-id [check-id ...]     these checks are still decided, and pass
+    # expect-not-checked: check-id [...]       these checks are not decided: a check they need failed
     # expect-cause: check-id cause-id          check-id fails, explained by cause-id: shown and hinted first
     # expect-status: timeout|unusable|failed   the overall status (default failed)
     # expect-problem: text                     the report's problem line contains this
@@ -24,9 +25,10 @@ FILES = sorted(VARIANTS.glob("[0-9][0-9]_*.py"))
 
 def expectations(path) -> dict:
     text = path.read_text()
-    found = {"fail": [], "pass": [], "cause": [], "status": "failed", "problem": None, "options": {}}
-    for key, value in re.findall(r"^# expect-(fail|pass|cause|status|problem): *(.+)$", text, re.M):
-        if key in ("fail", "pass"):
+    found = {"fail": [], "pass": [], "not-checked": [], "cause": [], "status": "failed", "problem": None,
+             "options": {}}
+    for key, value in re.findall(r"^# expect-(fail|pass|not-checked|cause|status|problem): *(.+)$", text, re.M):
+        if key in ("fail", "pass", "not-checked"):
             found[key] += value.split()
         elif key == "cause":
             found[key].append(tuple(value.split()))
@@ -59,6 +61,10 @@ def test_variant_fails_with_the_right_check(grade, path):
         assert message.strip(), f"{check_id} failed without saying what was observed"
     for check_id in e["pass"]:
         assert got.get(check_id) == "pass", (check_id, got, report.problem)
+    for check_id in e["not-checked"]:
+        assert got.get(check_id) == "not-checked", (check_id, got, report.problem)
+        verdict = next(c for c in report.checks if c.id == check_id)
+        assert verdict.likely_cause and got.get(verdict.likely_cause) == "fail", (check_id, verdict.likely_cause)
     for effect, cause in e["cause"]:
         verdict = next(c for c in report.checks if c.id == effect)
         assert verdict.likely_cause == cause and cause in verdict.hint, (effect, verdict.likely_cause, verdict.hint)

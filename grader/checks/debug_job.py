@@ -645,10 +645,10 @@ def check_finishes(g, job: Job, check_id: str = "finishes") -> bool:
 
 
 def not_checked(g, job: Job, check_ids) -> None:
-    """Checks that need a finished job fail, pointing at the one that says why it did not finish."""
+    """Checks that need a finished job are not checked (neither passed nor failed), pointing at finishes."""
     for check_id in check_ids:
-        g.record(check_id, False, f"not checked: the job did not finish with {job.world_size} processes "
-                 "(see finishes)", world_size=job.world_size)
+        g.not_checked(check_id, "finishes", f"the job did not finish with {job.world_size} processes (see finishes)",
+                      world_size=job.world_size)
 
 
 def trained_model(job: Job, rank: int) -> tuple[dict | None, dict | None]:

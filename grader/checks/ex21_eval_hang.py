@@ -80,8 +80,8 @@ def check_job(g, job: debug_job.Job, data: dict) -> None:
     replayed = debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
                                       after_step=after_step)
     if not replayed:
-        g.record("val-loss-logged", False, "not checked: the validation loss is judged against the replayed "
-                 "model, which differs (see matches-replay)", world_size=job.world_size)
+        g.not_checked("val-loss-logged", "matches-replay", "the validation loss is judged against the replayed "
+                      "model, which differs (see matches-replay)", world_size=job.world_size)
         return
     expected = [val_loss(state, data) for state in at_epoch_end]
     g.record("val-loss-logged", *val_loss_verdict(job.log(), expected, data, at_epoch_end, job.world_size),

@@ -75,8 +75,8 @@ def check_defaults(g, job: debug_job.Job) -> None:
             turned_on = [name for name in ("find_unused_parameters", "static_graph") if settings.get(name)]
             if turned_on:
                 g.record("ddp-defaults", False, f"rank {rank} built DistributedDataParallel with "
-                         f"{' and '.join(f'{name}=True' for name in turned_on)}: that hides the unused "
-                         "parameters instead of fixing why they are unused", rank=rank, world_size=job.world_size)
+                         f"{' and '.join(f'{name}=True' for name in turned_on)}, which the bug report rules out: the "
+                         "parameters that get no gradient are still there", rank=rank, world_size=job.world_size)
                 return
     g.record("ddp-defaults", True)
 

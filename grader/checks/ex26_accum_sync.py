@@ -78,11 +78,10 @@ def sync_verdict(steps: list[list[debug_job.Step]]) -> tuple[bool, str]:
             counts = f"{total} gradient all-reduces for {len(rank_steps)} optimizer steps in all on rank {rank}"
             if step.syncs == 0:
                 return False, (f"rank {rank}, step {number}: DDP never all-reduced the gradients of this step's "
-                               f"{len(step.micro)} micro-batches ({counts}): the last micro-batch's backward must "
-                               "run with synchronisation on, or the ranks step on their own gradients")
+                               f"{len(step.micro)} micro-batches ({counts}), so each rank stepped on its own "
+                               "gradients")
             return False, (f"rank {rank}, step {number}: DDP all-reduced the gradients {step.syncs} times for one "
-                           f"optimizer step of {len(step.micro)} micro-batches ({counts}); accumulation needs one, "
-                           "in the last micro-batch's backward")
+                           f"optimizer step of {len(step.micro)} micro-batches ({counts})")
     return True, ""
 
 

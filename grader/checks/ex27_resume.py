@@ -152,8 +152,7 @@ def epochs_verdict(steps: list[list[debug_job.Step]], world_size: int) -> tuple[
             what = f"the data order of epoch {drawn}" if drawn is not None else "an order the sampler does not give"
             ordinal = ("first", "second", "third")[k] if k < 3 else f"{k + 1}th"
             return False, (f"rank {rank}'s {ordinal} epoch after the resume drew {what}, not epoch {want}'s: "
-                           f"the checkpoint was saved after epoch {CHECKPOINT_EPOCH}, so the epoch count goes on from "
-                           f"{CHECKPOINT_EPOCH + 1} on every rank")
+                           f"the checkpoint was saved after epoch {CHECKPOINT_EPOCH}")
     return True, ""
 
 
