@@ -181,7 +181,7 @@ class WorkerProcess:
             self.stop()
             return None
         report["path"] = submission.path
-        return report
+        return _readable(report)
 
     def stop(self) -> None:
         """End the worker and everything it started (its ranks carry its marker)."""
@@ -243,11 +243,19 @@ def serve() -> None:
             session.close()
 
 
+def _readable(data: dict) -> dict:
+    """A report as the grading protocol sends it (``Report.to_dict``), as the JSON report shows it (prose added)."""
+    from grader.report import json_dict
+    from grader.results import report_from_dict
+
+    return json_dict(report_from_dict(data))
+
+
 def _unusable(path: str, problem: str, status: str = UNUSABLE, exception: str = "",
               kind: str = GRADER_ERROR) -> dict:
     """The report of a submission the batch could not grade: nothing to grade, or the grading itself failed."""
-    return Report("", "", path, status, run_problem=RunProblem(kind, status, exception=exception,
-                                                                 message=problem)).to_dict()
+    return _readable(Report("", "", path, status, run_problem=RunProblem(kind, status, exception=exception,
+                                                                           message=problem)).to_dict())
 
 
 def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=None, on_start=None,

@@ -391,7 +391,7 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
             module.grade(g)
     except Abort as abort:
         report.status, report.run_problem = abort.problem.status, abort.problem
-        not_run = report.problem.splitlines()[0]
+        not_run = "the grading stopped before it (the problem above says why)"
     report.checks = g.results(not_run)
     report.sections = list(g.sections)
     report.world_sizes = sorted(g.sizes_run) or ([] if g.in_one_process else report.world_sizes)

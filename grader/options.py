@@ -17,12 +17,8 @@ from grader import limits as _limits
 
 DEFAULT_TIMEOUT_S = 60.0
 
-# Exit codes, the one table (documented in cli.py's docstring and docs/guarantees.md).
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_UNUSABLE = 2
-EXIT_TIMEOUT = 3
-EXIT_INTERRUPTED = 130
+# The exit codes live in grader.exits (plain data); commands import them from here too.
+from grader.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNUSABLE  # noqa: E402,F401
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
         sizes = ", ".join(str(s) for s in report.world_sizes) or "-"
         lines.append(f"{report.backend}, world size{'s' if len(report.world_sizes) > 1 else ''} {sizes}, "
                      f"{report.seconds:.1f} s")
-    if report.problem:
+    problem, details = problem_of(report), details_of(report)
+    if problem:
         colour = "yellow" if report.status in (UNUSABLE, TIMEOUT) else "red"
         lines.append("")
-        for i, line in enumerate(report.problem.splitlines()):
+        for i, line in enumerate(problem.splitlines()):
             lines.append(style(("  ! " if i == 0 else "    ") + line, fg=colour, bold=i == 0))
     if report.checks:
         lines.append("")
@@ -56,10 +57,10 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
         lines.append("")
         lines.append(style(f"{section['title']}:", bold=True))
         lines.extend("  " + ln for ln in section["text"].splitlines())
-    if report.details and (verbose or report.status == TIMEOUT or report.problem):
+    if details and (verbose or report.status == TIMEOUT or problem):
         lines.append("")
         lines.append(style("details:", bold=True))
-        lines.extend("  " + ln for ln in report.details.splitlines())
+        lines.extend("  " + ln for ln in details.splitlines())
     lines.append("")
     lines.append(_summary(report, style))
     pointer = hint_pointer(report)
@@ -97,8 +98,31 @@ def _summary(report: Report, style) -> str:
     return style(f"{counts[PASS]}/{graded} checks passed{waiting} (exit 1).", fg="red", bold=True)
 
 
+def problem_of(report: Report) -> str | None:
+    """The run problem in words (None when there was none)."""
+    return problem_text(report.run_problem) if report.run_problem else None
+
+
+def details_of(report: Report) -> str:
+    """Per-rank tracebacks, stacks and output that explain the run problem ("" when none)."""
+    return rank_details(report.run_problem.ranks) if report.run_problem else ""
+
+
+def json_dict(report: Report) -> dict:
+    """The JSON report as a dict (docs/results-schema.md): the report's data and its prose fields."""
+    data = report.to_dict()
+    out = {}
+    for key, value in data.items():  # the documented order: problem after exit_code, details after run_problem
+        out[key] = value
+        if key == "exit_code":
+            out["problem"] = problem_of(report)
+        elif key == "run_problem":
+            out["details"] = details_of(report)
+    return out
+
+
 def render_json(report: Report) -> str:
-    return json.dumps(report.to_dict(), indent=2)
+    return json.dumps(json_dict(report), indent=2)
 
 
 def render_junit(report: Report) -> str:
@@ -111,6 +135,7 @@ def render_junit(report: Report) -> str:
     from xml.etree import ElementTree as ET
 
     counts = report.counts()
+    problem, details = problem_of(report), details_of(report)
     name = f"ddp-grade.exercise-{report.exercise}" if report.exercise else "ddp-grade"
     classname = f"exercise{report.exercise}" if report.exercise else "ddp-grade"
     suite = ET.Element("testsuite", {
@@ -128,9 +153,9 @@ def render_junit(report: Report) -> str:
         ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
     if not report.checks:
         case = ET.SubElement(suite, "testcase", {"classname": classname, "name": "grading", "time": "0"})
-        err = ET.SubElement(case, "error", {"message": _xml_text((report.problem or report.status).splitlines()[0]),
+        err = ET.SubElement(case, "error", {"message": _xml_text((problem or report.status).splitlines()[0]),
                                             "type": report.status})
-        err.text = _xml_text("\n".join(x for x in (report.problem or "", report.details) if x))
+        err.text = _xml_text("\n".join(x for x in (problem or "", details) if x))
     for c in report.checks:
         case = ET.SubElement(suite, "testcase", {"classname": classname, "name": c.id, "time": f"{c.seconds:.3f}"})
         first = (c.message or c.title).splitlines()[0] if (c.message or c.title) else ""
@@ -149,9 +174,9 @@ def render_junit(report: Report) -> str:
             el.text = _xml_text(c.message)
         elif c.status in (SKIP, NOT_CHECKED):
             ET.SubElement(case, "skipped", {"message": _xml_text(c.message)})
-    if report.problem and report.checks:
+    if problem and report.checks:
         out = ET.SubElement(suite, "system-out")
-        out.text = _xml_text("\n".join(x for x in (report.problem, report.details) if x))
+        out.text = _xml_text("\n".join(x for x in (problem, details) if x))
     ET.indent(suite)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from grader.options import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNUSABLE
+from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNUSABLE
 
 PASS = "pass"
 FAIL = "fail"
@@ -112,12 +112,6 @@ class RunProblem:
     evidence: dict = field(default_factory=dict)  # kind-specific facts (e.g. the rendezvous address)
     ranks: list[RankRecord] = field(default_factory=list)  # every rank of that run
 
-    @property
-    def first_line(self) -> str:
-        from grader.report import problem_text
-
-        return problem_text(self).splitlines()[0]
-
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -137,20 +131,6 @@ class Report:
     seconds: float = 0.0
     in_one_process: bool = False  # the learner's code ran in one worker process, not in a group
     sections: list[dict] = field(default_factory=list)  # what the grading observed beyond verdicts (see Grading.section)
-
-    @property
-    def problem(self) -> str | None:
-        """The run problem in words (None when there was none)."""
-        from grader.report import problem_text
-
-        return problem_text(self.run_problem) if self.run_problem else None
-
-    @property
-    def details(self) -> str:
-        """Per-rank tracebacks, stacks and output that explain the run problem ("" when none)."""
-        from grader.report import rank_details
-
-        return rank_details(self.run_problem.ranks) if self.run_problem else ""
 
     @property
     def exit_code(self) -> int:
@@ -176,7 +156,9 @@ class Report:
         return out
 
     def to_dict(self) -> dict:
-        """The stable JSON shape (``schema``: :data:`SCHEMA`), documented in docs/results-schema.md."""
+        """The report as plain data: what travels between processes (the grading protocol) and what the
+        JSON report is made of; :func:`grader.report.render_json` adds the prose fields (``problem``,
+        ``details``) documented in docs/results-schema.md."""
         return {
             "schema": SCHEMA,
             "exercise": self.exercise,
@@ -184,9 +166,7 @@ class Report:
             "path": self.path,
             "status": self.status,
             "exit_code": self.exit_code,
-            "problem": self.problem,
             "run_problem": self.run_problem.to_dict() if self.run_problem else None,
-            "details": self.details,
             "backend": self.backend,
             "world_sizes": list(self.world_sizes),
             "in_one_process": self.in_one_process,

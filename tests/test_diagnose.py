@@ -8,6 +8,7 @@ from conftest import ROOT
 from grader import diagnose, results
 from grader.harness import RankOutcome, WorldOutcome
 from grader.report import problem_text
+from grader.report import details_of, problem_of
 
 LEARNER = "/work/kit/exercises/07_ring_allreduce.py"
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"
@@ -87,4 +88,4 @@ def test_a_hard_coded_master_port_in_03_is_reported_by_the_rendezvous_watch_not_
     assert report.status == "failed" and problem.kind == results.STUCK_RENDEZVOUS
     assert problem.timeout_s is None  # not the 60 s deadline: a rank reported it after its grace period
     assert problem.evidence["port"] == "29500" and problem.evidence["grader_port"] != "29500"
-    assert "MASTER_PORT" in report.problem
+    assert "MASTER_PORT" in problem_of(report)

@@ -17,6 +17,7 @@ import random
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
+from grader.report import details_of, problem_of
 
 
 """
@@ -67,7 +68,7 @@ def test_right_answers_written_differently_pass(grade, tmp_path, name):
     path.write_text(HEADER + textwrap.dedent(RIGHT_ANSWERS[name]))
     report = grade(path)
     failing = {c.id: c.message for c in report.checks if c.status != "pass"}
-    assert report.status == "passed", (report.problem, failing, report.details)
+    assert report.status == "passed", (problem_of(report), failing, details_of(report))
 
 
 def test_describe_flags_what_is_not_a_list_of_ints():

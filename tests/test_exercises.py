@@ -8,6 +8,7 @@ import pytest
 
 from conftest import ROOT, statuses
 from grader import catalog
+from grader.report import details_of, problem_of
 
 EXERCISES = catalog.exercises()
 IDS = [ex.id for ex in EXERCISES]
@@ -83,7 +84,7 @@ def test_every_stub_body_is_a_todo(exercise):
 def test_solution_passes_every_check(grade, exercise):
     report = grade(ROOT / "solutions" / exercise.filename)
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
-    assert report.status == "passed", (report.problem, failing, report.details)
+    assert report.status == "passed", (problem_of(report), failing, details_of(report))
     assert report.exit_code == 0
     # The header names what ran: the world sizes of the groups that ran, or one process.
     if report.in_one_process:
@@ -108,7 +109,7 @@ def test_every_broken_script_starts_with_a_report_and_differs_from_its_fix(exerc
 def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
     """The grader reproduces the colleague's report: the symptom checks fail, saying what was observed."""
     report = grade(ROOT / "exercises" / exercise.filename)
-    assert report.status == "failed" and report.exit_code == 1, (report.problem, report.details[-2000:])
+    assert report.status == "failed" and report.exit_code == 1, (problem_of(report), details_of(report)[-2000:])
     got = statuses(report)
     for check_id in exercise.symptom:
         message = next(c.message for c in report.checks if c.id == check_id)
@@ -134,8 +135,8 @@ def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
 def test_stub_reports_not_implemented(grade, exercise):
     report = grade(ROOT / "exercises" / exercise.filename)
     assert report.exit_code == 1
-    assert report.problem and report.problem.startswith("not implemented yet: ")
-    assert report.problem.split(": ", 1)[1] in exercise.functions or "." in report.problem
+    assert problem_of(report) and problem_of(report).startswith("not implemented yet: ")
+    assert problem_of(report).split(": ", 1)[1] in exercise.functions or "." in problem_of(report)
     assert "pass" not in statuses(report).values()
 
 

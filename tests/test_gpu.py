@@ -10,6 +10,7 @@ import torch
 
 from conftest import ROOT
 from grader import catalog
+from grader.report import details_of, problem_of
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -28,7 +29,7 @@ WRITING = [e for e in catalog.exercises() if not e.is_debug]
 def test_solution_passes_on_nccl(grade, exercise):
     report = grade(ROOT / "solutions" / exercise.filename, backend="nccl", world_size=min(GPUS, 2))
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
-    assert report.status == "passed", (report.problem, failing, report.details[-3000:])
+    assert report.status == "passed", (problem_of(report), failing, details_of(report)[-3000:])
     assert report.backend == "nccl"
 
 
@@ -39,4 +40,4 @@ def test_setup_pins_each_rank_to_its_own_gpu(grade):
 
 def test_nccl_with_more_ranks_than_gpus_is_refused(grade):
     report = grade(ROOT / "solutions" / "01_setup.py", backend="nccl", world_size=GPUS + 1)
-    assert report.exit_code == 2 and "one GPU per rank" in report.problem
+    assert report.exit_code == 2 and "one GPU per rank" in problem_of(report)

@@ -31,7 +31,7 @@ def test_the_harness_knows_nothing_of_the_layers_above_it():
 
 def test_exit_codes_are_defined_once():
     for path in sorted((ROOT / "grader").rglob("*.py")):
-        if path.name == "options.py":
+        if path.name == "exits.py":
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -39,4 +39,112 @@ def test_exit_codes_are_defined_once():
             for target in targets:
                 for name in ast.walk(target):
                     if isinstance(name, ast.Name) and name.id.startswith("EXIT_") and name.id != "EXIT_CODES":
-                        raise AssertionError(f"{path.relative_to(ROOT)} defines {name.id}; import it from grader.options")
+                        raise AssertionError(f"{path.relative_to(ROOT)} defines {name.id}; import it from grader.exits")
+
+
+# --- the import graph of the whole package ---------------------------------------------------------------
+#
+# Layers, lowest first. A module may import its own layer and the layers below it, never one above,
+# imports inside functions included; and no two modules import each other, however indirectly.
+LAYERS = [
+    ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
+              "grader.wire", "grader.kit", "grader.learner", "grader.quiz.bank"]),
+    ("data", ["grader.results", "grader.progress", "grader.quiz.session"]),
+    ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.harness", "grader.diagnose",
+                 "grader.sandbox"]),
+    ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
+    ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs"]),
+    ("flows", ["grader.server", "grader.batch", "grader.shards", "grader.gradescope", "grader.commands", "grader.commands.*",
+               "grader.quiz", "grader.quiz.command", "grader.stubs", "grader.stubs.*"]),
+    ("cli", ["grader.cli", "grader.__main__"]),
+]
+
+
+def _modules() -> dict[str, object]:
+    found = {}
+    for path in (ROOT / "grader").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _layer_of(name: str) -> int:
+    for k, (_, members) in enumerate(LAYERS):
+        for member in members:
+            if name == member or (member.endswith(".*") and name.startswith(member[:-1])):
+                return k
+    raise AssertionError(f"{name} is in no layer of tests/test_layers.py: say where it belongs")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: the grader modules it imports anywhere in its file}."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in imported_modules(path) if m in modules and m != name}
+        graph[name] |= {m.rsplit(".", 1)[0] for m in imported_modules(path)
+                        if m.rsplit(".", 1)[0] in modules and m.rsplit(".", 1)[0] != name and m not in modules}
+    return graph
+
+
+def test_every_module_has_a_layer_and_no_import_runs_back_up():
+    graph = import_graph()
+    upward = [f"{a} ({LAYERS[_layer_of(a)][0]}) imports {b} ({LAYERS[_layer_of(b)][0]})"
+              for a, targets in sorted(graph.items()) for b in sorted(targets)
+              if _layer_of(b) > _layer_of(a) and not (a == "grader" or b == "grader")]
+    assert upward == [], "\n".join(upward)
+
+
+def test_no_two_modules_import_each_other_however_indirectly():
+    graph = import_graph()
+    cycles, index, low, stack, on_stack, counter = [], {}, {}, [], set(), [0]
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_graph_test_sees_a_circle_and_an_upward_import(tmp_path, monkeypatch):
+    """The two tests above can fail: a made-up package where the data layer imports the renderer."""
+    (tmp_path / "grader").mkdir()
+    (tmp_path / "grader" / "results.py").write_text("from grader.report import problem_text\n")
+    (tmp_path / "grader" / "report.py").write_text("import grader.results\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    graph = import_graph()
+    assert graph["grader.results"] == {"grader.report"} and graph["grader.report"] == {"grader.results"}
+    try:
+        test_every_module_has_a_layer_and_no_import_runs_back_up()
+    except AssertionError as exc:
+        assert "grader.results (data) imports grader.report (render)" in str(exc)
+    else:
+        raise AssertionError("the upward import was not seen")
+    try:
+        test_no_two_modules_import_each_other_however_indirectly()
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("the circle was not seen")

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT
 from grader import catalog, learner
+from grader.report import details_of, problem_of
 
 RIGHT = ROOT / "tests" / "right"
 FILES = sorted(RIGHT.glob("[0-9][0-9]_*.py"))
@@ -62,6 +63,6 @@ def test_right_answer_passes(grade, path):
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
     assert report.status == "passed", (
         f"{path.name} is a right answer, but the grader said {report.status}"
-        + (f": {report.problem}" if report.problem else "")
+        + (f": {problem_of(report)}" if problem_of(report) else "")
         + "".join(f"\n  {check_id}: {message}" for check_id, message in failing.items())
     )

@@ -19,6 +19,7 @@ import re
 import pytest
 
 from conftest import VARIANTS, statuses
+from grader.report import details_of, problem_of
 
 FILES = sorted(VARIANTS.glob("[0-9][0-9]_*.py"))
 
@@ -53,16 +54,16 @@ def test_every_variant_says_what_it_expects():
 def test_variant_fails_with_the_right_check(grade, path):
     e = expectations(path)
     report = grade(path, **e["options"])
-    assert report.status == e["status"], (report.problem, report.details[-2000:])
+    assert report.status == e["status"], (problem_of(report), details_of(report)[-2000:])
     got = statuses(report)
     for check_id in e["fail"]:
-        assert got.get(check_id) == "fail", (check_id, got, report.problem)
+        assert got.get(check_id) == "fail", (check_id, got, problem_of(report))
         message = next(c.message for c in report.checks if c.id == check_id)
         assert message.strip(), f"{check_id} failed without saying what was observed"
     for check_id in e["pass"]:
-        assert got.get(check_id) == "pass", (check_id, got, report.problem)
+        assert got.get(check_id) == "pass", (check_id, got, problem_of(report))
     for check_id in e["not-checked"]:
-        assert got.get(check_id) == "not-checked", (check_id, got, report.problem)
+        assert got.get(check_id) == "not-checked", (check_id, got, problem_of(report))
         verdict = next(c for c in report.checks if c.id == check_id)
         assert verdict.likely_cause and got.get(verdict.likely_cause) == "fail", (check_id, verdict.likely_cause)
     for effect, cause in e["cause"]:
@@ -71,4 +72,4 @@ def test_variant_fails_with_the_right_check(grade, path):
         order = [c.id for c in report.failures_by_cause()]
         assert order.index(cause) < order.index(effect), order
     if e["problem"]:
-        assert report.problem and e["problem"] in report.problem, report.problem
+        assert problem_of(report) and e["problem"] in problem_of(report), problem_of(report)
