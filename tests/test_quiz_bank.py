@@ -13,6 +13,8 @@ from grader.quiz.bank import (
     BANK_DIR,
     LETTERS,
     MAX_LONGEST_SCORE,
+    MAX_QUALIFIER_SCORE,
+    MAX_REASON_ELIMINATION_SCORE,
     MIN_PER_TOPIC,
     MIN_TOPICS,
     MIN_TOTAL,
@@ -22,10 +24,16 @@ from grader.quiz.bank import (
     bank_figures,
     count_problems,
     elimination_score,
+    gives_reason,
+    leaning_phrases,
     load_bank,
     longest_choice_score,
     parse_bank_file,
+    qualifier_score,
+    qualifying_marks,
+    reason_elimination_score,
     topic_counts,
+    topic_figures,
     validate_bank,
 )
 from grader.quiz.session import (
@@ -102,6 +110,9 @@ def test_bank_has_150_questions_in_14_topics():
 def test_packaged_bank_giveaway_figures():
     figures = bank_figures(BANK)
     assert 0.15 <= figures["longest_choice_score"] <= MAX_LONGEST_SCORE
+    assert figures["qualifier_score"] <= MAX_QUALIFIER_SCORE
+    assert figures["fewest_qualifier_score"] <= MAX_QUALIFIER_SCORE
+    assert figures["reason_elimination_score"] <= MAX_REASON_ELIMINATION_SCORE
     assert figures["elimination_score"] <= 0.35
     assert {"1", "all"} <= set(figures["multi_answer_counts"])
     assert figures["with_demo"] >= 35
@@ -243,6 +254,97 @@ def test_absolute_words_are_whole_words_not_parts_of_names():
     assert absolute_words("an all-reduce, all_gather and all-to-all") == set()
     assert absolute_words("every rank must wait; all of them") == {"every", "must", "all"}
     assert absolute_words("None: nothing happens") == {"none"} and absolute_words("returns None") == set()
+
+
+@pytest.mark.parametrize("choice, marks", [
+    ("it waits; then it raises", 1),
+    ("Yes: the sampler pads the list", 1),
+    ("3 each (the first 2 indices repeated)", 1),
+    ("after 10 minutes \u2014 then it aborts", 1),
+    ("It works, unless the group is gone", 1),
+    ("only when the buckets are rebuilt, except the first", 2),
+    ("scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()", 0),   # a line of code
+    ("torch.device('cuda:0') and torch/x.py::Name", 0),                             # not prose colons
+    ("f(x) of shape (6, 4), from (i + 1) % accum", 0),                              # calls, shapes, arithmetic
+    ("(W - 1) / (M + W - 1), an all-reduce", 0),                                    # not dashes
+])
+def test_qualifying_marks_count_clauses_not_code(choice, marks):
+    assert qualifying_marks(choice) == marks
+
+
+def test_picking_the_most_qualified_choice_is_measured(tmp_path):
+    telling = dict(choices='["it waits; then it raises", "it returns", "it raises"]')
+    problems = bank_of(tmp_path / "a", [telling] * 10)
+    assert any("picking the choice with the most qualifying clauses" in p and "scores 100%" in p
+               for p in problems), problems
+    # Clauses in distractors too: a tie in half of the questions, a qualified distractor in the others.
+    tied = dict(choices='["it waits; then it raises", "it returns: at once", "it raises"]')
+    misled = dict(choices='["it waits", "it returns: at once", "it raises"]')
+    problems = bank_of(tmp_path / "b", [tied] * 5 + [misled] * 5)
+    assert not [p for p in problems if "qualifying clauses" in p], problems
+
+
+def test_picking_the_least_qualified_choice_is_measured(tmp_path):
+    overcorrected = dict(choices='["it waits", "it returns: at once", "it raises; later"]')
+    problems = bank_of(tmp_path, [overcorrected] * 10)
+    assert any("picking the choice with the fewest qualifying clauses scores 100%" in p for p in problems), problems
+
+
+def test_qualifier_figures_of_a_known_bank(tmp_path):
+    questions = load_bank(write_bank(tmp_path, [
+        entry(id="core-x-01", choices='["right; qualified", "wrong", "also wrong"]'),
+        entry(id="core-x-02", question="Second?", choices='["right: qualified", "wrong: too", "plain"]'),
+        entry(id="core-x-03", question="Third?", choices='["right", "wrong: qualified", "wrong"]'),
+    ]))
+    assert qualifier_score(questions) == pytest.approx((1 + 1 / 2 + 0) / 3)
+    assert qualifier_score(questions, fewest=True) == pytest.approx((0 + 0 + 1 / 2) / 3)
+    assert topic_figures(questions)["core"]["qualifier_score"] == pytest.approx(0.5)
+
+
+def test_striking_out_choices_that_give_a_reason_is_measured(tmp_path):
+    assert gives_reason("wrong, because DDP averages") and gives_reason("it waits, so the job hangs")
+    assert not gives_reason("it is the same as before")
+    arguing = dict(choices='["it waits", "it returns, because it can", "it raises, since it must"]')
+    problems = bank_of(tmp_path / "a", [arguing] * 3)
+    assert any("striking out the choices that give a reason" in p and "scores 100%" in p for p in problems), problems
+    assert reason_elimination_score(load_bank(tmp_path / "a")) == 1.0
+    fair = dict(choices='["it waits, because it must", "it returns, because it can", "it raises"]')
+    assert not [p for p in bank_of(tmp_path / "b", [fair] * 3) if "give a reason" in p]
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ("The same 10 samples and 4 ranks, now with drop_last=True. What does each rank get?", "The same 10 samples"),
+    ("In that MLP (fc1 column-parallel, fc2 row-parallel), which tensors are all-reduced?", "that MLP"),
+    ("Which changes make that model train correctly under DDP?", "that model"),
+    ("As before, the model is wrapped in DDP. What happens?", "As before"),
+    ("Using the setup of the previous question, how many buckets are there?", "previous question"),
+    ("Can you register it on this model too?", "this model"),
+])
+def test_a_question_that_leans_on_another_is_refused(tmp_path, text, phrase):
+    assert any(found.startswith(phrase) for found in leaning_phrases(text)), leaning_phrases(text)
+    problems = small_bank_problems(tmp_path, question=text)
+    assert any("leans on another question" in p and phrase in p for p in problems), problems
+
+
+@pytest.mark.parametrize("text", [
+    "Each of 2 ranks has a gradient entry of 40000.0. What does that entry hold after backward?",
+    "A hand-written FSDP re-gathers each unit before its backward. Why can that gather be skipped?",
+    "A model has a branch that forward() never uses. What happens?",
+    "How should a training script be structured so that torchrun restarts it?",
+    "Which of these restore every weight of the plain model?",
+    "Every rank computes the same loss from the result. What happens to the gradient?",
+    "With the same per-GPU batch as on 1 GPU, how does the training time change?",
+    "A job hangs in its first allreduce, and the same job runs when NCCL_P2P_DISABLE=1 is set. Why?",
+    "Rank 0 runs its third micro-batch outside no_sync() while rank 1 runs the same micro-batch inside it.",
+    "A run reaches a loss scale of 1024. What keeps the same loss scale after a resume?",
+])
+def test_references_inside_one_question_are_accepted(tmp_path, text):
+    assert leaning_phrases(text) == []
+    assert small_bank_problems(tmp_path, question=text) == []
+
+
+def test_no_packaged_question_leans_on_another():
+    assert {q.id: leaning_phrases(q.text) for q in BANK if leaning_phrases(q.text)} == {}
 
 
 def test_choose_all_questions_must_vary_their_number_of_right_answers(tmp_path):

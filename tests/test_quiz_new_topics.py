@@ -4,14 +4,24 @@ elastic launch, memory): what the bank's validator does not check on its own.
 The validator (tests/test_quiz_bank.py runs it on the packaged bank) checks each question, its
 sources and demos, and the giveaway figures of the whole bank. Here: each of these topics has
 the size its brief asks for, was checked against the torch these demos run on, demonstrates most
-of its claims, and meets the giveaway limits on its own rather than only inside the whole bank.
+of its claims, and meets the giveaway limits on its own rather than only inside the whole bank
+(the longest choice over these topics together; qualifying clauses and reasons on each topic).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from grader.quiz.bank import TOPICS, absolute_words, load_bank, longest_choice_score, multi_answer_counts
+from grader.quiz.bank import (
+    MAX_QUALIFIER_SCORE,
+    TOPICS,
+    absolute_words,
+    load_bank,
+    longest_choice_score,
+    multi_answer_counts,
+    qualifier_score,
+    reason_elimination_score,
+)
 
 NEW_TOPICS = ("mixed-precision", "compile", "nccl", "comm-hooks", "dcp", "fsdp", "elastic", "memory")
 MIN_QUESTIONS = {"mixed-precision": 8, "compile": 6, "nccl": 8, "comm-hooks": 6, "dcp": 6, "fsdp": 8,
@@ -41,6 +51,15 @@ def test_enough_claims_are_demonstrated():
 def test_longest_choice_scores_at_most_30_percent_on_these_topics():
     score = longest_choice_score(QUESTIONS)
     assert score <= 0.30, f"picking the longest choice scores {score:.0%} on these topics"
+
+
+@pytest.mark.parametrize("topic", NEW_TOPICS)
+def test_clauses_give_nothing_away_on_each_topic(topic):
+    own = [q for q in QUESTIONS if q.topic == topic]
+    most, fewest, reasons = qualifier_score(own), qualifier_score(own, fewest=True), reason_elimination_score(own)
+    assert most <= MAX_QUALIFIER_SCORE, f"picking the most qualified choice scores {most:.0%} on {topic}"
+    assert fewest <= MAX_QUALIFIER_SCORE, f"picking the least qualified choice scores {fewest:.0%} on {topic}"
+    assert reasons <= MAX_QUALIFIER_SCORE, f"striking out choices that give a reason scores {reasons:.0%} on {topic}"
 
 
 def test_choose_all_questions_vary_their_number_of_right_answers():

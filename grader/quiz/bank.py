@@ -16,8 +16,9 @@ One file per topic, ``<topic>.toml``::
     checked = "2.13.0"               # the torch version the question was checked against
 
 Loading is lenient (a missing field becomes empty); :func:`validate_bank` reports every problem
-of the questions and of the bank as a whole (the giveaway rules), :func:`count_problems` the
-size thresholds. ``python -m grader.quiz.bank`` prints both and the giveaway figures.
+of the questions and of the bank as a whole (the giveaway rules: the longest choice, qualifying
+clauses, reasons, absolute words), :func:`count_problems` the size thresholds. ``python -m
+grader.quiz.bank`` prints both and the giveaway figures, for the whole bank and for each topic.
 """
 
 from __future__ import annotations
@@ -85,6 +86,26 @@ ABSOLUTE_WORDS = ("always", "never", "every", "only", "all", "any", "none", "mus
 # sentence is Python's None, and "all-reduce", "all_gather", "all-to-all" are not the word "all".
 _ABSOLUTE = re.compile(r"(?<![\w-])(" + "|".join(ABSOLUTE_WORDS) + r")(?![\w-])")
 _ABSOLUTE_START = re.compile(r"^(" + "|".join(w.capitalize() for w in ABSOLUTE_WORDS) + r")(?![\w-])")
+MAX_QUALIFIER_SCORE = 0.35
+"""Expected score of always picking the choice with the most qualifying marks, and of always
+picking the one with the fewest (ties split)."""
+#: What sets off an extra qualifying clause: a semicolon (not one between two calls of a line of
+#: code, ``backward(); step()``), a colon that opens prose (not the one in ``cuda:0``, ``::`` or
+#: ``1:4``), a parenthesis that opens an aside (not a call such as ``f(x)``, a shape such as
+#: ``(6, 4)`` or arithmetic such as ``(i + 1)``), a dash between words (not ``W - 1``), and the
+#: words that narrow a claim to a condition.
+QUALIFYING_MARKS = re.compile(
+    r"(?<!\));|\);(?!\s*[\w.]+\()"
+    r"|:(?=\s|$)"
+    r"|(?:^|(?<=\s))\((?![\d.]+(?:,\s*[\d.]+)*\))(?![^()]*(?:[+*/%<>]|==|\s-\s)[^()]*\))"
+    r"|[\u2014\u2013]|(?<=[A-Za-z]{2})\s-\s(?=[A-Za-z]{2})"
+    r"|\b(?:only (?:when|if)|unless|except|as long as|provided)\b",
+    re.IGNORECASE,
+)
+MAX_REASON_ELIMINATION_SCORE = 0.35
+"""Expected score of striking out the choices that give a reason, then guessing among the rest."""
+#: A reason given inside a choice ("..., because ...", "..., so ..."): a distractor's usual disguise.
+REASON_WORDS = re.compile(r"\b(?:because|since|so that|which is why)\b|,\s+so\b", re.IGNORECASE)
 #: Explanations must not point at a choice by position or letter: choices are shuffled on screen.
 POSITION_WORDS = re.compile(
     r"\b(?:first|second|third|fourth|fifth|last|above|below|previous|next)\s+(?:choice|option|answer)s?\b"
@@ -97,6 +118,27 @@ POSITION_WORDS = re.compile(
 #: (compared only when they have enough words between them for the share to mean something).
 NEAR_DUPLICATE = 0.45
 NEAR_DUPLICATE_MIN_WORDS = 8
+
+#: Stems that point outside the question (questions are shuffled, so there is no "before").
+_DETACHED = re.compile(
+    r"\b(?:as before|as above|see above|the above|above question"
+    r"|(?:previous|preceding|earlier|last|other) (?:question|example|scenario|setup|exercise))\b",
+    re.IGNORECASE,
+)
+#: "the same X", "that X", "this X", "these X", "those X": they need an X earlier in the stem.
+_ANAPHOR = re.compile(r"\b(?=(?P<det>the same|that|this|these|those)\s+(?P<head>[^.,;:?!()]*))", re.IGNORECASE)
+#: Words before "that" after which it points at something ("in that MLP", "make that model",
+#: "what does that entry hold"); elsewhere "that" joins clauses ("so that", "a hook that logs").
+_POINTING_THAT = frozenset(
+    "in on of for from with to into at by about under after before over make makes does do did is are was "
+    "were can could will would should hold holds keep keeps use uses".split())
+#: Words after "that" that show it joins clauses rather than points ("that the", "that all apply").
+_JOINING = frozenset("a an the all each every it its they their them apply no not only "
+                     "this these those his her one some any".split())
+#: A sentence where "the same" compares things inside it: "the same loss on every rank" (and
+#: "the same batch as on 1 GPU", an "as" right after it).
+_DISTRIBUTIVE = re.compile(r"\b(?:every|each|all|both|across|between)\b", re.IGNORECASE)
+_NUMBER_WORDS = frozenset("one two three four five six seven eight nine ten".split())
 
 
 class BankError(Exception):
@@ -253,6 +295,9 @@ def question_problems(q: Question) -> list[str]:
         if right == max(lengths) and lengths.count(right) == 1 and right > 1.5 * sorted(lengths)[-2]:
             problems.append(f"the right choice ({right} characters) is by far the longest "
                             f"(next {sorted(lengths)[-2]}): write distractors as specific as the answer")
+    for phrase in leaning_phrases(q.text):
+        problems.append(f"the question leans on another question ({phrase!r} has nothing it refers to in "
+                        "the question itself): questions are shuffled, so say in the question what it means")
     if len(q.explanation) < MIN_EXPLANATION_CHARS:
         problems.append("missing or too short explanation")
     match = POSITION_WORDS.search(q.explanation)
@@ -266,6 +311,58 @@ def question_problems(q: Question) -> list[str]:
     elif not VERSION_PATTERN.match(q.checked):
         problems.append(f"checked {q.checked!r} is not a version like 2.13.0")
     return problems
+
+
+def leaning_phrases(text: str) -> list[str]:
+    """Phrases of a question's text that point at another question: "as before", "the previous
+    question", or "the same X" / "that X" / "this X" whose X appears nowhere earlier in the text.
+
+    "The same" comparing things within one sentence ("the same loss on every rank", "the same batch
+    as on 1 GPU") and "that" joining clauses ("so that the", "a hook that logs") are not refused, nor
+    "of these" (the choices).
+    """
+    found = [m.group(0) for m in _DETACHED.finditer(text)]
+    for match in _ANAPHOR.finditer(text):
+        det, head = match.group("det").lower(), match.group("head")
+        words = re.findall(r"[A-Za-z_][\w-]*|\d+", head)
+        if not words:
+            continue
+        before = text[:match.start()]
+        previous = re.findall(r"[A-Za-z_]+", before)[-1:]
+        if det == "that" and (words[0].lower() in _JOINING
+                              or (previous and previous[0].lower() not in _POINTING_THAT)):
+            continue
+        if det in ("these", "those") and previous and previous[0].lower() == "of":
+            continue
+        if det == "the same":
+            start = max(before.rfind(". "), before.rfind("? "), before.rfind("! "))
+            end = re.search(r"[.?!](?:\s|$)", text[match.end():])
+            sentence = text[start + 1:match.end() + (end.start() if end else len(text))]
+            if _DISTRIBUTIVE.search(sentence) or "as" in [w.lower() for w in words[:4]]:
+                continue
+        # The noun the phrase points at is among its first words ("that MLP", "the same four 1 MiB
+        # layers"): one of them, or a part of a compound ("micro-batch"), must come earlier.
+        heads = [part for w in words[:3] if not w.isdigit() and w.lower() not in _NUMBER_WORDS
+                 for part in re.split(r"[-_]", w) if part]
+        earlier = {_word_stem(w) for w in re.findall(r"[A-Za-z_]+", before)}
+        if not any(_has_antecedent(_word_stem(w), earlier) for w in heads):
+            found.append(f"{match.group('det')} {' '.join(words[:3])}")
+    return found
+
+
+def _word_stem(word: str) -> str:
+    """A crude stem, enough to match "gathers" with "gather" and "entries" with "entry"."""
+    word = word.lower()
+    if len(word) > 4:
+        word = re.sub(r"ies$", "y", word)
+        word = re.sub(r"(?:es|s|ed|ing)$", "", word)
+    return word
+
+
+def _has_antecedent(word: str, earlier: set[str]) -> bool:
+    """Whether ``word`` or a word it begins, or that begins it ("scale", "scaler"), came earlier."""
+    return word in earlier or (len(word) >= 4 and any(len(e) >= 4 and (e.startswith(word) or word.startswith(e))
+                                                       for e in earlier))
 
 
 def reference_problems(q: Question, torch_root: Path | None, repo_root: Path | None) -> list[str]:
@@ -374,6 +471,45 @@ def longest_choice_score(questions: list[Question]) -> float:
     return total / len(singles)
 
 
+def qualifying_marks(choice: str) -> int:
+    """How many qualifying clauses a choice carries: semicolons, colons that open prose, asides in
+    parentheses, dashes, and "only when", "only if", "unless", "except", "as long as", "provided"."""
+    return len(QUALIFYING_MARKS.findall(choice))
+
+
+def qualifier_score(questions: list[Question], fewest: bool = False) -> float:
+    """Expected score, over the single-answer questions, of always picking the choice with the most
+    qualifying marks (with ``fewest``, the fewest: the giveaway of a bank that overcorrected); a tie
+    among k such choices counts 1/k when the right one is among them."""
+    singles = [q for q in questions if not q.multi and len(q.correct) == 1 and q.choices]
+    if not singles:
+        return 0.0
+    total = 0.0
+    for q in singles:
+        marks = [-qualifying_marks(c) if fewest else qualifying_marks(c) for c in q.choices]
+        most = [i for i, n in enumerate(marks) if n == max(marks)]
+        total += (next(iter(q.correct)) in most) / len(most)
+    return total / len(singles)
+
+
+def gives_reason(choice: str) -> bool:
+    """Whether a choice argues for itself: "because", "since", "so that", "which is why", ", so"."""
+    return bool(REASON_WORDS.search(choice))
+
+
+def reason_elimination_score(questions: list[Question]) -> float:
+    """Expected score, over the single-answer questions, of striking out every choice that gives a
+    reason and guessing among the rest (among all, when every choice gives one)."""
+    singles = [q for q in questions if not q.multi and len(q.correct) == 1 and q.choices]
+    if not singles:
+        return 0.0
+    total = 0.0
+    for q in singles:
+        plain = [i for i, c in enumerate(q.choices) if not gives_reason(c)] or list(range(len(q.choices)))
+        total += (next(iter(q.correct)) in plain) / len(plain)
+    return total / len(singles)
+
+
 def singles_count(questions: list[Question]) -> int:
     """The number of single-answer questions."""
     return sum(1 for q in questions if not q.multi)
@@ -421,6 +557,22 @@ def giveaway_problems(questions: list[Question]) -> list[str]:
     if singles_count(questions) >= 20 and longest < MIN_LONGEST_SCORE:
         problems.append(f"picking the longest choice scores only {longest:.0%} (at least {MIN_LONGEST_SCORE:.0%}): "
                         "the right answer is so rarely the longest that avoiding the longest choice pays")
+    qualified = qualifier_score(questions)
+    if qualified > MAX_QUALIFIER_SCORE:
+        problems.append(f"picking the choice with the most qualifying clauses (;, :, an aside in parentheses, a dash, "
+                        f"'only when', 'unless', ...) scores {qualified:.0%} over the single-answer questions "
+                        f"(at most {MAX_QUALIFIER_SCORE:.0%}): drop the extra clause from right choices, "
+                        "or qualify the distractors as much")
+    plainest = qualifier_score(questions, fewest=True)
+    if plainest > MAX_QUALIFIER_SCORE:
+        problems.append(f"picking the choice with the fewest qualifying clauses scores {plainest:.0%} "
+                        f"(at most {MAX_QUALIFIER_SCORE:.0%}): the right choices became the plain ones, "
+                        "qualify some of them again")
+    reasoned = reason_elimination_score(questions)
+    if reasoned > MAX_REASON_ELIMINATION_SCORE:
+        problems.append(f"striking out the choices that give a reason ('because', 'since', 'so that', ...) scores "
+                        f"{reasoned:.0%} (at most {MAX_REASON_ELIMINATION_SCORE:.0%}): give reasons in right "
+                        "choices too, or in none")
     eliminated = elimination_score(questions)
     if eliminated > MAX_ELIMINATION_SCORE:
         problems.append(f"striking out the choices with absolute words scores {eliminated:.0%} "
@@ -501,10 +653,28 @@ def bank_figures(questions: list[Question]) -> dict:
         "single_answer": singles,
         "multi_select": len(questions) - singles,
         "longest_choice_score": round(longest_choice_score(questions), 3),
+        "qualifier_score": round(qualifier_score(questions), 3),
+        "fewest_qualifier_score": round(qualifier_score(questions, fewest=True), 3),
+        "reason_elimination_score": round(reason_elimination_score(questions), 3),
         "elimination_score": round(elimination_score(questions), 3),
         "multi_answer_counts": multi_answer_counts(questions),
         "with_demo": sum(1 for q in questions if q.demos),
     }
+
+
+def topic_figures(questions: list[Question]) -> dict[str, dict[str, float]]:
+    """The giveaway figures of each topic's single-answer questions, in the order of TOPICS (the
+    limits apply to the whole bank; a topic far above them is where to rebalance first)."""
+    figures = {}
+    for topic in [*TOPICS, *sorted({q.topic for q in questions} - set(TOPICS))]:
+        own = [q for q in questions if q.topic == topic]
+        if any(not q.multi for q in own):
+            figures[topic] = {"single_answer": singles_count(own),
+                              "longest_choice_score": round(longest_choice_score(own), 3),
+                              "qualifier_score": round(qualifier_score(own), 3),
+                              "fewest_qualifier_score": round(qualifier_score(own, fewest=True), 3),
+                              "reason_elimination_score": round(reason_elimination_score(own), 3)}
+    return figures
 
 
 def topic_counts(questions: list[Question]) -> dict[str, int]:
@@ -523,6 +693,12 @@ def main() -> int:
         print(line)
     for key, value in bank_figures(questions).items():
         print(f"{key}: {value}")
+    print("per topic, over its single-answer questions: longest choice, most qualifying clauses, "
+          "fewest qualifying clauses, reasons struck out")
+    for topic, figures in topic_figures(questions).items():
+        print(f"  {topic}: {figures['single_answer']} questions: {figures['longest_choice_score']:.0%}, "
+              f"{figures['qualifier_score']:.0%}, {figures['fewest_qualifier_score']:.0%}, "
+              f"{figures['reason_elimination_score']:.0%}")
     return 1 if problems else 0
 
 

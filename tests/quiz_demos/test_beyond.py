@@ -31,14 +31,20 @@ def fsdp_shards(ctx) -> dict:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
 
-    model = FSDP(nn.Linear(8, 8, bias=False), sharding_strategy=ShardingStrategy.FULL_SHARD,
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 8, bias=False)
+    full_weight = layer.weight.detach().clone()
+    model = FSDP(layer, sharding_strategy=ShardingStrategy.FULL_SHARD,
                  device_id=torch.device("cpu"), use_orig_params=True)
+    before = next(model.parameters()).detach().clone()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     model(torch.randn(4, 8)).sum().backward()
     opt.step()
     flat = next(model.parameters())
     return {"local_param_numel": flat.numel(), "local_grad_numel": flat.grad.numel() if flat.grad is not None else 0,
-            "exp_avg_numel": opt.state[flat]["exp_avg"].numel()}
+            "exp_avg_numel": opt.state[flat]["exp_avg"].numel(),
+            "param_shape": list(flat.shape), "param_type": type(flat).__name__,
+            "slice_before_step": before, "full_weight": full_weight}
 
 
 def sync_batchnorm(ctx) -> dict:
@@ -81,7 +87,19 @@ def test_zero_redundancy_optimizer_keeps_state_for_its_shard_only(ranks):
 @pytest.mark.slow
 def test_fsdp_full_shard_keeps_a_shard_of_parameters_gradients_and_optimizer_state(ranks):
     for r in ranks:
-        assert r["fsdp"] == {"local_param_numel": 32, "local_grad_numel": 32, "exp_avg_numel": 32}  # 64 / 2
+        counts = {k: r["fsdp"][k] for k in ("local_param_numel", "local_grad_numel", "exp_avg_numel")}
+        assert counts == {"local_param_numel": 32, "local_grad_numel": 32, "exp_avg_numel": 32}  # 64 / 2
+
+
+@pytest.mark.slow
+def test_fsdp1_keeps_a_flat_one_dimensional_slice_of_the_parameters(ranks):
+    # Between iterations each rank's weight is a 1-D view of its half of the flattened (8, 8) weight.
+    for r in ranks:
+        assert r["fsdp"]["param_shape"] == [32] and r["fsdp"]["param_type"] == "Parameter"
+    full = ranks[0]["fsdp"]["full_weight"]
+    assert torch.equal(full, ranks[1]["fsdp"]["full_weight"])
+    halves = [r["fsdp"]["slice_before_step"] for r in ranks]
+    assert torch.equal(torch.cat(halves), full.flatten())     # rank 0: elements 0-31, rank 1: 32-63
 
 
 @pytest.mark.slow

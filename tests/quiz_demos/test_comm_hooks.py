@@ -86,6 +86,18 @@ def _recording_hook(seen, names):
     return record_hook
 
 
+class MixedDtypes(nn.Module):
+    """A float32 layer, then a float64 one."""
+
+    def __init__(self):
+        super().__init__()
+        self.f32 = nn.Linear(16, 16)
+        self.f64 = nn.Linear(16, 16).double()
+
+    def forward(self, x):
+        return self.f64(self.f32(x).double())
+
+
 def _ddp(hook, state=None, **kwargs):
     model = nn.parallel.DistributedDataParallel(_model(), **kwargs)
     if hook is not None:
@@ -166,6 +178,23 @@ def hook_observations(rank: int, world_size: int) -> dict:
         recorded(torch.randn(2, 512)).sum().backward()
         out["buckets_per_iteration"].append(list(seen))
 
+    # A float32 and a float64 layer, far below the default cap.
+    mixed_seen: list = []
+    torch.manual_seed(0)
+    mixed = MixedDtypes()
+    mixed_names = {id(p): name for name, p in mixed.named_parameters()}
+    dtypes = {name: str(p.dtype) for name, p in mixed.named_parameters()}
+    mixed_ddp = nn.parallel.DistributedDataParallel(mixed)
+    mixed_ddp.register_comm_hook(None, _recording_hook(mixed_seen, mixed_names))
+    out["mixed_dtype_buckets"] = []
+    for _ in range(2):
+        mixed_seen.clear()
+        mixed_ddp.zero_grad()
+        mixed_ddp(torch.randn(4, 16)).sum().backward()
+        out["mixed_dtype_buckets"].append([{"dtype": b["dtype"], "param_dtypes": sorted({dtypes[n] for n in b["params"]})}
+                                           for b in mixed_seen])
+    out["mixed_grad_dtypes"] = sorted({str(p.grad.dtype) for p in mixed.parameters()})
+
     # PowerSGD: exact allreduce for the first start_powerSGD_iter steps, rank-1 approximation after.
     state = powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                    start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
@@ -234,10 +263,12 @@ def test_hook_returning_a_tensor_fails_in_backward(hooks):
         assert "Future" in seen["tensor_hook"] or "must re" in seen["tensor_hook"]
 
 
-def test_first_iteration_uses_one_bucket_then_ddp_rebuilds_them(hooks):
-    first, second = hooks[0]["buckets_per_iteration"]
-    assert len(first) == 1 and first[0]["numel"] == 3 * (512 * 512 + 512)
-    assert len(second) == 3
+def test_a_bucket_never_mixes_dtypes(hooks):
+    for rank, seen in enumerate(hooks):
+        for buckets in seen["mixed_dtype_buckets"]:       # the first backward and the second
+            assert sorted(b["dtype"] for b in buckets) == ["torch.float32", "torch.float64"], f"rank {rank}"
+            assert all(b["param_dtypes"] == [b["dtype"]] for b in buckets), f"rank {rank}"
+        assert seen["mixed_grad_dtypes"] == ["torch.float32", "torch.float64"]  # nothing was cast
 
 
 def test_grad_bucket_api(hooks):

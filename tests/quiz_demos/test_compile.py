@@ -57,9 +57,26 @@ def compiled_graphs(optimize_ddp, bucket_cap_mb, wrap_first=True):
     return graphs
 
 
+OPTIMIZE_DDP_MODES = ("ddp_optimizer", "python_reducer", "python_reducer_without_compiled_forward", "no_optimization")
+
+
+def python_reducer_by_mode() -> dict:
+    """Whether DDP, built under each optimize_ddp mode, drops its C++ reducer for the Python one."""
+    old = torch._dynamo.config.optimize_ddp
+    used = {}
+    try:
+        for mode in OPTIMIZE_DDP_MODES:
+            torch._dynamo.config.optimize_ddp = mode
+            used[mode] = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))._use_python_reducer
+    finally:
+        torch._dynamo.config.optimize_ddp = old
+    return used
+
+
 def compile_main(ctx) -> dict:
     with ctx.group():
         return {
+            "python_reducer_by_mode": python_reducer_by_mode(),
             "split_1mb": compiled_graphs(True, bucket_cap_mb=1),
             "whole_1mb": compiled_graphs(False, bucket_cap_mb=1),
             "split_25mb": compiled_graphs(True, bucket_cap_mb=25),
@@ -76,6 +93,20 @@ def graphs(session):
 def test_optimize_ddp_is_on_by_default():
     assert torch._dynamo.config.optimize_ddp is True
     assert torch._dynamo.utils.get_optimize_ddp_mode() == "ddp_optimizer"
+
+
+def test_optimize_ddp_has_four_modes_and_only_python_reducer_switches_ddp_to_python(graphs):
+    old = torch._dynamo.config.optimize_ddp
+    try:
+        for mode in OPTIMIZE_DDP_MODES:                  # each is accepted as itself
+            torch._dynamo.config.optimize_ddp = mode
+            assert torch._dynamo.utils.get_optimize_ddp_mode() == mode
+        torch._dynamo.config.optimize_ddp = "fifth_mode"
+        with pytest.raises(AssertionError):
+            torch._dynamo.utils.get_optimize_ddp_mode()
+    finally:
+        torch._dynamo.config.optimize_ddp = old
+    assert graphs["python_reducer_by_mode"] == {mode: mode == "python_reducer" for mode in OPTIMIZE_DDP_MODES}
 
 
 def test_ddp_optimizer_breaks_the_graph_at_bucket_boundaries(graphs):

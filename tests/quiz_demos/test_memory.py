@@ -30,6 +30,32 @@ class SameLayerTwice(nn.Module):
         return checkpoint(self.lin, x, use_reentrant=self.use_reentrant)
 
 
+class LayerThenSameLayerTwice(nn.Module):
+    """A linear layer, then a second one applied twice, each application of the second checkpointed."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(4, 4)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.first(x)
+        x = checkpoint(self.lin, x, use_reentrant=True)
+        return checkpoint(self.lin, x, use_reentrant=True)
+
+
+def _reentrant_twice_after_another_layer(rank):
+    """What the first backward does: the error it raises, if any."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(LayerThenSameLayerTwice())
+    x = torch.randn(3, 4) * (rank + 1)
+    try:
+        model(x).sum().backward()
+    except RuntimeError as exc:
+        return f"RuntimeError: {exc}"
+    return None
+
+
 def _weight_grad_sum(rank, world_size, use_reentrant, **ddp_kwargs):
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(SameLayerTwice(use_reentrant), **ddp_kwargs)
@@ -74,6 +100,7 @@ def memory_main(ctx) -> dict:
 def memory_observations(rank: int, world_size: int) -> dict:
     return {
         "reentrant_default": _weight_grad_sum(rank, world_size, use_reentrant=True),
+        "reentrant_after_another_layer": _reentrant_twice_after_another_layer(rank),
         "reentrant_static_graph": _weight_grad_sum(rank, world_size, use_reentrant=True, static_graph=True),
         "non_reentrant": _weight_grad_sum(rank, world_size, use_reentrant=False),
         "copies": _bucket_view_and_sizes(),
@@ -94,6 +121,14 @@ def test_reentrant_checkpoint_twice_under_ddp_leaves_ranks_with_different_gradie
     # No error is raised, but the ranks disagree and neither has the average.
     assert abs(first["sums"][-1] - second["sums"][-1]) > 1e-3
     assert first["sums"][-1] != pytest.approx(first["expected"], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_reentrant_checkpoint_twice_after_another_layer_raises_on_every_rank(memory_world):
+    # The usual case, the reused layer inside a larger model: the first backward fails on each rank.
+    for rank, seen in enumerate(memory_world):
+        error = seen["reentrant_after_another_layer"]
+        assert error is not None and "Expected to mark a variable ready only once" in error, f"rank {rank}"
 
 
 @pytest.mark.slow
@@ -167,6 +202,17 @@ def test_adam_keeps_two_full_size_tensors_per_parameter():
     assert state["exp_avg"].shape == lin.weight.shape and state["exp_avg"].dtype == torch.float32
     assert state["exp_avg_sq"].shape == lin.weight.shape
     assert state["step"].numel() == 1
+
+
+def test_adam_allocates_its_state_at_the_first_step_for_parameters_with_gradients():
+    used, unused = nn.Linear(10, 10), nn.Linear(10, 10)
+    opt = torch.optim.Adam([*used.parameters(), *unused.parameters()])
+    assert len(opt.state) == 0                  # nothing after the constructor
+    used(torch.randn(2, 10)).sum().backward()
+    assert len(opt.state) == 0                  # nor after backward
+    opt.step()
+    assert set(opt.state) == set(used.parameters())   # the step, for parameters with a gradient only
+    assert opt.state[used.weight]["exp_avg_sq"].shape == used.weight.shape
 
 
 def test_zero_grad_sets_gradients_to_none_and_the_step_skips_them():

@@ -12,10 +12,13 @@ own worlds of one on a store it holds.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
+import re
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,14 +92,34 @@ def test_gloo_socket_ifname_picks_the_interface(nccl):
     assert nccl["initialized_after_unknown_interface"] is False
 
 
-def test_default_timeouts():
-    from torch.distributed import constants
+def nccl_default_timeout_in_the_installed_headers() -> timedelta:
+    """kProcessGroupNCCLDefaultTimeout, read from ProcessGroupNCCL.hpp as installed with torch.
 
-    assert constants.default_pg_timeout == timedelta(minutes=30)
+    Every build ships the C++ headers, with or without NCCL; a build with NCCL exposes the same
+    constant as torch.distributed.constants.default_pg_nccl_timeout.
+    """
+    header = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp"
+    found = re.search(r"kProcessGroupNCCLDefaultTimeout\s*=\s*std::chrono::milliseconds\(([\d\s*]+)\)",
+                      header.read_text(encoding="utf-8"))
+    assert found, f"no kProcessGroupNCCLDefaultTimeout in {header}"
+    return timedelta(milliseconds=math.prod(int(n) for n in found.group(1).split("*")))
+
+
+def test_default_timeouts_are_10_minutes_for_nccl_and_30_for_gloo():
+    from torch.distributed import constants
+    from torch.distributed.distributed_c10d import Backend, _get_default_timeout
+
+    # What init_process_group uses when no timeout is passed: 30 minutes for gloo ...
+    assert _get_default_timeout(Backend("gloo")) == constants.default_pg_timeout == timedelta(minutes=30)
+    # ... and 10 minutes for NCCL, the constant of NCCL's process group.
+    assert nccl_default_timeout_in_the_installed_headers() == timedelta(minutes=10)
     if dist.is_nccl_available():
         assert constants.default_pg_nccl_timeout == timedelta(minutes=10)
-    else:
-        assert constants.default_pg_nccl_timeout is None   # a build without NCCL
+        assert _get_default_timeout(Backend("nccl")) == timedelta(minutes=10)
+    # What happens at the end of it, in init_process_group's own words.
+    doc = " ".join(dist.init_process_group.__doc__.split())
+    assert "Default value is 10 minutes for NCCL and 30 minutes for other backends" in doc
+    assert "collectives will be aborted asynchronously and the process will crash" in doc
 
 
 @pytest.mark.slow
