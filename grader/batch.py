@@ -1,7 +1,7 @@
 """``ddp-grade batch``: grade many submissions, N at a time, one row per submission and check.
 
-How it runs: the batch starts ``--jobs`` worker processes (``python -m grader.batch
---serve``), each with its own warm pool of rank processes (a :class:`~grader.harness.Session`),
+How it runs: the batch starts ``--jobs`` worker processes (``python -m grader.worker``, the one
+out-of-process protocol of :mod:`grader.protocol`), each with its own warm pool of rank processes (a :class:`~grader.harness.Session`),
 and hands each the next submission as soon as it is free. A submission never
 shares a process with another one while it is graded, so nothing one does (a
 crash, a hang, a patched module) reaches another, and the pools stay warm from
@@ -44,15 +44,14 @@ from pathlib import Path
 
 import click
 
-from grader import catalog
 from grader.batch_output import (ROW_FIELDS, SEVERITY, Outcome, Submission, render_csv, render_json,  # noqa: F401
                                  render_junit, render_markdown, render_table, rows, worst_status)
-from grader.options import EXIT_INTERRUPTED, EXIT_UNUSABLE, format_option, grading_options, quiet_option
+from grader import protocol
+from grader.options import (EXIT_INTERRUPTED, EXIT_UNUSABLE, GradeOptions, format_option, grading_options,
+                            quiet_option)
 from grader.results import EXIT_CODES, GRADER_ERROR, TIMEOUT, UNUSABLE, UNUSABLE_FILE, Report, RunProblem
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
-WORKER_MARGIN_S = 60.0  # a worker silent for timeout + this long is stopped
-WORKER_DYNAMO = "DDP_GRADE_BATCH_DYNAMO"  # "0": the worker's pool skips torch._dynamo (no exercise it grades needs it)
 
 
 # --- finding the submissions ---------------------------------------------------------
@@ -118,7 +117,7 @@ def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
 
 
 class WorkerProcess:
-    """One ``python -m grader.batch --serve`` process: a submission in, a report out.
+    """One ``python -m grader.worker`` process: a submission in, a report out (:mod:`grader.protocol`).
 
     With ``sandbox`` (a tool name from :mod:`grader.sandbox`) the worker runs inside a sandbox
     where ``visible`` (the one submission it will grade) is bound back in, read-only.
@@ -126,16 +125,16 @@ class WorkerProcess:
 
     def __init__(self, settings: dict, sandbox: str | None = None, visible: tuple[str, ...] = (),
                  dynamo: bool = True):
-        self.settings = settings
+        self.options = GradeOptions.from_dict(settings)
         self.marker = uuid.uuid4().hex
-        argv = [sys.executable, "-m", "grader.batch", "--serve"]
-        extra = {WORKER_DYNAMO: "1" if dynamo else "0"}
+        argv = [sys.executable, "-m", "grader.worker"]
+        extra = {protocol.DYNAMO_ENV: "1" if dynamo else "0"}
         if sandbox:
             from grader import sandbox as sb
 
             # Inside, /tmp is a fresh folder of the sandbox's own, gone when the worker ends.
             self.tmp = None
-            size = settings.get("limits", {}).get("tmp_bytes") or sb.DEFAULT_TMP_MIB * 2**20
+            size = self.options.limits["tmp_bytes"]
             argv = sb.wrap(argv, [os.path.abspath(p) for p in visible], sandbox, tmp_bytes=size)
             env = sb.environment({**extra, BATCH_MARKER: self.marker, "DDP_GRADE_SERVER": "0",
                                   "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state"}, size)
@@ -156,32 +155,36 @@ class WorkerProcess:
             self.replies.put(line)
         self.replies.put(None)  # ended
 
+    def _lines(self, until: float):
+        """The worker's answer lines, until it ends or ``until`` (monotonic) passes."""
+        while True:
+            line = self.replies.get(timeout=max(0.0, until - time.monotonic()))
+            if line is None:
+                return
+            yield line
+
     def grade(self, submission: Submission, wait_s: float) -> dict | None:
-        """The report as a dict; None when the worker died or stopped answering (it is then stopped)."""
-        # A sandboxed worker starts in its own folder: it gets the file by its absolute path.
-        path = os.path.abspath(submission.path) if self.sandboxed else submission.path
-        job = {"path": path, "exercise": submission.exercise, **self.settings}
+        """The report as a dict; None when the worker stopped answering (it is then stopped)."""
+        # A sandboxed worker starts in its own folder: the request carries the file's absolute path.
+        request = protocol.request(submission.path, submission.exercise, self.options, shown_as=submission.path)
         try:
-            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            line = self.replies.get(timeout=wait_s)
-        except (OSError, ValueError, queue.Empty):
-            line = None
-        if line is None:
+            report = protocol.read_answer(self._lines(time.monotonic() + wait_s))
+        except queue.Empty:
+            self.stop()
+            return None
+        except (OSError, ValueError, protocol.Failed) as exc:
             died = self.proc.poll()
             self.stop()
+            how = " (in the sandbox)" if self.sandboxed else ""
             if died is not None:  # it ended by itself: the grader's own failure, said as such
-                how = " (in the sandbox)" if self.sandboxed else ""
-                return _unusable(submission.path, f"the grading worker{how} ended with exit code {died} while "
-                                 f"grading this file; try `ddp-grade grade {submission.path}`")
-            return None
-        try:
-            report = json.loads(line)
-        except ValueError:
-            self.stop()
-            return None
-        report["path"] = submission.path
-        return _readable(report)
+                why = f"the grading worker{how} ended with exit code {died} while grading this file"
+            else:
+                why = f"the grading worker{how} failed on this file: {exc}"
+            return _unusable(submission.path, f"{why}; try `ddp-grade grade {submission.path}`")
+        report.path = submission.path
+        return _readable(report.to_dict())
 
     def stop(self) -> None:
         """End the worker and everything it started (its ranks carry its marker)."""
@@ -211,36 +214,6 @@ def _short_temp_root() -> str:
     if len(root) > 48 and os.path.isdir("/tmp") and os.access("/tmp", os.W_OK):
         return "/tmp"
     return root
-
-
-def serve() -> None:
-    """The worker's loop: read a job per line on stdin, write the report as one JSON line."""
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything else printed goes where stderr goes, never into the replies
-    from grader import grading, harness
-    from grader.grading import grade_file
-    from grader.options import GradeOptions
-
-    grading.warm_up(dynamo=os.environ.get(WORKER_DYNAMO, "1") != "0")
-    session = None
-    try:
-        for line in sys.stdin:
-            job = json.loads(line)
-            if session is None or session.limits != job["limits"]:
-                if session is not None:
-                    session.close()
-                session = harness.Session(limits=job["limits"], spares=True)
-            options = GradeOptions.from_dict(job)
-            try:
-                report = grade_file(job["path"], session, options, job["exercise"]).to_dict()
-            except Exception as exc:  # the grader's own failure on this file: reported, the batch goes on
-                report = _unusable(job["path"], str(exc), exception=type(exc).__name__)
-            out.write(json.dumps(report) + "\n")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if session is not None:
-            session.close()
 
 
 def _readable(data: dict) -> dict:
@@ -274,7 +247,7 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                 on_done(outcomes[i])
         else:
             todo.put(i)
-    wait_s = catalog.longest_timeout(settings["timeout_s"]) + WORKER_MARGIN_S
+    options = GradeOptions.from_dict(settings)
     workers: list[WorkerProcess] = []
     lock = threading.Lock()
     stopping = threading.Event()
@@ -312,6 +285,7 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
                 if on_start:
                     on_start(submissions[i])
                 started = time.monotonic()
+                wait_s = protocol.wait_s(submissions[i].path, submissions[i].exercise, options)
                 report = worker.grade(submissions[i], wait_s)
                 if report is None:
                     worker = None
@@ -554,7 +528,4 @@ def _fail(message: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--serve"]:
-        serve()
-    else:
-        batch()
+    batch()

@@ -25,7 +25,7 @@ import re
 
 import click
 
-from grader import __version__, catalog, kit
+from grader import __version__, kit
 from grader import progress as prog
 
 from grader.options import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE, format_option,
@@ -137,37 +137,19 @@ def _grade_here(path, options, exercise_id, progress, quiet):
 
 
 def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
-    """Run the whole grading as a child command inside the sandbox and read its JSON report."""
-    import json
-    import subprocess
-
-    from grader import sandbox
-    from grader.results import report_from_dict
+    """Grade with a worker started in a fresh sandbox (grader.protocol); progress is recorded out here."""
+    from grader import protocol, sandbox
 
     if sandbox.tool() is None:
         _fail("--sandbox needs bwrap (the bubblewrap package) or unshare with user namespaces; neither works "
               "here (see `ddp-grade doctor`)")
     _require_readable(path)
-    inner = [sys.executable, "-m", "grader", "grade", os.path.abspath(path), "--format", "json", "-q",
-             "--no-server", "--timeout", f"{options.timeout_s:g}", "--backend", options.backend,
-             "--memory-limit", f"{options.limits['memory_bytes'] / 2**20:g}",
-             "--cpu-limit", f"{options.limits['cpu_seconds']:g}",
-             "--output-limit", f"{options.limits['output_bytes'] / 2**20:g}",
-             "--tmp-limit", f"{options.limits['tmp_bytes'] / 2**20:g}"]
-    if options.world_size:
-        inner += ["--world-size", str(options.world_size)]
-    if exercise_id:
-        inner += ["--exercise", exercise_id]
-    size = options.limits["tmp_bytes"]
-    env = sandbox.environment({"DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0"}, size)
 
     def run(on_event):
-        done = subprocess.run(sandbox.wrap(inner, [path], tmp_bytes=size), env=env, capture_output=True, text=True,
-                              timeout=catalog.longest_timeout(options.timeout_s) + 60)
         try:
-            report = report_from_dict(json.loads(done.stdout))
-        except (ValueError, KeyError):
-            _fail(f"the sandboxed grading gave no report (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+            report = protocol.grade_in_sandbox(path, exercise_id, options, on_event)
+        except protocol.Failed as exc:
+            _fail(f"the sandboxed grading gave no report: {exc}")
         report.path = path
         return report
 
@@ -177,10 +159,9 @@ def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
 def _grade_with_server(path, options, exercise_id, progress, quiet):
     """Grade through the warm grading server; None when none answers (then grade here)."""
     from grader import server
-    from grader.results import report_from_dict
 
     def remote(on_event):
-        return report_from_dict(server.grade_remote(path, exercise_id, options, on_event=on_event))
+        return server.grade_remote(path, exercise_id, options, on_event=on_event)
 
     try:
         return grade_and_record(path, None, options, exercise_id, progress, quiet, grade=remote)
@@ -189,31 +170,26 @@ def _grade_with_server(path, options, exercise_id, progress, quiet):
 
 
 def grade_and_record(path, session, options, exercise_id, progress, quiet, grade=None):
-    """Grade with a live line on stderr; remember the result when PATH is the kit's own exercise file.
+    """Grade with a live line on stderr (grader.flow does the grading and the recording); echo its notes.
 
-    ``grade(on_event) -> Report`` replaces grading with ``session`` (the grading server does that).
+    ``grade(on_event) -> Report`` replaces grading with ``session`` (the server and the sandbox do that).
     """
-    from grader import catalog, live
-    from grader.grading import grade_file
+    from grader import flow, live
 
-    ex = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
     stream = sys.stderr
-    line = live.LiveLine(f"exercise {ex.id}" if ex else os.path.basename(path), live.mode_for(stream, quiet), stream)
+    line = live.LiveLine(flow.label(path, exercise_id), live.mode_for(stream, quiet), stream)
     try:
-        if grade is not None:
-            report = grade(line.event)
-        else:
-            report = grade_file(path, session, options, exercise_id, on_event=line.event)
+        graded = flow.grade_and_record(path, exercise_id, progress,
+                                       grade or flow.here(session, options, path, exercise_id),
+                                       on_event=line.event, quiet=quiet)
     finally:
         line.done()
-    if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):
-        progress.record_grading(ex.id, report.status)
-        _say_unsaved(progress, "this grading")
-    elif ex is not None and report.status == "passed" and not quiet:
-        where = _kit_call_quiet(lambda: str(kit.exercise_path(ex)))
-        click.echo(f"Not recorded as progress: {path} is not the kit's own file"
-                   + (f" ({where})" if where else "") + ".", err=True)
-    return report
+    for note in graded.notes:
+        if not note.startswith("ddp-grade: progress was not saved") or not getattr(progress, "told_unsaved", False):
+            click.echo(note, err=True)
+    if progress.unsaved:
+        progress.told_unsaved = True  # once per command (watch grades again and again)
+    return graded.report
 
 
 def _require_readable(path: str) -> None:
@@ -224,13 +200,6 @@ def _require_readable(path: str) -> None:
         learner.read_source(path)
     except learner.Unusable as exc:
         _fail(str(exc))
-
-
-def _kit_call_quiet(fn):
-    try:
-        return fn()
-    except kit.KitError:
-        return None
 
 
 def _preload_dynamo(path: str, exercise_id: str | None) -> bool:

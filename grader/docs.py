@@ -1,8 +1,11 @@
 """What is generated from the catalog and the exercise files, never edited by hand.
 
-    python -m grader.docs            print the README's tables
-    python -m grader.docs --write    rewrite them in README.md between their markers, and write
-                                     grader/stubs/ (the packaged copies of exercises/, for `reset`)
+    python -m grader.docs            print the generated tables
+    python -m grader.docs --write    rewrite the README's exercise tables between their markers,
+                                     write docs/checks.md whole, and write grader/stubs/ (the
+                                     packaged copies of exercises/, for `reset`)
+
+``tests/test_docs.py`` fails when any of them drifts from what this would write.
 
 ``exercises/NN_slug.py`` is the one source of each stub. The package carries a generated copy
 in ``grader/stubs/`` because the learner edits ``exercises/`` in place (the kit is installed
@@ -18,7 +21,6 @@ from pathlib import Path
 
 from grader import catalog
 
-START, END = "<!-- checks:start -->", "<!-- checks:end -->"
 EXERCISES_START, EXERCISES_END = "<!-- exercises:start -->", "<!-- exercises:end -->"
 DEBUG_START, DEBUG_END = "<!-- debug-exercises:start -->", "<!-- debug-exercises:end -->"
 
@@ -58,9 +60,19 @@ def checks_markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def checks_page() -> str:
+    """docs/checks.md, whole: generated, never edited by hand."""
+    head = ("# What each check means\n\n"
+            "<!-- Generated from grader/catalog.toml by `python -m grader.docs --write`; do not edit. -->\n\n"
+            "For each exercise: the file, what to write or fix, and each check the grader records, by the id "
+            "the\nreport shows and what it establishes when it passes. `ddp-grade hint NN --check ID` gives a "
+            "check's\nhint.\n\n")
+    return head + checks_markdown().replace("#### ", "## ")
+
+
 def replace_section(readme: str) -> str:
-    """The README with both generated tables rewritten from the catalog."""
-    for start, end, make in ((START, END, checks_markdown), (EXERCISES_START, EXERCISES_END, exercises_markdown),
+    """The README with its generated exercise tables rewritten from the catalog."""
+    for start, end, make in ((EXERCISES_START, EXERCISES_END, exercises_markdown),
                              (DEBUG_START, DEBUG_END, debug_exercises_markdown)):
         pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
         readme = pattern.sub(lambda _m, s=start, e=end, f=make: f"{s}\n{f()}{e}", readme)
@@ -69,6 +81,7 @@ def replace_section(readme: str) -> str:
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = Path(__file__).resolve().parent / "stubs"
+CHECKS_PAGE = ROOT / "docs" / "checks.md"
 
 
 def write_stubs(root: Path = ROOT, stubs: Path = STUBS) -> list[str]:
@@ -96,6 +109,7 @@ def main(argv: list[str]) -> None:
     if "--write" in argv:
         path = ROOT / "README.md"
         path.write_text(replace_section(path.read_text(encoding="utf-8")), encoding="utf-8")
+        CHECKS_PAGE.write_text(checks_page(), encoding="utf-8")
         write_stubs()
     else:
         sys.stdout.write(exercises_markdown() + "\n" + debug_exercises_markdown() + "\n" + checks_markdown())

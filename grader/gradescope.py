@@ -29,7 +29,7 @@ from pathlib import Path
 import click
 
 from grader import catalog
-from grader.options import DEFAULT_TIMEOUT_S, EXIT_OK, EXIT_UNUSABLE
+from grader.options import DEFAULT_TIMEOUT_S, EXIT_OK, EXIT_UNUSABLE, GradeOptions, grading_options
 
 CONFIG = "ddp-grade.json"
 TORCH_VERSION = "2.13.0"
@@ -99,11 +99,13 @@ grader = ["*.toml", "quiz/bank/*.toml"]
 # --- build ------------------------------------------------------------------------------------
 
 
-def build(out: Path, exercises: list[catalog.Exercise], timeout_s: float = DEFAULT_TIMEOUT_S,
-          world_size: int | None = None, sandbox: str = "auto", visibility: str = "visible") -> list[str]:
-    """Write the bundle to ``out``; the names it holds."""
-    config = {"exercises": [ex.id for ex in exercises], "timeout_s": timeout_s, "world_size": world_size,
-              "sandbox": sandbox, "visibility": visibility}
+def build(out: Path, exercises: list[catalog.Exercise], options: GradeOptions | None = None, sandbox: str = "auto",
+          visibility: str = "visible") -> list[str]:
+    """Write the bundle to ``out``; the names it holds. ``options``: how every submission is graded (the
+    options every grading command shares), kept in the bundle whole."""
+    options = options or GradeOptions()
+    config = {"exercises": [ex.id for ex in exercises], "options": options.to_dict(), "sandbox": sandbox,
+              "visibility": visibility}
     package = Path(__file__).resolve().parent
     entries: list[tuple[str, bytes, int]] = [
         ("setup.sh", SETUP_SH.encode(), 0o755),
@@ -241,7 +243,6 @@ def _clip(text: str) -> str:
 def run(root: Path, echo=print) -> int:
     """Grade ``root/submission`` as ``root/source/ddp-grade.json`` says; write ``root/results/results.json``."""
     from grader import batch, sandbox
-    from grader.options import GradeOptions
 
     started = time.monotonic()
     config_path = root / "source" / CONFIG
@@ -262,8 +263,11 @@ def run(root: Path, echo=print) -> int:
     echo(f"sandbox: {tool or 'none'} ({wanted})")
     found, notes = find_files(root / "submission", exercises)
     submissions = [batch.Submission(f"{ex_id}: {path.name}", str(path), ex_id) for ex_id, path in found.items()]
-    options = GradeOptions(world_size=config.get("world_size"), timeout_s=float(config.get("timeout_s",
-                                                                                            DEFAULT_TIMEOUT_S)))
+    if "options" in config:
+        options = GradeOptions.from_dict(config["options"])
+    else:  # a bundle built before the options were kept whole
+        options = GradeOptions(world_size=config.get("world_size"),
+                               timeout_s=float(config.get("timeout_s", DEFAULT_TIMEOUT_S)))
     outcomes = batch.run_batch(submissions, max(1, min(len(submissions), batch.default_jobs())), options.to_dict(),
                                on_done=lambda o: echo(f"{o.submission.name}: {o.status}"), sandbox=tool)
     reports = {o.submission.exercise: o.report for o in outcomes}
@@ -306,16 +310,13 @@ def _exercise_list(value: str | None) -> list[catalog.Exercise]:
               help="The exercises the assignment grades (default: all), e.g. 01,03.")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path), default="autograder.zip",
               show_default=True, help="Where to write the bundle.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=DEFAULT_TIMEOUT_S, show_default=True,
-              help="Seconds for grading one exercise file; a hang past it scores the checks it did not pass 0.")
-@click.option("--world-size", type=click.IntRange(min=1, max=64), default=None,
-              help="Ranks per run (default: each exercise's own).")
+@grading_options
 @click.option("--sandbox", type=click.Choice(SANDBOX), default="auto", show_default=True,
               help="auto: grade in a sandbox when bwrap or unshare works in Gradescope's image; on: only so "
                    "(no results otherwise); off: never.")
 @click.option("--visibility", type=click.Choice(VISIBILITY), default="visible", show_default=True,
               help="When students see the tests (Gradescope's setting, per test).")
-def build_command(exercise_ids, out, timeout_s, world_size, sandbox, visibility):
+def build_command(exercise_ids, out, options, sandbox, visibility):
     """Write a Gradescope autograder bundle (upload it as the assignment's autograder).
 
     setup.sh installs Python, torch {torch} for CPU and the kit; run_autograder grades the
@@ -328,7 +329,7 @@ def build_command(exercise_ids, out, timeout_s, world_size, sandbox, visibility)
     """
     exercises = _exercise_list(exercise_ids)
     try:
-        names = build(out, exercises, timeout_s, world_size, sandbox, visibility)
+        names = build(out, exercises, options, sandbox, visibility)
     except OSError as exc:
         click.echo(f"ddp-grade: error: cannot write {out}: {exc.strerror or exc}", err=True)
         raise SystemExit(EXIT_UNUSABLE)

@@ -358,6 +358,14 @@ def _one_compute_thread() -> None:
     torch.set_num_threads(1)
 
 
+def deadline_s(exercise: catalog.Exercise | None, options: GradeOptions) -> float:
+    """The wall time one grading may take: ``--timeout``, or the exercise's own least deadline when it
+    is longer (15 runs whole torchrun jobs); for a file of no known exercise, the longest of any."""
+    if exercise is None:
+        return catalog.longest_timeout(options.timeout_s)
+    return max(options.timeout_s, exercise.timeout_s)
+
+
 def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: str | None = None,
                on_event=None) -> Report:
     """Grade one file and return the report; never raises for a bad submission.
@@ -381,8 +389,7 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.seconds = time.monotonic() - started
         return report
     report.backend, report.world_sizes = settled.backend, list(settled.world_sizes)
-    g = Grading(exercise, path, session, settled, timeout_s=max(options.timeout_s, exercise.timeout_s),
-                on_event=on_event)
+    g = Grading(exercise, path, session, settled, timeout_s=deadline_s(exercise, options), on_event=on_event)
     module = importlib.import_module(exercise.module)
     _one_compute_thread()
     not_run = None

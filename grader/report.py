@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
 
 import click
 
 from grader import results as R
+from grader.checks.shared.wording import describe_exit
 from grader.results import (ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report,
                             RunProblem)
 
@@ -375,18 +375,6 @@ def rank_line(r: RankRecord) -> str:
     if r.lost_peer:
         return f"rank {r.rank} lost a peer that had failed and was stopped"
     return f"rank {r.rank} was still running and was stopped"
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "ended"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
 
 
 def rank_details(ranks: list[RankRecord]) -> str:

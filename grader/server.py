@@ -50,7 +50,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grader import catalog
 from grader.state import state_dir
 
 SERVER_ENV = "DDP_GRADE_SERVER"  # "0": never use or start a server
@@ -60,7 +59,6 @@ SOCKET_NAME = "server.sock"
 KEY_NAME = "server.key"
 NAMESPACES = ("user", "mnt", "net", "pid")  # a client must share all of them with the server
 CONNECT_TIMEOUT_S = 1.0
-MARGIN_S = 30.0  # beyond a grading's own timeout before the command stops waiting for the server
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes on Linux
 
 
@@ -101,29 +99,24 @@ def code_version() -> str:
 # --- the command's side -------------------------------------------------------------------------
 
 
-def grade_remote(path: str, exercise_id: str | None, options, on_event=None) -> dict:
-    """Send one grading to the server and return the report as a dict; Unavailable when it cannot."""
+def grade_remote(path: str, exercise_id: str | None, options, on_event=None):
+    """Send one grading to the server (:mod:`grader.protocol`) and return its Report; Unavailable when it cannot."""
+    from grader import protocol
+
     sock = _connect()
     if sock is None:
         raise Unavailable("no server")
-    request = {"key": _read_key(), "version": code_version(), "path": os.path.abspath(path), "shown_as": path,
-               "exercise_id": exercise_id, "options": options.to_dict()}
+    request = {"key": _read_key(), "version": code_version(), **protocol.request(path, exercise_id, options)}
     try:
         with sock, sock.makefile("rwb") as stream:
-            sock.settimeout(catalog.longest_timeout(options.timeout_s) + MARGIN_S)
-            stream.write(json.dumps(request).encode() + b"\n")
+            sock.settimeout(protocol.wait_s(path, exercise_id, options))
+            stream.write(protocol.encode(request))
             stream.flush()
-            for line in stream:
-                message = json.loads(line)
-                if message["type"] == "event" and on_event is not None:
-                    on_event(message.pop("kind"), **{k: v for k, v in message.items() if k != "type"})
-                elif message["type"] == "report":
-                    return message["report"]
-                elif message["type"] in ("stale", "error", "refused"):
-                    raise Unavailable(message.get("why", message["type"]))
-    except (OSError, ValueError, KeyError) as exc:
+            return protocol.read_answer(stream, on_event)
+    except protocol.Failed as exc:
+        raise Unavailable(str(exc)) from None
+    except OSError as exc:
         raise Unavailable(f"the server stopped answering: {exc}") from None
-    raise Unavailable("the server closed the connection")
 
 
 def _connect() -> socket.socket | None:
@@ -207,7 +200,7 @@ def stop() -> bool:
 
 def serve() -> None:
     """Accept gradings one at a time until idle for the idle time, or told to stop."""
-    from grader import grading, harness
+    from grader import grading, harness, protocol
     from grader.options import GradeOptions
 
     version = code_version()
@@ -230,7 +223,7 @@ def serve() -> None:
     idle_s = float(os.environ.get(IDLE_ENV, DEFAULT_IDLE_S))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
     grading.warm_up(dynamo=True)
-    sessions: dict = {}
+    sessions = protocol.Sessions()
     served = {"gradings": 0}
     try:
         while True:
@@ -246,8 +239,7 @@ def serve() -> None:
         for stale in (path, key_path()):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
-        for session in sessions.values():
-            session.close()
+        sessions.close()
         harness.stop_pool()
 
 
@@ -292,7 +284,7 @@ def peer_refusal(conn: socket.socket) -> str | None:
     return None
 
 
-def _serve_connection(conn: socket.socket, key: str, version: str, sessions: dict, GradeOptions,
+def _serve_connection(conn: socket.socket, key: str, version: str, sessions, GradeOptions,
                       served: dict) -> bool:
     """Serve one connection; False when the server must exit. A client gone away is never the server's end."""
     try:
@@ -325,10 +317,9 @@ def _log(line: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}", file=sys.stderr, flush=True)
 
 
-def _answer(stream, conn, key: str, version: str, sessions: dict, GradeOptions, served: dict) -> bool:
+def _answer(stream, conn, key: str, version: str, sessions, GradeOptions, served: dict) -> bool:
     """Serve one request; False when the server must exit (stale code, or asked to stop)."""
-    from grader import harness
-    from grader.grading import grade_file
+    from grader import protocol
 
     try:
         request = json.loads(stream.readline())
@@ -348,10 +339,6 @@ def _answer(stream, conn, key: str, version: str, sessions: dict, GradeOptions, 
         _send(stream, {"type": "stale", "why": "the grader's code changed since this server started"})
         return False
     conn.settimeout(None)
-    options = GradeOptions.from_dict(request["options"])
-    limits_key = json.dumps(options.limits, sort_keys=True)
-    if limits_key not in sessions:
-        sessions[limits_key] = harness.Session(limits=options.limits, spares=True)
     gone = []
 
     def send_quietly(message: dict) -> None:
@@ -362,15 +349,9 @@ def _answer(stream, conn, key: str, version: str, sessions: dict, GradeOptions, 
         except (OSError, ValueError):
             gone.append(True)  # the client went away: finish the grading (its ranks are reaped), send nothing
 
-    try:
-        report = grade_file(request["path"], sessions[limits_key], options, request.get("exercise_id"),
-                            on_event=lambda kind, **info: send_quietly({"type": "event", "kind": kind, **info}))
-    except Exception as exc:  # the grader's own failure: the command grades in its own process instead
-        send_quietly({"type": "error", "why": f"{type(exc).__name__}: {exc}"})
-        return True
-    report.path = request.get("shown_as") or report.path
-    served["gradings"] += 1
-    send_quietly({"type": "report", "report": report.to_dict()})
+    if protocol.answer(request, sessions.get(GradeOptions.from_dict(request.get("options") or {})),
+                       send_quietly) is not None:
+        served["gradings"] += 1
     if gone:
         _log("a client went away before its grading ended; the grading finished and its processes were reaped")
     return True

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from conftest import ROOT
 from grader import catalog, gradescope
+from grader.options import GradeOptions
 from grader.cli import main
 
 try:
@@ -120,7 +121,7 @@ def test_the_bundle_holds_the_scripts_at_its_root_the_kit_and_no_answers(tmp_pat
             "kit/grader/cli.py", "kit/grader/checks/ex03_train.py"} <= set(names)
     assert modes["setup.sh"] & stat.S_IXUSR and modes["run_autograder"] & stat.S_IXUSR
     assert not any(n.startswith(("solutions/", "tests/", "exercises/")) or "__pycache__" in n for n in names)
-    assert config == {"exercises": ["01", "03"], "timeout_s": 20.0, "world_size": None, "sandbox": "auto",
+    assert config == {"exercises": ["01", "03"], "options": GradeOptions(timeout_s=20.0).to_dict(), "sandbox": "auto",
                       "visibility": "after_due_date"}
     assert f'"torch=={gradescope.TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu' in setup
     assert gradescope.TORCH_VERSION == "2.13.0"

@@ -213,10 +213,12 @@ def test_worlds_after_a_failed_world_read_last_are_stopped_with_it(tmp_path):
 
 
 def test_a_world_that_hangs_times_out_alone():
+    # The deadline is far beyond what the world beside needs even on a loaded machine: what is
+    # asserted is which world timed out, not how fast the other was.
     with harness.Session() as session:
         hung, beside = session.run_many(
-            [_world("sleeps_then_answers_main", 2, sleep_s=60), _world("sleeps_then_answers_main", 2)],
-            learner_path=__file__, timeout_s=3)
+            [_world("sleeps_then_answers_main", 2, sleep_s=600), _world("sleeps_then_answers_main", 2)],
+            learner_path=__file__, timeout_s=20)
     assert hung.timed_out and [r.status for r in hung.ranks] == ["killed", "killed"]
     assert not beside.timed_out and beside.ok
 

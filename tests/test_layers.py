@@ -50,11 +50,12 @@ LAYERS = [
     ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
               "grader.wire", "grader.kit", "grader.learner", "grader.quiz.bank"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session"]),
-    ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.harness", "grader.diagnose",
+    ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.harness",
+                 "grader.diagnose",
                  "grader.sandbox"]),
     ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs"]),
-    ("flows", ["grader.server", "grader.batch", "grader.shards", "grader.gradescope", "grader.commands", "grader.commands.*",
+    ("flows", ["grader.server", "grader.batch", "grader.shards", "grader.protocol", "grader.worker", "grader.flow", "grader.gradescope", "grader.commands", "grader.commands.*",
                "grader.quiz", "grader.quiz.command", "grader.stubs", "grader.stubs.*"]),
     ("cli", ["grader.cli", "grader.__main__"]),
 ]
@@ -148,3 +149,21 @@ def test_the_graph_test_sees_a_circle_and_an_upward_import(tmp_path, monkeypatch
         pass
     else:
         raise AssertionError("the circle was not seen")
+
+
+def test_the_grading_object_has_every_member_the_checks_interface_names():
+    """Check modules annotate ``grade(g: Grader)``; the grading layer's Grading is what they get."""
+    import inspect
+
+    from grader.checks.interface import Grader
+    from grader.grading import Grading
+
+    names = [n for n in vars(Grader) if not n.startswith("_")] + list(Grader.__annotations__)
+    set_in_init = inspect.getsource(Grading.__init__)
+    for name in names:
+        assert hasattr(Grading, name) or f"self.{name} =" in set_in_init, f"Grading has no {name}"
+        wanted = vars(Grader).get(name)
+        if inspect.isfunction(wanted) or isinstance(wanted, staticmethod):
+            theirs = inspect.signature(getattr(Grader, name))
+            ours = inspect.signature(getattr(Grading, name))
+            assert list(theirs.parameters) == list(ours.parameters), (name, theirs, ours)

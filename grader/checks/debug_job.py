@@ -41,6 +41,8 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
 from grader import diagnose, probes
+from grader.checks.shared.state import cpu_state
+from grader.checks.shared.wording import describe_exit
 from grader.child import RankContext
 
 COLLECTIVE_WAIT_S = 6.0  # a collective whose peers have not come after this long is a hang
@@ -80,8 +82,8 @@ def run_job(ctx: RankContext, argv: list[str], *, epochs: int) -> dict:
     return {
         "events": watch.events,
         "ddp": watch.settings,
-        "first_states": [_cpu_state(m) if s is None else s for m, s in zip(watch.modules, watch.first_states)],
-        "final_states": [_cpu_state(m) for m in watch.modules],
+        "first_states": [cpu_state(m) if s is None else s for m, s in zip(watch.modules, watch.first_states)],
+        "final_states": [cpu_state(m) for m in watch.modules],
         "trained": watch.trained_index(),
         "raised": raised,
         "initialized_after": dist.is_initialized(),
@@ -117,10 +119,6 @@ def waiting_in(exc: BaseException) -> str:
         if "/torch/nn/parallel/distributed.py" in path and frame.name == "forward":
             return "forward"
     return ""
-
-
-def _cpu_state(module: nn.Module) -> dict:
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
 
 class _JobWatch:
@@ -228,7 +226,7 @@ class _JobWatch:
             if not torch.is_grad_enabled():
                 return
             if self.first_states[index] is None:  # where training starts, after any checkpoint was loaded
-                self.first_states[index] = _cpu_state(mod)
+                self.first_states[index] = cpu_state(mod)
             self.forwards[index] += 1
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
             events.append({"what": "forward", "ddp": index,
@@ -321,7 +319,7 @@ def read_job(g, outcome, x_rows: torch.Tensor | None = None) -> Job:
             cause = ""
             if any(m in r.output for m in SIZE_MISMATCH):
                 cause = "gloo found that the collective it met on another rank moved data of another size"
-            ends.append(RankEnd(r.rank, False, crashed=_exit_words(r.exitcode, r.limit_detail), where=where,
+            ends.append(RankEnd(r.rank, False, crashed=describe_exit(r.exitcode, r.limit_detail), where=where,
                                 cause=cause))
         else:
             ends.append(RankEnd(r.rank, False, where=where, killed=True))
@@ -341,19 +339,6 @@ def _stack_line(stack: str, learner_path: str) -> str:
     path, line, function = mine[0]
     code = linecache.getline(path, line).split("  #")[0].strip()
     return f"{function}(), line {line}" + (f" `{code}`" if code else "")
-
-
-def _exit_words(code: int | None, limit_detail: str = "") -> str:
-    import signal
-
-    if limit_detail:
-        return f"was stopped at {limit_detail}"
-    if code is not None and code < 0:
-        try:
-            return f"crashed ({signal.Signals(-code).name})"
-        except ValueError:
-            return f"crashed (signal {-code})"
-    return f"exited with code {code}"
 
 
 def _where_text(where: dict | None) -> str:
@@ -603,10 +588,6 @@ def replay(model: nn.Module, per_rank: list[list[list[list[int]]]], x: torch.Ten
         if after_step is not None:
             after_step(step, model)
     return buffers
-
-
-def cpu_state(model: nn.Module) -> dict:
-    return _cpu_state(model)
 
 
 # --- inputs and the checks every exercise of the track shares ---------------------------

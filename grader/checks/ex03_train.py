@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from grader import probes
 from grader.compare import first_difference, largest_difference
+from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
 
 IN_FEATURES, HIDDEN, CLASSES = 8, 16, 4
@@ -82,7 +83,7 @@ def rank_main(ctx: RankContext) -> dict:
         # Ranks start from different weights on purpose: DDP must make them equal.
         initial_weights(model, seed=1000 + ctx.rank)
         built.append(model)
-        initial.append(_cpu_state(model))
+        initial.append(cpu_state(model))
         return model
 
     with probes.platform_start_method(), _watch_sampler(events), _watch_steps(events), _watch_ddp(wraps, built), \
@@ -102,15 +103,11 @@ def rank_main(ctx: RankContext) -> dict:
         "wraps": wraps,
         "models_built": len(built),
         "initial": initial[0] if initial else None,
-        "final": _cpu_state(built[trained]) if built else None,
+        "final": cpu_state(built[trained]) if built else None,
         "returned": _describe_return(returned, built),
         "initialized_after": dist.is_initialized(),
         "threads_left": threads_left,
     }
-
-
-def _cpu_state(model: nn.Module) -> dict:
-    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def _trained_model(built: list, wraps: list) -> int:
@@ -518,7 +515,7 @@ def replay_single_process(initial: dict, steps: list, dataset: TensorDataset, lr
             for p in model.parameters():
                 if p.grad is not None:
                     p.add_(p.grad, alpha=-lr)
-    return _cpu_state(model)
+    return cpu_state(model)
 
 
 def _largest_difference(a: dict, b: dict) -> tuple[str, float]:
@@ -572,7 +569,7 @@ def check_checkpoint(g, ranks, world_size) -> None:
         g.record("checkpoint-loads", False, "load_state_dict(strict=True) into model_fn() failed: "
                  + " ".join(first[:3])[:400], world_size=world_size)
         return
-    name, diff = _largest_difference(_cpu_state(model), ranks[0]["final"])
+    name, diff = _largest_difference(cpu_state(model), ranks[0]["final"])
     g.record("checkpoint-loads", diff == 0.0, f"the checkpoint's {name} differs from the trained model's by "
              f"{diff:.3g}: was it saved before training finished?", world_size=world_size)
 

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from grader import probes
 from grader.compare import first_difference
+from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
 
 EPOCHS_BEFORE_SAVE = 2
@@ -82,10 +83,6 @@ def _train_epoch(ddp: DDP, optimizer, epoch: int, ctx: RankContext) -> None:
         optimizer.step()
 
 
-def _cpu_state(module: nn.Module) -> dict:
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-
 def _cpu(value):
     """A copy of nested plain data with every tensor moved to the CPU."""
     if isinstance(value, torch.Tensor):
@@ -137,7 +134,7 @@ def _observe_save(ctx: RankContext) -> dict:
         for epoch in range(EPOCHS_BEFORE_SAVE):
             _train_epoch(ddp, optimizer, epoch, ctx)
         dist.barrier()  # every rank starts save_checkpoint at the same moment
-        obs["module_state"] = _cpu_state(model)
+        obs["module_state"] = cpu_state(model)
         obs["optimizer_state"] = _cpu(optimizer.state_dict())
         obs["called"] = time.monotonic()
         obs["save_error"] = None
@@ -184,7 +181,7 @@ def _observe_load(ctx: RankContext) -> dict:
     optimizer = build_optimizer(ddp)
     for epoch in range(TOTAL_EPOCHS):
         _train_epoch(ddp, optimizer, epoch, ctx)
-    obs["straight"] = _cpu_state(model)
+    obs["straight"] = cpu_state(model)
 
     with _watch_loads(loads):
         load_checkpoint = ctx.function("load_checkpoint")
@@ -202,7 +199,7 @@ def _observe_load(ctx: RankContext) -> dict:
             except Exception as exc:  # the failure is the observation
                 scenario["error"] = _error(exc)
             scenario["loads"] = len(loads) - first
-            scenario["model_state"] = _cpu_state(model)
+            scenario["model_state"] = cpu_state(model)
             scenario["optimizer_state"] = _cpu(optimizer.state_dict())
             obs[name] = scenario
 
@@ -222,7 +219,7 @@ def _observe_load(ctx: RankContext) -> dict:
         for epoch in range(resume["start"], TOTAL_EPOCHS):
             _train_epoch(ddp, optimizer, epoch, ctx)
             resume["epochs"].append(epoch)
-    resume["model_state"] = _cpu_state(model)
+    resume["model_state"] = cpu_state(model)
     obs["resume"] = resume
     return obs
 
@@ -278,7 +275,7 @@ def grade(g) -> None:
         observations = saved.results()
         checkpoint_path = os.path.join(saved.run_dir, CHECKPOINT)
         reference_path = os.path.join(saved.run_dir, REFERENCE)
-        stop_on_save_error(observations)
+        stop_on_save_error(g, observations)
         check_writers(g, observations, checkpoint_path, world_size)
         check_barrier(g, observations, checkpoint_path, world_size)
         check_payload(g, observations[0], checkpoint_path, world_size)
@@ -289,7 +286,7 @@ def grade(g) -> None:
         check_resume(g, loaded.results(), world_size)
 
 
-def stop_on_save_error(observations: list[dict]) -> None:
+def stop_on_save_error(g, observations: list[dict]) -> None:
     """Stop grading on an error in save_checkpoint, unless a rank that left early explains it.
 
     A barrier only rank 0 reaches fails in rank 0 once the others, back early, have

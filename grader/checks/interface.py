@@ -1,0 +1,94 @@
+"""What a checks module works with, typed: ``grade(g: Grader)`` in the grader's process, and the
+drivers' ``ctx: RankContext`` in each rank (:class:`grader.child.RankContext`).
+
+A check module never imports the grading layer (tests/test_layers.py); it annotates with these
+instead. :class:`grader.grading.Grading` is the one implementation, and
+``tests/test_layers.py`` checks that it has every member named here, with the same parameters.
+
+The shape of a checks module (``grader/checks/exNN_slug.py``; CONTRIBUTING.md has the template):
+
+* **rank side**: ``def something_main(ctx: RankContext) -> dict``: runs in every rank, calls the
+  learner's functions, records what happened (plain data), decides nothing;
+* **grading side**: ``def grade(g: Grader) -> None``: starts runs, reads their records, and
+  records one verdict per check of the catalog (``g.record``, ``g.skip``, ``g.not_checked``);
+* helpers several exercises share live in :mod:`grader.checks.shared` (the torchrun launcher,
+  the debugging track's job, state snapshots, wording).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+from grader.child import RankContext  # noqa: F401  (re-exported: the drivers' context)
+from grader.harness import Worker, WorldOutcome
+
+
+class Grader(Protocol):
+    """What ``grade(g)`` receives (implemented by :class:`grader.grading.Grading`)."""
+
+    Stopped: type[BaseException]  # what ``stop`` raises (let it pass through, e.g. through Hypothesis)
+    Run: type  # one run for ``run_at_once``: Run(driver, world_size, kwargs=None, env=None, label=None, expect_ok=True)
+    path: str  # the learner's file, absolute
+
+    @property
+    def backend(self) -> str:
+        """gloo or nccl: the backend the grading runs with."""
+
+    @property
+    def backend_requested(self) -> str:
+        """What --backend said: auto, gloo or nccl."""
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """The world sizes to grade, in order."""
+
+    def remaining(self) -> float:
+        """Seconds left before the grading's deadline."""
+
+    def run(self, driver: str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
+            expect_ok: bool = True, backend: str | None = None, label: str | None = None,
+            graded_size: int | None = None) -> WorldOutcome:
+        """Run ``driver`` of this module on ``world_size`` fresh ranks; stops the grading on a timeout
+        (and, with ``expect_ok``, on a rank that failed)."""
+
+    def run_at_once(self, runs: list[Any]) -> Iterator[WorldOutcome]:
+        """Start every run at the same time; yield their outcomes in order, each checked as ``run`` would."""
+
+    def worker(self, driver: str, kwargs: dict | None = None) -> Worker:
+        """One process that answers calls (for pure functions)."""
+
+    def call(self, worker: Worker, name: str, **kwargs) -> Any:
+        """Call handler ``name`` in ``worker``; its result (stops the grading on a timeout or crash)."""
+
+    def try_call(self, worker: Worker, name: str, *, within_s: float, **kwargs) -> Any:
+        """Call handler ``name``; its result, or None when it raised, crashed or took too long."""
+
+    def stop_on_failures(self, outcome: WorldOutcome, single: bool = False) -> None:
+        """Stop the grading with the run's problem when a rank failed."""
+
+    def stop(self, message: str, *, status: str = "failed", world_size: int | None = None,
+             rank: int | None = None) -> None:
+        """End the grading: nothing further can be checked (raises ``Stopped``)."""
+
+    def not_implemented(self, name: str) -> None:
+        """End the grading: ``name`` is still a stub."""
+
+    @staticmethod
+    def with_context(exc: BaseException, context: str) -> BaseException:
+        """``exc`` (a Stopped) with what the grader was doing when it happened."""
+
+    def record(self, check_id: str, ok: bool, message: str = "", *, rank: int | None = None,
+               world_size: int | None = None) -> bool:
+        """Record one observation for a check (a failure is kept over later passes); returns ``ok``."""
+
+    def not_checked(self, check_id: str, because: str, reason: str, *, world_size: int | None = None) -> None:
+        """The check could not be decided because check ``because`` failed."""
+
+    def skip(self, check_id: str, reason: str) -> None:
+        """The check does not apply here (e.g. NCCL only)."""
+
+    def section(self, title: str, text: str, data: dict | None = None) -> None:
+        """An observation beyond the verdicts, shown under the checks (``data`` goes into the JSON)."""
+
+    def add_timeline(self, entries: list[dict]) -> None:
+        """Events of a whole job, in order, as the report's timeline section."""
