@@ -7,8 +7,7 @@ import pytest
 from conftest import ROOT
 from grader import diagnose, results
 from grader.harness import RankOutcome, WorldOutcome
-from grader.report import problem_text
-from grader.report import details_of, problem_of
+from grader.report import problem_of, problem_text
 
 LEARNER = "/work/kit/exercises/07_ring_allreduce.py"
 TORCH = "/venv/lib/python3.11/site-packages/torch/distributed"

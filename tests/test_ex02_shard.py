@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader.checks import ex02_shard
+from grader.checks import ex02_shard, ex02_verdicts
+from grader.report import details_of, problem_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +18,6 @@ import random
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
-from grader.report import details_of, problem_of
 
 
 """
@@ -92,23 +92,23 @@ def test_epoch_change_needs_a_new_set_not_only_a_new_order():
     same_sets = {"shuffled": [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]}
     for k in (1, 2, 3):
         same_sets[f"epoch+{k}"] = [list(reversed(s)) for s in same_sets["shuffled"]]
-    with pytest.raises(ex02_shard.Violation, match="the set of indices does not"):
-        ex02_shard.check_epoch_changes(16, 2, 0, 0, _results(same_sets))
+    with pytest.raises(ex02_verdicts.Violation, match="the set of indices does not"):
+        ex02_verdicts.check_epoch_changes(16, 2, 0, 0, _results(same_sets))
     changed = dict(same_sets, **{"epoch+2": [[0, 1, 2, 3, 4, 5, 6, 8], [7, 9, 10, 11, 12, 13, 14, 15]]})
-    ex02_shard.check_epoch_changes(16, 2, 0, 0, _results(changed))
+    ex02_verdicts.check_epoch_changes(16, 2, 0, 0, _results(changed))
 
 
 def test_epoch_change_is_not_required_where_it_may_fail_by_chance():
     one_rank = {"shuffled": [[0, 1, 2]], "epoch+1": [[0, 1, 2]], "epoch+2": [[0, 1, 2]], "epoch+3": [[0, 1, 2]]}
-    ex02_shard.check_epoch_changes(3, 1, 0, 0, _results(one_rank))
+    ex02_verdicts.check_epoch_changes(3, 1, 0, 0, _results(one_rank))
     tiny = {name: [[0], [1]] for name in ("shuffled", "epoch+1", "epoch+2", "epoch+3")}
-    ex02_shard.check_epoch_changes(2, 2, 0, 0, _results(tiny))
+    ex02_verdicts.check_epoch_changes(2, 2, 0, 0, _results(tiny))
 
 
 def test_disjoint_names_both_ranks():
     results = _results({"plain": [[0, 1], [1, 2]], "shuffled": [[0, 1], [2, 3]]})
-    with pytest.raises(ex02_shard.Violation, match="index 1 is in the shards of rank 0 and rank 1"):
-        ex02_shard.check_disjoint(4, 2, 0, 0, results)
+    with pytest.raises(ex02_verdicts.Violation, match="index 1 is in the shards of rank 0 and rank 1"):
+        ex02_verdicts.check_disjoint(4, 2, 0, 0, results)
 
 
 # --- the shortcut: every example at once ----------------------------------------------------

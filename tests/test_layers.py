@@ -7,9 +7,22 @@ import ast
 from conftest import ROOT
 
 
+def _runtime_nodes(tree):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (imports for annotations only)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
 def imported_modules(path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
             names.update(f"{node.module}.{a.name}" for a in node.names)
@@ -48,9 +61,9 @@ def test_exit_codes_are_defined_once():
 # imports inside functions included; and no two modules import each other, however indirectly.
 LAYERS = [
     ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
-              "grader.wire", "grader.kit", "grader.learner", "grader.quiz.bank"]),
+              "grader.wire", "grader.kit", "grader.learner", "grader.quiz.giveaways", "grader.quiz.bank"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session"]),
-    ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.harness",
+    ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.outcomes", "grader.harness",
                  "grader.diagnose",
                  "grader.sandbox"]),
     ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),

@@ -13,10 +13,12 @@ from __future__ import annotations
 import pytest
 
 from grader.quiz.bank import (
-    MAX_QUALIFIER_SCORE,
     TOPICS,
-    absolute_words,
     load_bank,
+)
+from grader.quiz.giveaways import (
+    MAX_QUALIFIER_SCORE,
+    absolute_words,
     longest_choice_score,
     multi_answer_counts,
     qualifier_score,

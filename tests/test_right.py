@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 from grader import catalog, learner
-from grader.report import details_of, problem_of
+from grader.report import problem_of
 
 RIGHT = ROOT / "tests" / "right"
 FILES = sorted(RIGHT.glob("[0-9][0-9]_*.py"))
