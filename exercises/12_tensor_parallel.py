@@ -25,7 +25,10 @@ all-reduces are neither).
 Blocks: a dimension of n features is cut into W (the world size) equal, contiguous
 blocks in rank order; rank r holds features [r * n / W, (r + 1) * n / W). When n is
 not divisible by W, __init__ raises ValueError saying n and W (Megatron refuses
-such splits too).
+such splits too, with an assert, which the grader accepts as well). Splitting such
+an n unevenly instead (as torch.tensor_split does) passes only if every rank's
+result is right; what must never happen is a layer that builds and silently
+computes a wrong result.
 
 The grader starts the processes (with RANK, LOCAL_RANK and WORLD_SIZE set, as torchrun
 sets them) and the process group (gloo on CPU); the ranks of the default group are

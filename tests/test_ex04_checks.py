@@ -129,3 +129,60 @@ def test_no_records_at_all_pass_nothing():
     got = decide(empty)
     assert all(got[c][0] == "fail" for c in ("spawns-processes", "passes-args", "waits-for-all", "free-port"))
     assert "boom" in got["passes-args"][1]
+
+
+def port_call(value, type_name=None, error=None, bind_error=None) -> dict:
+    return {"type": type_name or type(value).__name__, "value": repr(value), "error": error, "bind_error": bind_error}
+
+
+@pytest.mark.parametrize("calls, ok, words", [
+    ([port_call(40000), port_call(40001)], True, ""),
+    ([port_call("40000")], False, "a str, not an int"),
+    ([port_call(40000), port_call(40001.0)], False, "a float, not an int"),
+    ([port_call(True)], False, "a bool, not an int"),
+    ([port_call(70000)], False, "not a TCP port number"),
+    ([port_call(0)], False, "not a TCP port number"),
+    ([port_call(40000, bind_error="OSError: [Errno 98] Address already in use")], False, "could not bind"),
+    ([{"type": None, "value": None, "error": "NotImplementedError: ", "bind_error": None}], False, "raised"),
+])
+def test_find_free_port(calls, ok, words):
+    g = grading()
+    ex.check_find_free_port(g, {"missing": False, "calls": calls})
+    status, message = verdicts(g)["find-free-port"]
+    assert status == ("pass" if ok else "fail") and words in message
+
+
+def test_a_missing_find_free_port_fails():
+    g = grading()
+    ex.check_find_free_port(g, {"missing": True, "calls": []})
+    assert verdicts(g)["find-free-port"][0] == "fail"
+
+
+class _Context:
+    def __init__(self, find_free_port):
+        self.module = type("Learner", (), {"find_free_port": staticmethod(find_free_port)})
+
+    def learner(self):
+        return self.module
+
+
+def test_the_port_is_bound_right_after_each_call():
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        found = ex._call_find_free_port(_Context(lambda: busy))
+        assert [c["type"] for c in found["calls"]] == ["int"] * ex.FIND_PORT_CALLS
+        assert all(c["bind_error"] for c in found["calls"])
+
+    def free():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    found = ex._call_find_free_port(_Context(free))
+    assert not any(c["bind_error"] or c["error"] for c in found["calls"])
+    found = ex._call_find_free_port(_Context(lambda: str(free())))
+    assert found["calls"][0]["type"] == "str" and found["calls"][0]["bind_error"] is None

@@ -184,20 +184,120 @@ def test_full_weights_on_a_rank_fail_and_a_share_passes():
     assert status == "fail" and "less than the dense MLP's" in message
 
 
-def test_uneven_features_must_raise_a_value_error_on_every_rank():
-    observations, expected = right_observations(2)
-    observations[1]["uneven"]["RowParallelLinear"] = {"raised": None, "weight_shape": [16, 4]}
-    status, message = grade_all(observations, expected, 2)["uneven-refused"]
-    assert status == "fail" and message.startswith("rank 1: RowParallelLinear(nn.Linear(9, 16))")
-    assert "kept a weight of shape [16, 4]" in message
-    observations, expected = right_observations(3)
-    observations[0]["uneven"]["ParallelMLP"] = {"raised": "AssertionError", "is_value_error": False,
-                                                "message": "13 % 3 != 0"}
-    status, message = grade_all(observations, expected, 3)["uneven-refused"]
-    assert status == "fail" and "raised AssertionError" in message and "13 features" in message
+def uneven_split(world_size: int, sizes: list[int] | None = None) -> list[dict]:
+    """What each rank records for the uneven scenario when every class splits the n features into
+    blocks of ``sizes`` (default: torch.tensor_split's) and computes right."""
+    n = ex.uneven(world_size)
+    sizes = sizes or [len(b) for b in torch.tensor_split(torch.arange(n), world_size)]
+    want = ex.dense_uneven(world_size)
+    starts = [sum(sizes[:r]) for r in range(world_size)]
+    records = []
+    for rank in range(world_size):
+        part = slice(starts[rank], starts[rank] + sizes[rank])
+        column = want["ColumnParallelLinear"]
+        row = want["RowParallelLinear"]
+        mlp = want["ParallelMLP"]
+        records.append({
+            "ColumnParallelLinear": {"raised": None, "weight_shape": [sizes[rank], ex.D_MODEL], "everywhere": True,
+                                     "widths": list(sizes), "run": {"output": column["output"][..., part].clone(),
+                                     "input_grad": column["input_grad"].clone(), "backward_ran": True}},
+            "RowParallelLinear": {"raised": None, "weight_shape": [ex.D_MODEL, sizes[rank]], "everywhere": True,
+                                  "widths": list(sizes), "run": {"output": row["output"].clone(),
+                                  "input_grad": row["input_grad"][..., part].clone(), "backward_ran": True}},
+            "ParallelMLP": {"raised": None, "weight_shape": [sizes[rank], ex.D_MODEL], "everywhere": True,
+                            "run": {"output": mlp["output"].clone(), "input_grad": mlp["input_grad"].clone(),
+                                    "backward_ran": True}},
+        })
+    return records
+
+
+def uneven_verdict(world_size: int, records: list[dict]) -> tuple[tuple[str, str], str | None]:
+    observations, _ = right_observations(world_size)
+    for obs, record in zip(observations, records):
+        obs["uneven"] = record
+    g = grading(world_size)
+    said = ex.check_uneven(g, observations, world_size)
+    return verdicts(g)["uneven-refused"], said
+
+
+def refusal(kind: str, message: str = "") -> dict:
+    return {"raised": kind, "message": message, "everywhere": False}
+
+
+def test_a_refusal_with_a_value_error_or_an_assert_passes_and_is_said():
+    for kind in ("ValueError", "AssertionError"):
+        records = [{name: refusal(kind) for name in ex.UNEVEN_CLASSES} for _ in range(3)]
+        (status, _), said = uneven_verdict(3, records)
+        assert status == "pass" and said == f"3 ranks, 13 features: every class refused ({kind})"
     g = grading(1)
     ex.check_uneven(g, [{}], 1)
     assert g.results(None)[-1].status == "skip"
+
+
+def test_an_uneven_split_that_is_right_on_every_rank_passes_and_is_said():
+    (status, _), said = uneven_verdict(3, uneven_split(3))
+    assert status == "pass" and "every class split 5 + 4 + 4, results right on every rank" in said
+    (status, _), said = uneven_verdict(3, uneven_split(3, [5, 5, 3]))  # torch.chunk's blocks
+    assert status == "pass" and "split 5 + 5 + 3" in said
+    records = uneven_split(2)
+    for record in records:
+        record["ParallelMLP"] = refusal("ValueError", "9 is not divisible by 2")
+    (status, _), said = uneven_verdict(2, records)
+    assert status == "pass" and "ParallelMLP refused (ValueError)" in said
+    assert "ColumnParallelLinear split 5 + 4" in said
+
+
+def test_a_layer_that_builds_and_computes_a_wrong_result_fails_and_says_so():
+    floor = uneven_split(2, [4, 4])  # n // W features each: the last one is on no rank
+    for record in floor:
+        record["ColumnParallelLinear"]["run"]["output"] = record["ColumnParallelLinear"]["run"]["output"][..., :4]
+    (status, message), _ = uneven_verdict(2, floor)
+    assert status == "fail" and message.startswith("ColumnParallelLinear(nn.Linear(16, 9)) on 2 ranks was built")
+    assert "8 features, the dense layer's 9: some features are on no rank" in message and "4 + 4" in message
+
+    records = uneven_split(3)
+    records[2]["ParallelMLP"]["run"]["output"] = records[2]["ParallelMLP"]["run"]["output"] * 1.01
+    (status, message), _ = uneven_verdict(3, records)
+    assert status == "fail" and message.startswith("rank 2: ParallelMLP(nn.Linear(16, 13), nn.Linear(13, 16))")
+    assert "wrong result without an error" in message and "Refuse such a split in __init__" in message
+
+    records = uneven_split(2)
+    records[1]["RowParallelLinear"]["run"]["input_grad"] = records[1]["RowParallelLinear"]["run"]["input_grad"] * 0
+    (status, message), _ = uneven_verdict(2, records)
+    assert status == "fail" and message.startswith("rank 1: RowParallelLinear(nn.Linear(9, 16))")
+    assert "input.grad" in message
+
+
+def test_refusing_on_some_ranks_an_accidental_exception_or_a_failing_forward_fail():
+    records = uneven_split(2)
+    records[0]["RowParallelLinear"] = refusal("ValueError", "9 features")
+    (status, message), _ = uneven_verdict(2, records)
+    assert status == "fail" and "rank 0: RowParallelLinear" in message and "but rank 1 built it" in message
+
+    records = [{name: refusal("RuntimeError", "shape '[2, 4]' is invalid") for name in ex.UNEVEN_CLASSES}] * 2
+    (status, message), _ = uneven_verdict(2, records)
+    assert status == "fail" and "raised RuntimeError" in message and "not a refusal of the split" in message
+
+    records = uneven_split(2)
+    records[1]["ParallelMLP"]["error"] = "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    (status, message), _ = uneven_verdict(2, records)
+    assert status == "fail" and message.startswith("rank 1: ParallelMLP")
+    assert "then its forward or backward raised" in message
+
+    records = uneven_split(2)
+    for record in records:
+        record["RowParallelLinear"].update(weight_shape=None, widths=[-1, -1], run=None)
+    (status, message), _ = uneven_verdict(2, records)
+    assert status == "fail" and "cannot tell which of the 9 features" in message
+
+
+def test_the_uneven_scenario_is_the_same_in_ranks_and_grader():
+    a, b = ex.build_uneven(3), ex.build_uneven(3)
+    assert all(torch.equal(a[k].weight, b[k].weight) for k in ("column", "row", "fc1", "fc2"))
+    assert torch.equal(a["x_row"], b["x_row"]) and a["x_row"].shape[-1] == ex.uneven(3)
+    want = ex.dense_uneven(3)
+    assert want["ColumnParallelLinear"]["output"].shape[-1] == ex.uneven(3)
+    assert want["RowParallelLinear"]["input_grad"].shape[-1] == ex.uneven(3)
 
 
 def test_bias_false_reports_an_error_or_a_bias_that_should_be_none():

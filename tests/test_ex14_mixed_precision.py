@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from grader import catalog
 from grader.checks import ex14_mixed_precision as ex
-from grader.grading import Grading, Plan
+from grader.grading import Abort, Grading, Plan
 
 
 def grading() -> Grading:
@@ -28,14 +31,17 @@ def test_the_written_out_scale_sequence_is_what_gradscaler_does():
                                   backoff_factor=ex.BACKOFF_FACTOR, growth_interval=ex.GROWTH_INTERVAL)
     seen = []
     for step in range(ex.STEPS):
-        loss = (param * (float("inf") if step == ex.INF_STEP else 1.0)).sum()
+        loss = (param * (float("inf") if step in ex.NONFINITE_STEPS else 1.0)).sum()
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad()
         seen.append(scaler.get_scale())
     assert seen == ex.expected_scales()
-    assert seen[ex.INF_STEP] < seen[ex.INF_STEP - 1]
+    for step in ex.NONFINITE_STEPS:
+        assert seen[step] < seen[step - 1]
+    # A rank that skipped update() at the bad batch raises at its next step: the last, after its backward.
+    assert ex.BAD_BATCH_STEP == ex.STEPS - 2
 
 
 def test_the_reference_gradient_does_not_depend_on_the_scale():
@@ -138,5 +144,107 @@ def test_a_scaler_refusing_the_next_step_fails_scale_updates():
 
 def test_a_scale_left_unchanged_after_the_inf_step_says_so():
     rec = {"scale_before": 512.0, "scale_after": 512.0}
-    message = ex._scale_message(rec, ex.INF_STEP, ex.expected_scales(), 0)
+    message = ex._scale_message(rec, ex.INF_STEP, ex.expected_scales(), 0, 2)
     assert "halves the scale after a skipped step" in message and "512" in message
+
+
+def test_the_bad_batch_makes_only_the_last_ranks_loss_nan_and_every_gradient_nan():
+    params = start()
+    for world_size in (2, 3):
+        x, _ = ex.batch(world_size - 1, ex.BAD_BATCH_STEP, 0, world_size)
+        assert not bool(torch.isfinite(x).all())
+        assert all(bool(torch.isfinite(ex.batch(r, s, 0, world_size)[0]).all())
+                   for r in range(world_size) for s in range(ex.STEPS) if (r, s) != (world_size - 1, ex.BAD_BATCH_STEP))
+        for index, name in enumerate(ex.DTYPES):
+            grad, losses = ex.reference_gradient(params, ex.BAD_BATCH_STEP, index, getattr(torch, name), 256.0,
+                                                 world_size)
+            assert [math.isfinite(v) for v in losses] == [True] * (world_size - 1) + [False], (name, losses)
+            assert not math.isfinite(ex.norm(grad))
+
+
+def test_every_max_norm_is_finite():
+    for world_size in (2, 3):
+        assert all(math.isfinite(m) and m > 0 for per_dtype in ex.plan_max_norms(world_size) for m in per_dtype)
+
+
+def test_a_nan_loss_returned_for_a_nan_loss_passes():
+    rec = {"returned": {"type": "float", "value": float("nan")}, "scale_before": 256.0}
+    assert ex._loss_verdict(rec, float("nan"), "step 4, rank 1")[0]
+    ok, message = ex._loss_verdict({"returned": {"type": "float", "value": 0.0}, "scale_before": 256.0},
+                                   float("nan"), "step 4, rank 1")
+    assert not ok and "held an inf" in message
+
+
+def _scale_record(before: float, after: float) -> dict:
+    return {"scale_before": before, "scale_after": after}
+
+
+def test_a_rank_that_skips_update_on_its_own_nan_loss_is_named():
+    g = grading()
+    ex.check_scales_agree(g, [_scale_record(256.0, 128.0), _scale_record(256.0, 256.0)], ex.BAD_BATCH_STEP,
+                          "bfloat16", 2)
+    status, message = verdicts(g)["skips-nonfinite"]
+    assert status == "fail"
+    assert "rank 1's batch held an inf" in message and "skipped scaler.update()" in message
+    assert "rank 1's own loss" in message and "on every rank, every step" in message
+
+    g = grading()
+    ex.check_scales_agree(g, [_scale_record(256.0, 128.0)] * 2, ex.BAD_BATCH_STEP, "bfloat16", 2)
+    assert "skips-nonfinite" not in verdicts(g)
+
+
+def test_the_scale_message_at_the_bad_batch_names_the_nan_loss():
+    rec = _scale_record(256.0, 256.0)
+    message = ex._scale_message(rec, ex.BAD_BATCH_STEP, ex.expected_scales(), 1, 2)
+    assert "own loss was NaN" in message
+    message = ex._scale_message(rec, ex.BAD_BATCH_STEP, ex.expected_scales(), 0, 2)
+    assert "own loss" not in message and "halves the scale after a skipped step" in message
+
+
+def test_the_scalers_stage_is_read_without_changing_it():
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    assert ex._scaler_stage(scaler, optimizer) == "READY"
+    assert id(optimizer) not in scaler._per_optimizer_states
+    scaler.scale(param.sum()).backward()
+    scaler.unscale_(optimizer)
+    assert ex._scaler_stage(scaler, optimizer) == "UNSCALED"
+    scaler.step(optimizer)
+    assert ex._scaler_stage(scaler, optimizer) == "STEPPED"
+    scaler.update()
+    assert ex._scaler_stage(scaler, optimizer) == "READY"
+
+
+def _errored(error: str, stage: str) -> dict:
+    return {"error": error, "stage_before": stage, "computed_in": ["torch.bfloat16"],
+            "where": {"line": 12, "function": "train_step_amp", "code": "scaler.unscale_(optimizer)"}}
+
+
+def test_a_second_unscale_in_one_call_is_told_from_a_missing_update():
+    twice = "RuntimeError: unscale_() has already been called on this optimizer since the last update()."
+    assert "second time" in ex.called_twice(_errored(twice, "READY"))
+    assert ex.called_twice(_errored(twice, "UNSCALED")) is None
+    assert ex.called_twice(_errored("RuntimeError: unscale_() is being called after step().", "STEPPED")) is None
+    assert "second time" in ex.called_twice(_errored("RuntimeError: step() has already been called since the last "
+                                                     "update().", "READY"))
+    assert ex.called_twice(_errored("ValueError: something else", "READY")) is None
+    assert ex.called_twice({"error": None, "stage_before": "READY"}) is None
+
+
+def test_a_second_unscale_stops_the_grading_and_says_where():
+    twice = "RuntimeError: unscale_() has already been called on this optimizer since the last update()."
+    runs = [[{"dtype": name, "steps": [_errored(twice, "READY")]} for name in ex.DTYPES]] * 2
+    g = grading()
+    with pytest.raises(Abort) as stopped:
+        ex.check_called_twice(g, runs, 2)
+    assert "line 12" in stopped.value.problem.message and "second time" in stopped.value.problem.message
+    found = verdicts(g)
+    status, message = found["clips-true-gradients"]
+    assert status == "fail" and "every rank" in message and "line 12" in message
+    assert "scaler.unscale_(optimizer) ran a second time in the same step" in message
+    assert found["autocast-forward"][0] == "pass"
+
+    g = grading()
+    ex.check_called_twice(g, [[{"dtype": "bfloat16", "steps": [_errored(twice, "UNSCALED")]}]] * 2, 2)
+    assert verdicts(g) == {}

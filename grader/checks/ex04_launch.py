@@ -7,8 +7,9 @@ MASTER_ADDR / MASTER_PORT, start and end time) and whom it met in a gloo group
 joined through those variables. Caller 2 calls launch_from_env in its own
 process with RANK != LOCAL_RANK, starts a real torchrun on a script that calls
 launch_from_env, and meanwhile launches a fn that fails in its last rank with
-MASTER_ADDR / MASTER_PORT already set. Grader side: every verdict is decided
-from those records.
+MASTER_ADDR / MASTER_PORT already set. Caller 2 also calls find_free_port
+itself a few times and, right after each call, tries to bind what it returned.
+Grader side: every verdict is decided from those records.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ DIRECT_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SI
 ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ex04_torchrun_entry.py")
 GOOD_ADDRESSES = ("127.0.0.1", "localhost")
 PRESET_ADDR = "localhost"
+FIND_PORT_CALLS = 3  # find_free_port called directly this many times
 UNSET = {"MASTER_ADDR": None, "MASTER_PORT": None, "TORCHELASTIC_USE_AGENT_STORE": None,
          "TORCHELASTIC_RESTART_COUNT": None}
 
@@ -163,6 +165,7 @@ def main(ctx) -> dict:
         _file_barrier(ctx.run_dir, "start", ctx.rank, 2)
         obs["concurrent"] = _launch(ctx, launch_distributed, record_rank, world_size, f"concurrent{ctx.rank}")
         return obs
+    obs["find_free_port"] = _call_find_free_port(ctx)
     launch_from_env = ctx.function("launch_from_env")
     obs["direct"] = _direct_call(launch_from_env)
     if obs["direct"].get("not_implemented"):
@@ -214,6 +217,32 @@ def _file_barrier(folder: str, name: str, rank: int, world_size: int) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the grader's callers did not all start within {BARRIER_TIMEOUT_S:g} s")
         time.sleep(0.01)
+
+
+def _call_find_free_port(ctx) -> dict:
+    """Call the learner's find_free_port a few times; after each call, try to bind what it returned
+    (on 127.0.0.1, where the launch's rank 0 would listen) before anything else can take it."""
+    module = ctx.learner()
+    if not callable(getattr(module, "find_free_port", None)):
+        return {"missing": True, "calls": []}
+    calls = []
+    for _ in range(FIND_PORT_CALLS):
+        call = {"type": None, "value": None, "error": None, "bind_error": None}
+        try:
+            port = module.find_free_port()
+        except Exception as exc:  # NotImplementedError included: the helper is part of the statement
+            call["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            calls.append(call)
+            break
+        call["type"], call["value"] = type(port).__name__, repr(port)[:100]
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            try:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", port))
+            except OSError as exc:
+                call["bind_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        calls.append(call)
+    return {"missing": False, "calls": calls}
 
 
 def _direct_call(launch_from_env) -> dict:
@@ -285,6 +314,7 @@ def grade(g) -> None:
     concurrent, pids, last = [c["concurrent"] for c in callers[:2]], [c["caller_pid"] for c in callers[:2]], callers[2]
     check_launches(g, [(f"caller {i}", pids[i], launch) for i, launch in enumerate(concurrent)], world_size)
     check_free_port(g, concurrent, pids, world_size)
+    check_find_free_port(g, last["find_free_port"])
     check_raises(g, last["failing"], world_size)
     check_preset(g, last["failing"], preset_port, world_size)
     if last["direct"].get("not_implemented"):
@@ -390,6 +420,39 @@ def check_free_port(g, launches: list[dict], caller_pids: list[int], world_size:
                      f"{ports[1 - i]}): {problem}", world_size=world_size)
             return
     g.record("free-port", True)
+
+
+def check_find_free_port(g, found: dict) -> None:
+    """find_free_port() itself: an int (not a str, which only works where it is put into os.environ),
+    a TCP port number, that a socket could bind right after the call."""
+    if found["missing"]:
+        g.record("find-free-port", False, "the file has no find_free_port(): the statement asks for it, "
+                 "returning a free TCP port as an int")
+        return
+    for i, call in enumerate(found["calls"]):
+        which = f"call {i + 1} of {len(found['calls'])}" if i else "the first call"
+        if call["error"]:
+            g.record("find-free-port", False, f"find_free_port() raised {call['error']} ({which})")
+            return
+        if call["type"] != "int":
+            hint = ""
+            if call["type"] == "str":
+                hint = (": a str works only where it goes into os.environ; socket.bind(('127.0.0.1', port)) "
+                        "and TCPStore(port=...) need an int")
+            g.record("find-free-port", False, f"find_free_port() returned {call['value']}, a {call['type']}, "
+                     f"not an int{hint}")
+            return
+        port = int(call["value"])
+        if not 0 < port < 65536:
+            g.record("find-free-port", False, f"find_free_port() returned {port}, which is not a TCP port "
+                     "number (1 to 65535)")
+            return
+        if call["bind_error"]:
+            g.record("find-free-port", False, f"find_free_port() returned {port}, but right after the call a "
+                     f"socket could not bind 127.0.0.1:{port} ({call['bind_error']}): the port is in use "
+                     f"({which})")
+            return
+    g.record("find-free-port", True)
 
 
 def _meeting_problem(launch: dict, caller_pid: int, world_size: int) -> str | None:

@@ -6,10 +6,12 @@ loss sum(output * G) for a fixed G, so that the output's gradient is G. It recor
 the output, the input's gradient, every parameter's value and .grad, the bytes of
 the tensors its module holds, and the collectives made in forward and in backward.
 Four scenarios, in this order: each layer alone, the MLP, the MLP without biases,
-and feature counts not divisible by the world size (where a ValueError is expected).
-Grader side: the dense layers and MLP run in the grader's own process on the same
-weights and inputs; every rank's tensors are compared with them (or with this
-rank's block of them).
+and feature counts not divisible by the world size. There each class may refuse the
+split at construction (a ValueError or an assert, on every rank) or split unevenly (as
+torch.tensor_split or DTensor do); what is built runs forward and backward, the row
+layer fed the input block its weight's width implies. Grader side: the dense layers
+and MLP run in the grader's own process on the same weights and inputs; every rank's
+tensors are compared with them (or with this rank's block of them).
 """
 
 from __future__ import annotations
@@ -31,11 +33,20 @@ BATCH, SEQ = 2, 3  # inputs are (BATCH, SEQ, features), as in a transformer
 SEEDS = {"mlp": 0, "column": 1, "row": 2, "no_bias": 3}
 RTOL, ATOL = 1e-5, 1e-6  # the sums over ranks are taken in another order than the dense matmul's
 STALL_TIMEOUT_S = 5.0  # for the last two scenarios: a rank that failed must not leave the others waiting
+# For the uneven scenario, where layers that split unevenly run forward and backward: a peer that is
+# merely slow (a busy machine) must not pass for one that failed.
+UNEVEN_TIMEOUT_S = 20.0
 
 
 def uneven(world_size: int) -> int:
     """A feature count the world size does not divide."""
     return 4 * world_size + 1
+
+
+UNEVEN_CLASSES = ("ColumnParallelLinear", "RowParallelLinear", "ParallelMLP")
+# What a layer may raise at construction to refuse a split: a ValueError (the statement), or an
+# AssertionError (Megatron's ensure_divisibility, picotron). Anything else is an accident of the split.
+REFUSALS = ("ValueError", "AssertionError")
 
 
 # --- shared by ranks and grader -----------------------------------------------------------
@@ -56,6 +67,19 @@ def build(scenario: str) -> dict:
         x, g = (BATCH, SEQ, D_MODEL), (BATCH, SEQ, D_MODEL)
     generator = torch.Generator().manual_seed(2000 + SEEDS[scenario])
     return {**layers, "x": torch.randn(*x, generator=generator), "g": torch.randn(*g, generator=generator)}
+
+
+def build_uneven(world_size: int) -> dict:
+    """The layers, inputs and output gradients of the uneven scenario (n = uneven(world_size) features
+    on the split dimension), seeded, on the CPU. "x_row" is the row layer's whole input (n features)."""
+    n = uneven(world_size)
+    torch.manual_seed(4000 + n)
+    layers = {"column": nn.Linear(D_MODEL, n), "row": nn.Linear(n, D_MODEL),
+              "fc1": nn.Linear(D_MODEL, n), "fc2": nn.Linear(n, D_MODEL)}
+    generator = torch.Generator().manual_seed(5000 + n)
+    shapes = {"x": (BATCH, SEQ, D_MODEL), "x_row": (BATCH, SEQ, n), "g_column": (BATCH, SEQ, n),
+              "g": (BATCH, SEQ, D_MODEL)}
+    return {**layers, **{k: torch.randn(*shape, generator=generator) for k, shape in shapes.items()}}
 
 
 def block(n: int, rank: int, world_size: int) -> slice:
@@ -202,7 +226,7 @@ def _observe(ctx: RankContext, classes: dict, events: list) -> dict:
     # into an error instead of a hang.
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
     obs["no_bias"] = _observe_no_bias(ctx, classes, events)
-    obs["uneven"] = _observe_uneven(ctx, classes)
+    obs["uneven"] = _observe_uneven(ctx, classes, events)
     return obs
 
 
@@ -227,28 +251,73 @@ def _observe_no_bias(ctx: RankContext, classes: dict, events: list) -> dict:
     return run
 
 
-def _observe_uneven(ctx: RankContext, classes: dict) -> dict:
-    """Each class built with a split dimension the world size does not divide: what happened."""
-    n = uneven(ctx.world_size)
-    torch.manual_seed(4000)
-    attempts = {
-        "ColumnParallelLinear": lambda: classes["ColumnParallelLinear"](nn.Linear(D_MODEL, n).to(ctx.device)),
-        "RowParallelLinear": lambda: classes["RowParallelLinear"](nn.Linear(n, D_MODEL).to(ctx.device)),
-        "ParallelMLP": lambda: classes["ParallelMLP"](nn.Linear(D_MODEL, n).to(ctx.device),
-                                                      nn.Linear(n, D_MODEL).to(ctx.device)),
+def _observe_uneven(ctx: RankContext, classes: dict, events: list) -> dict:
+    """Each class built with a split dimension the world size does not divide: whether it refused (what it
+    raised), and for what it built on every rank, its forward and backward (as in the other scenarios).
+
+    Every rank makes the same collectives of the grader's own (which classes every rank built, the
+    widths of their blocks) before any forward; a rank whose forward or backward raises makes no
+    collective after it (the others time out where they wait for it)."""
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=UNEVEN_TIMEOUT_S))
+    data = _on_device(build_uneven(ctx.world_size), ctx)
+    makers = {
+        "ColumnParallelLinear": lambda: classes["ColumnParallelLinear"](data["column"]),
+        "RowParallelLinear": lambda: classes["RowParallelLinear"](data["row"]),
+        "ParallelMLP": lambda: classes["ParallelMLP"](data["fc1"], data["fc2"]),
     }
-    out = {}
-    for name, make in attempts.items():
+    out, built = {}, {}
+    for name, make in makers.items():
         try:
-            made = make()
-        except Exception as exc:  # the observation
-            out[name] = {"raised": type(exc).__name__, "is_value_error": isinstance(exc, ValueError),
-                         "message": str(exc)[:300]}
+            built[name] = make()
+        except Exception as exc:  # the observation: a refusal, or an accident of the split
+            out[name] = {"raised": type(exc).__name__, "message": str(exc)[:300]}
             continue
-        weights = [p for p in (_attribute(made, "weight"), _attribute(made, "fc1.weight"))
-                   if isinstance(p, torch.Tensor)]
-        out[name] = {"raised": None, "weight_shape": list(weights[0].shape) if weights else None}
+        weight = _attribute(built[name], "weight" if name != "ParallelMLP" else "fc1.weight")
+        shape = list(_plain(weight).shape) if isinstance(weight, torch.Tensor) else None
+        out[name] = {"raised": None, "weight_shape": shape}
+    # The widths of the column layer's block (weight rows) and of the row layer's (weight columns),
+    # -1 where unknown, gathered so that each rank knows where its block starts.
+    widths = torch.tensor([_width(out["ColumnParallelLinear"], 0, D_MODEL, 1),
+                           _width(out["RowParallelLinear"], 1, D_MODEL, 0),
+                           *[1 if name in built else 0 for name in UNEVEN_CLASSES]], device=ctx.device)
+    gathered = [torch.zeros_like(widths) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, widths)
+    table = [t.tolist() for t in gathered]
+    everywhere = {name: all(row[2 + i] for row in table) for i, name in enumerate(UNEVEN_CLASSES)}
+    for name in UNEVEN_CLASSES:
+        out[name]["everywhere"] = everywhere[name]
+    for i, name in enumerate(("ColumnParallelLinear", "RowParallelLinear")):
+        out[name]["widths"] = [row[i] for row in table]
+    for name in UNEVEN_CLASSES:
+        if not everywhere[name]:
+            continue
+        x, g = data["x"], data["g"]
+        if name != "ParallelMLP":
+            widths_of = out[name]["widths"]
+            if any(w < 0 for w in widths_of):
+                out[name]["run"] = None  # the block of some rank is unknown: nothing can be fed
+                continue
+            start = sum(widths_of[:ctx.rank])
+            part = slice(start, start + widths_of[ctx.rank])
+            if name == "ColumnParallelLinear":
+                g = data["g_column"][..., part].contiguous()
+            else:
+                x = data["x_row"][..., part].contiguous()
+        try:
+            run = _forward_backward(built[name], x, g, events, ctx)
+        except Exception as exc:  # the observation; this rank makes no more collectives
+            out[name]["error"] = _error(exc)
+            break
+        out[name]["run"] = {k: run[k] for k in ("output", "input_grad", "backward_ran")}
     return out
+
+
+def _width(seen: dict, dim: int, other: int, other_dim: int) -> int:
+    """The width of a built layer's block: its weight's size along ``dim`` (-1: unknown)."""
+    shape = seen.get("weight_shape")
+    if seen["raised"] is not None or not shape or len(shape) != 2 or shape[other_dim] != other:
+        return -1
+    return int(shape[dim])
 
 
 # --- in the grader ----------------------------------------------------------------------------
@@ -287,8 +356,24 @@ def shard(tensor: torch.Tensor, dim: int | None, rank: int, world_size: int) -> 
     return tensor.narrow(dim, block(tensor.shape[dim], rank, world_size).start, tensor.shape[dim] // world_size)
 
 
+def dense_uneven(world_size: int) -> dict:
+    """The uneven scenario's dense results, per class: output and input gradient (for the row layer, of
+    its whole input), with the output gradients the ranks use."""
+    data = build_uneven(world_size)
+    out = {}
+    for name, layers, x, g in (("ColumnParallelLinear", ("column",), data["x"], data["g_column"]),
+                               ("RowParallelLinear", ("row",), data["x_row"], data["g"]),
+                               ("ParallelMLP", ("fc1", "fc2"), data["x"], data["g"])):
+        x = x.clone().requires_grad_(True)
+        y = data[layers[0]](x) if len(layers) == 1 else data["fc2"](F.gelu(data["fc1"](x)))
+        (y * g).sum().backward()
+        out[name] = {"output": y.detach(), "input_grad": x.grad.detach()}
+    return out
+
+
 def grade(g) -> None:
     expected = {scenario: dense(scenario) for scenario in SEEDS}
+    uneven_seen = []
     for world_size in g.world_sizes:
         observations = g.run("rank_main", world_size).results()
         check_column(g, observations, expected["column"], world_size)
@@ -298,7 +383,11 @@ def grade(g) -> None:
         check_collectives(g, observations, world_size)
         check_held(g, observations, expected["mlp"], world_size)
         check_no_bias(g, observations, expected["no_bias"], world_size)
-        check_uneven(g, observations, world_size)
+        said = check_uneven(g, observations, world_size)
+        if said:
+            uneven_seen.append(said)
+    if uneven_seen:
+        g.section("feature counts the world size does not divide", "\n".join(uneven_seen))
 
 
 def _compare(got, want: torch.Tensor, name: str):
@@ -512,26 +601,123 @@ def check_no_bias(g, observations: list[dict], want: dict, world_size: int) -> N
     g.record("bias-false", True)
 
 
-def check_uneven(g, observations: list[dict], world_size: int) -> None:
+def check_uneven(g, observations: list[dict], world_size: int) -> str | None:
+    """Each class, given a feature count the world size does not divide: a refusal at construction on
+    every rank (ValueError or assert), or a result equal to the dense layer's on every rank. Anything
+    else fails: an accidental exception, a refusal on some ranks only, a built layer that raises in
+    forward, or one that computes a wrong result without a word (the danger). Returns what each class
+    did, in words, when every class passed."""
     if world_size < 2:
         g.skip("uneven-refused", "one rank: every feature count is divisible by 1")
-        return
+        return None
     n = uneven(world_size)
-    built = {"ColumnParallelLinear": f"ColumnParallelLinear(nn.Linear({D_MODEL}, {n}))",
-             "RowParallelLinear": f"RowParallelLinear(nn.Linear({n}, {D_MODEL}))",
-             "ParallelMLP": f"ParallelMLP(nn.Linear({D_MODEL}, {n}), nn.Linear({n}, {D_MODEL}))"}
-    for rank, obs in enumerate(observations):
-        for name, call in built.items():
-            seen = obs["uneven"][name]
-            if seen["raised"] is None:
-                shape = f" (this rank kept a weight of shape {seen['weight_shape']})" if seen["weight_shape"] else ""
-                g.record("uneven-refused", False, f"rank {rank}: {call} on {world_size} ranks returned without an "
-                         f"error{shape}; {n} features do not split evenly, so __init__ should raise ValueError",
-                         rank=rank, world_size=world_size)
-                return
-            if not seen["is_value_error"]:
-                g.record("uneven-refused", False, f"rank {rank}: {call} on {world_size} ranks raised "
-                         f"{seen['raised']}: {seen['message']!r}; expected a ValueError that says {n} features do "
-                         f"not split over {world_size} ranks", rank=rank, world_size=world_size)
-                return
+    want = dense_uneven(world_size)
+    did = []
+    for name in UNEVEN_CLASSES:
+        seen = [obs["uneven"][name] for obs in observations]
+        ok, message, rank, what = _uneven_verdict(name, seen, want[name], n, world_size)
+        if not ok:
+            g.record("uneven-refused", False, message, rank=rank, world_size=world_size)
+            return None
+        did.append((name, what))
     g.record("uneven-refused", True)
+    if len({what for _, what in did}) == 1:
+        return f"{world_size} ranks, {n} features: every class {did[0][1]}"
+    return f"{world_size} ranks, {n} features: " + "; ".join(f"{name} {what}" for name, what in did)
+
+
+UNEVEN_CALLS = {"ColumnParallelLinear": "ColumnParallelLinear(nn.Linear({d}, {n}))",
+                "RowParallelLinear": "RowParallelLinear(nn.Linear({n}, {d}))",
+                "ParallelMLP": "ParallelMLP(nn.Linear({d}, {n}), nn.Linear({n}, {d}))"}
+EITHER = ("refuse such a split in __init__ on every rank (a ValueError, or an assert, saying {n} features do not "
+          "split over {w} ranks), or split it so that every rank's result is right")
+
+
+def _uneven_verdict(name: str, seen: list[dict], want: dict, n: int, world_size: int
+                    ) -> tuple[bool, str, int | None, str]:
+    """(ok, message, rank, what the class did in words) for one class on the uneven split."""
+    call = UNEVEN_CALLS[name].format(d=D_MODEL, n=n) + f" on {world_size} ranks"
+    either = EITHER.format(n=n, w=world_size)
+
+    def fail(rank: int | None, message: str) -> tuple[bool, str, int | None, str]:
+        return False, message, rank, ""
+
+    refused = [r for r, s in enumerate(seen) if s["raised"]]
+    if refused and len(refused) < world_size:
+        built = next(r for r, s in enumerate(seen) if not s["raised"])
+        r = refused[0]
+        return fail(r, f"rank {r}: {call} raised {seen[r]['raised']}: {seen[r]['message']!r}, but rank {built} built "
+                    f"it: a split is refused on every rank or on none (decide from {n} and the world size alone)")
+    if refused:
+        accident = next((r for r in refused if seen[r]["raised"] not in REFUSALS), None)
+        if accident is not None:
+            s = seen[accident]
+            return fail(accident, f"rank {accident}: {call} raised {s['raised']}: {s['message']!r}, which is not a "
+                        f"refusal of the split but an accident of it: {either}")
+        kinds = sorted({s["raised"] for s in seen})
+        return True, "", None, f"refused ({', '.join(kinds)})"
+    # Built on every rank: the results must be right.
+    failed = next((r for r, s in enumerate(seen) if s.get("error")), None)
+    if failed is not None:
+        return fail(failed, f"rank {failed}: {call} was built (the split was not refused), and then its forward or "
+                    f"backward raised {seen[failed]['error']}: {either}")
+    widths = seen[0].get("widths") if name != "ParallelMLP" else None
+    runs = [s.get("run") for s in seen]
+    if any(run is None for run in runs):
+        r = next(r for r, run in enumerate(runs) if run is None)
+        return fail(r, f"rank {r}: {call} was built (the split was not refused), but its weight has shape "
+                    f"{seen[r].get('weight_shape')}, so the grader cannot tell which of the {n} features it holds "
+                    f"(the statement's shapes: {_uneven_shape(name, n)}): {either}")
+    blocks = widths
+    if name == "ParallelMLP":  # fc1's weight rows: the hidden features each rank holds
+        shapes = [s.get("weight_shape") for s in seen]
+        blocks = [shape[0] for shape in shapes] if all(shape and len(shape) == 2 for shape in shapes) else None
+    held = f" (the ranks hold {' + '.join(map(str, blocks))} of the {n} features)" if blocks else ""
+    wrong = _uneven_wrong_result(name, runs, want, widths)
+    if wrong is not None:
+        r, found = wrong
+        at = f"rank {r}: " if r is not None else ""
+        return fail(r, f"{at}{call} was built (the split was not refused), and it computes a wrong result without "
+                    f"an error: {found}{held}. {either[0].upper()}{either[1:]}")
+    split = f"split {' + '.join(map(str, blocks))}" if blocks else "split unevenly"
+    return True, "", None, f"{split}, results right on every rank"
+
+
+def _uneven_shape(name: str, n: int) -> str:
+    if name == "RowParallelLinear":
+        return f"({D_MODEL}, this rank's share of {n})"
+    return f"(this rank's share of {n}, {D_MODEL})"
+
+
+def _uneven_wrong_result(name: str, runs: list[dict], want: dict, widths: list[int] | None
+                         ) -> tuple[int | None, str] | None:
+    """(rank, what differs) for the first wrong output or input gradient, or None when all are right."""
+    if name == "ColumnParallelLinear":
+        outputs = [run["output"] for run in runs]
+        if not all(isinstance(o, torch.Tensor) for o in outputs):
+            r = next(r for r, o in enumerate(outputs) if not isinstance(o, torch.Tensor))
+            return r, f"it returned {outputs[r]}, not a tensor"
+        if sum(widths) != want["output"].shape[-1]:
+            more = sum(widths) > want["output"].shape[-1]
+            return None, (f"the ranks' output blocks together have {sum(widths)} features, the dense layer's "
+                          f"{want['output'].shape[-1]}: " + ("some features are on two ranks" if more else
+                                                               "some features are on no rank"))
+        found = _compare(torch.cat(outputs, dim=-1) if len({o.shape[:-1] for o in outputs}) == 1 else outputs[0],
+                         want["output"], "the ranks' output blocks put together in rank order")
+        if found is not None:
+            return None, str(found)
+    for r, run in enumerate(runs):
+        if name != "ColumnParallelLinear":
+            found = _compare(run["output"], want["output"], "output")
+            if found is not None:
+                return r, str(found)
+        want_grad = want["input_grad"]
+        if name == "RowParallelLinear":
+            start = sum(widths[:r])
+            want_grad = want_grad[..., start:start + widths[r]]
+        if not run["backward_ran"]:
+            return r, "no backward could be run (the output is not a tensor of the expected shape that requires grad)"
+        found = _compare(run["input_grad"], want_grad, "input.grad")
+        if found is not None:
+            return r, str(found)
+    return None

@@ -3,10 +3,13 @@
 Rank side: for each graded dtype, wrap a small float32 model in torch's DDP,
 give it plain SGD and a GradScaler of the grader's settings, and call the
 learner's train_step_amp for a few steps with the grader's batches and
-max_norm values. One step, on the last rank only, has a gradient hook that
-turns one gradient entry into inf before DDP averages it. Recorded per step:
-the parameters before and after, the scale before and after, the dtype each
-linear layer computed in, the value returned, the gradients left behind.
+max_norm values. Two steps are not finite on the last rank only: at one, a
+gradient hook turns one gradient entry into inf before DDP averages it (every
+rank's loss finite); at another, the rank's batch holds an inf, so its own loss
+is NaN while the other ranks' are finite (a bad batch). Recorded per step: the
+parameters before and after, the scale before and after, the dtype each linear
+layer computed in, the value returned, the gradients left behind, and when the
+step raised, where and in what state the scaler was when the call began.
 Grader side: recompute each step in this process (the same autocast forward
 on every rank's batch, scaled backward, average, unscale, clip, SGD) from
 rank 0's parameters before it, and decide.
@@ -22,7 +25,7 @@ from torch import nn
 
 from grader import probes
 from grader.compare import largest_difference
-from grader.child import RankContext
+from grader.child import RankContext, describe_exception
 
 SIZES = (8, 32, 4)  # in, hidden, classes
 BATCH = 8  # per rank
@@ -35,19 +38,31 @@ INIT_SCALE = 2.0 ** 8
 GROWTH_FACTOR = 2.0
 BACKOFF_FACTOR = 0.5
 GROWTH_INTERVAL = 2
-STEPS = 5
-INF_STEP = 2  # the step whose gradient is made non-finite, on the last rank only
+STEPS = 6
+INF_STEP = 2  # the step whose gradient is made non-finite by a hook, on the last rank only
+# The step whose batch holds an inf on the last rank only: that rank's loss is NaN, the others' finite.
+# The last step but one: a rank that skipped update() there raises at the last step, after the last
+# backward, so that no rank is left waiting in a collective the other never joins.
+BAD_BATCH_STEP = 4
+NONFINITE_STEPS = (INF_STEP, BAD_BATCH_STEP)
 # max_norm as a multiple of the step's true gradient norm: step 0 needs no clipping of the true
 # gradients (but the scaled ones, INIT_SCALE times larger, would be clipped); the others halve it.
-NORM_FACTORS = (4.0, 0.5, 0.5, 0.5, 0.5)
+NORM_FACTORS = (4.0, 0.5, 0.5, 0.5, 0.5, 0.5)
 RTOL, ATOL = 1e-4, 1e-6  # parameters after a step against the grader's recomputation (on the CPU)
 # On GPUs the ranks' 16-bit matrix products round differently from the grader's CPU recomputation.
 GPU_RTOL, GPU_ATOL = 1e-3, 1e-4
 RATIO_TOL = 1e-2  # the update's size relative to the gradient's, against what clipping gives
 LOSS_RTOL = 1e-3
-# What GradScaler raises when a step begins before update() ended the previous one.
+# What GradScaler raises when unscale_ or step comes again before update(): when a step begins
+# before update() ended the previous one, or when one call unscales or steps twice.
 SCALER_NOT_UPDATED = ("unscale_() is being called after step()", "step() has already been called since the last update()",
                       "unscale_() has already been called on this optimizer since the last update()")
+# What each of those messages means when the scaler was fresh (after update()) as the call began.
+SCALER_TWICE = {
+    SCALER_NOT_UPDATED[0]: "scaler.unscale_(optimizer) ran after scaler.step(optimizer) in the same step",
+    SCALER_NOT_UPDATED[1]: "scaler.step(optimizer) ran a second time in the same step",
+    SCALER_NOT_UPDATED[2]: "scaler.unscale_(optimizer) ran a second time in the same step",
+}
 
 
 def build_model() -> nn.Module:
@@ -59,16 +74,28 @@ def build_model() -> nn.Module:
     return model
 
 
-def batch(rank: int, step: int, dtype_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(rank: int, step: int, dtype_index: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(14_000 + 1000 * dtype_index + 10 * step + rank)
-    return torch.randn(BATCH, SIZES[0], generator=g) * 2, torch.randint(0, SIZES[2], (BATCH,), generator=g)
+    x, y = torch.randn(BATCH, SIZES[0], generator=g) * 2, torch.randint(0, SIZES[2], (BATCH,), generator=g)
+    if step == BAD_BATCH_STEP and rank == world_size - 1:
+        x[0, 0] = float("inf")  # one bad sample: this rank's loss is NaN, the other ranks' finite
+    return x, y
+
+
+def nonfinite_cause(step: int, world_size: int) -> str:
+    """What the grader made non-finite at ``step``, in words."""
+    bad = world_size - 1
+    if step == BAD_BATCH_STEP:
+        return (f"rank {bad}'s batch held an inf, so its own loss was NaN while the other ranks' losses were finite "
+                "(DDP's all-reduce then made every rank's gradients non-finite)")
+    return f"rank {bad}'s gradient was inf (every rank's loss finite)"
 
 
 def expected_scales() -> list[float]:
     """The scale after each step of a correct run: GradScaler's growth and backoff, written out."""
     scale, good, out = INIT_SCALE, 0, []
     for step in range(STEPS):
-        if step == INF_STEP:
+        if step in NONFINITE_STEPS:
             scale, good = scale * BACKOFF_FACTOR, 0
         else:
             good += 1
@@ -104,21 +131,23 @@ def _observe(ctx: RankContext, train_step_amp, dtype_index: int, dtype: torch.dt
     first_weight = model[0].weight
     steps = []
     for step in range(STEPS):
-        x, y = (t.to(device) for t in batch(ctx.rank, step, dtype_index))
+        x, y = (t.to(device) for t in batch(ctx.rank, step, dtype_index, ctx.world_size))
         poison = None
         if step == INF_STEP and ctx.rank == ctx.world_size - 1:
             # Before DDP averages it: the inf reaches every rank through the all-reduce.
             poison = first_weight.register_hook(_make_inf)
         computed_in.clear()
-        record = {"before": _params(model), "scale_before": float(scaler.get_scale()), "error": None}
+        record = {"before": _params(model), "scale_before": float(scaler.get_scale()), "error": None,
+                  "stage_before": _scaler_stage(scaler, optimizer)}
         try:
             returned = train_step_amp(ddp, optimizer, scaler, (x, y), float(max_norms[step]), dtype)
         except NotImplementedError:
             raise
         except Exception as exc:
-            if step != INF_STEP and not any(m in str(exc) for m in SCALER_NOT_UPDATED):
+            if step not in NONFINITE_STEPS and not any(m in str(exc) for m in SCALER_NOT_UPDATED):
                 raise
             record["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            record["where"] = describe_exception(exc, ctx.learner_path)["where"]
             returned = None
         finally:
             if poison is not None:
@@ -136,6 +165,16 @@ def _observe(ctx: RankContext, train_step_amp, dtype_index: int, dtype: torch.dt
     for h in hooks:
         h.remove()
     return {"dtype": str(dtype).replace("torch.", ""), "steps": steps}
+
+
+def _scaler_stage(scaler, optimizer) -> str:
+    """GradScaler's stage for this optimizer as a call begins: READY after update() (or before the
+    first step), UNSCALED or STEPPED when the previous call left it half-way. Read from the scaler's
+    own record, without touching it (indexing its defaultdict would add an entry)."""
+    states = getattr(scaler, "_per_optimizer_states", None)
+    entry = states.get(id(optimizer)) if isinstance(states, dict) else None
+    stage = entry.get("stage") if isinstance(entry, dict) else None
+    return getattr(stage, "name", "READY")
 
 
 def _make_inf(grad: torch.Tensor) -> torch.Tensor:
@@ -172,7 +211,7 @@ def reference_gradient(params: dict, step: int, dtype_index: int, dtype: torch.d
     losses = []
     for rank in range(world_size):
         model.zero_grad()
-        x, y = batch(rank, step, dtype_index)
+        x, y = batch(rank, step, dtype_index, world_size)
         with torch.autocast("cpu", dtype=dtype):
             loss = F.cross_entropy(model(x), y)
         (loss * scale).backward()
@@ -207,9 +246,10 @@ def plan_max_norms(world_size: int) -> list[list[float]]:
         for step in range(STEPS):
             grad, _ = reference_gradient(params, step, index, dtype, scales[step], world_size)
             g_norm = norm(grad)
-            max_norm = NORM_FACTORS[step] * g_norm
+            # The bad batch's gradient is NaN: that step keeps the previous max_norm, a finite one.
+            max_norm = NORM_FACTORS[step] * g_norm if math.isfinite(g_norm) else norms[-1]
             norms.append(max_norm)
-            if step != INF_STEP:
+            if step not in NONFINITE_STEPS:
                 params = sgd(params, grad, clip_factor(g_norm, max_norm))
         out.append(norms)
     return out
@@ -223,8 +263,47 @@ def grade(g) -> None:
         max_norms = plan_max_norms(world_size)
         outcome = g.run("rank_main", world_size, kwargs={"max_norms": max_norms})
         per_rank = outcome.results()
+        check_called_twice(g, [r["runs"] for r in per_rank], world_size)
         for index, name in enumerate(DTYPES):
             check_dtype_run(g, [r["runs"][index] for r in per_rank], index, max_norms[index], world_size)
+
+
+def called_twice(rec: dict) -> str | None:
+    """What the learner's call did twice, when the scaler refused it although it began fresh (after
+    update()): then the second unscale_ or step came from the same call. None otherwise."""
+    if not rec["error"] or rec.get("stage_before") != "READY":
+        return None
+    return next((what for message, what in SCALER_TWICE.items() if message in rec["error"]), None)
+
+
+def check_called_twice(g, runs_per_rank: list[list[dict]], world_size: int) -> None:
+    """A call that unscales or steps twice makes GradScaler raise at once: nothing can be graded after
+    it. Say so, and where, and stop."""
+    found = [(index, step, rank, rec) for rank, runs in enumerate(runs_per_rank) for index, run in enumerate(runs)
+             for step, rec in enumerate(run["steps"]) if called_twice(rec)]
+    if not found:
+        return
+    index, step, rank, rec = min(found, key=lambda f: f[:3])
+    what, where = called_twice(rec), rec.get("where")
+    at = f", at line {where['line']} (`{where['code']}`)" if where else ""
+    raising = sorted({r for i, s, r, _ in found if (i, s) == (index, step)})
+    on = "every rank" if len(raising) == world_size else "rank " + ", ".join(map(str, raising))
+    for r, runs in enumerate(runs_per_rank):
+        computed_in = runs[index]["steps"][step]["computed_in"] if len(runs[index]["steps"]) > step else []
+        if computed_in:  # the forward ran before the call raised: its dtype can be judged
+            wrong = [d for d in computed_in if d != f"torch.{DTYPES[index]}"]
+            g.record("autocast-forward", not wrong, f"{DTYPES[index]}: step {step}, rank {r}: the model's linear "
+                     f"layers computed in {', '.join(computed_in)}, expected torch.{DTYPES[index]}", rank=r,
+                     world_size=world_size)
+    advice = ("call scaler.step(optimizer) once per step" if "step(optimizer) ran a second" in what else
+              "call scaler.unscale_(optimizer) once per step, after backward and before clip_grad_norm_ and "
+              "scaler.step (scaler.step does not unscale again after it)")
+    check_id = "matches-reference" if "step(optimizer) ran a second" in what else "clips-true-gradients"
+    g.record(check_id, False, f"{DTYPES[index]}: step {step}, {on}: train_step_amp raised {rec['error'].rstrip('.')}"
+             f"{at}: {what}. GradScaler allows one unscale_ and one step per optimizer between two update() calls, "
+             f"and raises on a second; {advice}", rank=rank, world_size=world_size)
+    g.stop(f"train_step_amp raised on {on} at step {step} ({DTYPES[index]}){at}: {what}, which GradScaler refuses; "
+           "the steps from there on could not be graded", world_size=world_size, rank=rank)
 
 
 def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float], world_size: int) -> None:
@@ -234,24 +313,31 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
     def record(check_id, ok, message="", rank=None):
         return g.record(check_id, ok, f"{name}: {message}", rank=rank, world_size=world_size)
 
+    def record_autocast(rec, at, rank):
+        wrong = [d for d in rec["computed_in"] if d != str(dtype)]
+        record("autocast-forward", rec["computed_in"] and not wrong,
+               f"{at}, rank {rank}: the model's linear layers computed in {', '.join(rec['computed_in']) or 'nothing'}"
+               f", expected {dtype} (the forward under torch.autocast(device_type, dtype=dtype))"
+               if rec["computed_in"] else f"{at}, rank {rank}: the model never ran forward", rank)
+
     scales = expected_scales()
     steps_done = min(len(r["steps"]) for r in runs)
     for step in range(steps_done):
         records = [r["steps"][step] for r in runs]
+        at = f"step {step}"
         if any(rec["error"] for rec in records):
+            for rank, rec in enumerate(records):
+                if rec["computed_in"]:  # the forward ran before the call raised
+                    record_autocast(rec, at, rank)
             steps_done = step
             break  # the errors are reported below
-        at = f"step {step}"
         for rank, rec in enumerate(records):
-            wrong = [d for d in rec["computed_in"] if d != str(dtype)]
-            record("autocast-forward", rec["computed_in"] and not wrong,
-                   f"{at}, rank {rank}: the model's linear layers computed in {', '.join(rec['computed_in']) or 'nothing'}"
-                   f", expected {dtype} (the forward under torch.autocast(device_type, dtype=dtype))"
-                   if rec["computed_in"] else f"{at}, rank {rank}: the model never ran forward", rank)
+            record_autocast(rec, at, rank)
             record("grads-cleared", not rec["grads_after"],
                    f"{at}, rank {rank}: after train_step_amp returned, {rec['grads_after'][:1]}.grad is not zero: the "
                    "next step would add to it", rank)
-            record("scale-updates", rec["scale_after"] == scales[step], _scale_message(rec, step, scales, rank), rank)
+            record("scale-updates", rec["scale_after"] == scales[step],
+                   _scale_message(rec, step, scales, rank, world_size), rank)
         for rank in range(1, world_size):
             found = largest_difference(_comparable(records[rank]["after"]), _comparable(records[0]["after"]))
             record("params-identical", found is None,
@@ -262,7 +348,8 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
         g_norm = norm(grad)
         for rank, rec in enumerate(records):
             record("loss-returned", *_loss_verdict(rec, losses[rank], f"{at}, rank {rank}"), rank)
-        if step == INF_STEP:
+        if step in NONFINITE_STEPS:
+            check_scales_agree(g, records, step, name, world_size)
             if not check_skip(g, records, step, name, world_size):
                 steps_done = STEPS  # the steps after a NaN update say nothing more
                 break
@@ -286,37 +373,75 @@ def check_dtype_run(g, runs: list[dict], dtype_index: int, max_norms: list[float
         step, error = errors[0]
         if any(m in error for m in SCALER_NOT_UPDATED):
             record("scale-updates", False, f"step {step}, rank {rank}: the scaler refused the step: {error.rstrip('.')}. The "
-                   "previous step did not end with scaler.update(), which resets the scaler for the next one", rank)
+                   f"previous step did not end with scaler.update(), which resets the scaler for the next one"
+                   f"{_why_not_updated(r['steps'], step, rank, world_size)}", rank)
         else:
-            record("skips-nonfinite", False, f"step {step}, rank {rank}: when rank {world_size - 1}'s gradient was "
-                   f"inf, train_step_amp raised {error}; the scaler must skip that step, and training go on", rank)
-    if steps_done > INF_STEP + 1:
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: when {nonfinite_cause(step, world_size)}, "
+                   f"train_step_amp raised {error}; the scaler must skip that step, and training go on", rank)
+    for skipped in NONFINITE_STEPS:
+        if steps_done <= skipped + 1:
+            continue
         for rank, r in enumerate(runs):
-            rec = r["steps"][INF_STEP + 1]
+            rec = r["steps"][skipped + 1]
             if largest_difference(rec["after"], rec["before"]) is None:
-                record("skips-nonfinite", False, f"step {INF_STEP + 1}, rank {rank}: the step after the skipped one "
+                record("skips-nonfinite", False, f"step {skipped + 1}, rank {rank}: the step after the skipped one "
                        "left the parameters unchanged: training must go on with the smaller scale", rank)
     first_error = min(((s, rank) for rank, r in enumerate(runs) for s, rec in enumerate(r["steps"]) if rec["error"]),
                       default=None)
     why = f": at step {first_error[0]}, train_step_amp raised on rank {first_error[1]}" if first_error else ""
-    if steps_done <= INF_STEP and not any(rec["error"] for r in runs for rec in r["steps"][INF_STEP:INF_STEP + 1]):
-        record("skips-nonfinite", False, f"the steps stopped at step {steps_done}, before step {INF_STEP}, whose "
-               f"gradient the grader makes inf{why}")
+    unreached = next((s for s in NONFINITE_STEPS if steps_done <= s), None)
+    if unreached is not None and not any(rec["error"] for r in runs for rec in r["steps"][unreached:unreached + 1]):
+        record("skips-nonfinite", False, f"the steps stopped at step {steps_done}, before step {unreached}, where "
+               f"{nonfinite_cause(unreached, world_size)}{why}")
     if steps_done < STEPS:
         for check_id in ("matches-reference", "scale-updates"):
             record(check_id, False, f"only {steps_done} of {STEPS} steps could be graded{why}")
 
 
-def _scale_message(rec: dict, step: int, scales: list[float], rank: int) -> str:
+def _why_not_updated(steps: list[dict], step: int, rank: int, world_size: int) -> str:
+    """When the step that did not end with update() was the bad batch's, on the rank whose loss was NaN."""
+    if step - 1 != BAD_BATCH_STEP or rank != world_size - 1:
+        return ""
+    previous = steps[step - 1]
+    return (f". At step {step - 1} this rank's own loss was NaN (its batch held an inf) and its scale stayed "
+            f"{previous['scale_after']:g}: train_step_amp skipped scaler.update() on this rank alone, from this rank's "
+            "loss; the other ranks' losses were finite and they updated")
+
+
+def check_scales_agree(g, records: list[dict], step: int, name: str, world_size: int) -> None:
+    """At a non-finite step every rank's scaler sees the same (all-reduced, non-finite) gradients: every
+    rank must back off. A rank whose scale stayed put skipped update(), typically from its own loss."""
+    moved = [rank for rank, rec in enumerate(records) if rec["scale_after"] != rec["scale_before"]]
+    stayed = [rank for rank, rec in enumerate(records) if rec["scale_after"] == rec["scale_before"]]
+    if not moved or not stayed:
+        return  # the same on every rank: scale-updates judges the value
+    bad_rank = world_size - 1
+    listed = ", ".join(map(str, stayed))
+    own_loss = ""
+    if step == BAD_BATCH_STEP and bad_rank in stayed:
+        own_loss = f", deciding from rank {bad_rank}'s own loss (the only one that was NaN)"
+    g.record("skips-nonfinite", False,
+             f"{name}: step {step}: {nonfinite_cause(step, world_size)}. Rank {moved[0]}'s scale went from "
+             f"{records[moved[0]]['scale_before']:g} to {records[moved[0]]['scale_after']:g}, but rank {listed}'s "
+             f"stayed {records[stayed[0]]['scale_before']:g}: train_step_amp skipped scaler.update() there{own_loss}. "
+             "The ranks' scales now differ, and the next step raises. Call scaler.step(optimizer) and "
+             "scaler.update() on every rank, every step: the scaler skips the update by itself when the averaged "
+             "gradients are not finite, the same way on every rank", rank=stayed[0], world_size=world_size)
+
+
+def _scale_message(rec: dict, step: int, scales: list[float], rank: int, world_size: int) -> str:
     got, want, before = rec["scale_after"], scales[step], rec["scale_before"]
     why = ""
-    if step == INF_STEP and got == before:
+    if step == BAD_BATCH_STEP and rank == world_size - 1 and got == before:
+        why = (" (this rank's own loss was NaN at this step, its batch holding an inf: the gradients were not finite, "
+               "and scaler.update() halves the scale after the skipped step on every rank)")
+    elif step in NONFINITE_STEPS and got == before:
         why = " (a gradient was inf at this step: scaler.update() halves the scale after a skipped step)"
     elif got == before:
         why = " (the scale did not change: is scaler.update() called once per step?)"
     return (f"step {step}, rank {rank}: the scale went from {before:g} to {got:g}; expected {want:g} "
             f"(GradScaler(init_scale={INIT_SCALE:g}, growth_interval={GROWTH_INTERVAL}, backoff_factor="
-            f"{BACKOFF_FACTOR:g}), the gradient of step {INF_STEP} inf){why}")
+            f"{BACKOFF_FACTOR:g}), the gradients of steps {INF_STEP} and {BAD_BATCH_STEP} not finite){why}")
 
 
 def _loss_verdict(rec: dict, want: float, at: str) -> tuple[bool, str]:
@@ -324,6 +449,11 @@ def _loss_verdict(rec: dict, want: float, at: str) -> tuple[bool, str]:
     if returned["type"] != "float":
         return False, f"{at}: train_step_amp returned a {returned['type']}, expected a float (loss.item())"
     got = returned["value"]
+    if not math.isfinite(want):  # the bad batch's rank: its loss is NaN, and so is what it returns
+        if not math.isfinite(got):
+            return True, ""
+        return False, (f"{at}: returned {got:.6g}, but this rank's loss was {want} (its batch held an inf): return the "
+                       "loss as computed, unscaled")
     if abs(got - want) <= LOSS_RTOL * max(1.0, abs(want)):
         return True, ""
     why = ""
@@ -364,11 +494,12 @@ def _comparable(params: dict) -> dict:
 
 
 def check_skip(g, records: list[dict], step: int, name: str, world_size: int) -> bool:
-    """The step with one rank's gradient inf: every rank keeps its parameters, finite. False when the
-    parameters are no longer finite (the steps after it cannot be graded)."""
+    """A step with one rank's gradient or loss not finite: every rank keeps its parameters, finite.
+    False when the parameters are no longer finite (the steps after it cannot be graded)."""
     def record(check_id, ok, message="", rank=None):
         return g.record(check_id, ok, f"{name}: {message}", rank=rank, world_size=world_size)
 
+    cause = nonfinite_cause(step, world_size)
     finite = True
     for rank, rec in enumerate(records):
         if rec["error"]:
@@ -376,13 +507,13 @@ def check_skip(g, records: list[dict], step: int, name: str, world_size: int) ->
         bad = [k for k, v in rec["after"].items() if not bool(torch.isfinite(v).all())]
         if bad:
             finite = False
-            record("skips-nonfinite", False, f"step {step}, rank {rank}: rank {world_size - 1}'s gradient was inf, "
-                   f"and afterwards {bad[0]} holds inf or NaN: the update was applied instead of skipped", rank)
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: {cause}, and afterwards {bad[0]} holds inf "
+                   "or NaN: the update was applied instead of skipped", rank)
             continue
         found = largest_difference(rec["after"], rec["before"])
         if found is not None:
-            record("skips-nonfinite", False, f"step {step}, rank {rank}: rank {world_size - 1}'s gradient was inf, "
-                   f"but the parameters changed ({found}): every rank must skip this step", rank)
+            record("skips-nonfinite", False, f"step {step}, rank {rank}: {cause}, but the parameters changed "
+                   f"({found}): every rank must skip this step", rank)
             continue
         record("skips-nonfinite", True)
     return finite

@@ -35,7 +35,9 @@ wrapped the model in torch's DistributedDataParallel when your code runs.
 Which dtypes are graded where: on the CPU (gloo) both bfloat16 and float16
 (torch 2.13 runs both under CPU autocast, and GradScaler("cpu") works); on
 GPUs (NCCL) both as well. The grader also makes one rank's gradient inf for
-one step, and checks that every rank skips it and the scale drops.
+one step, and gives one rank a batch holding an inf at another (that rank's
+loss is NaN, the others' are finite): every rank must skip both steps, and
+every rank's scale drop.
 
 Replace each `raise NotImplementedError` below; keep the names and signatures.
 Grade it with:  ddp-grade exercises/14_mixed_precision.py      (stuck? ddp-grade hint 14)

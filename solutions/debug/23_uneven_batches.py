@@ -21,7 +21,9 @@ Grade it:  ddp-grade exercises/debug/23_uneven_batches.py      (stuck? ddp-grade
 
 The grader runs main(argv) in 2 and in 3 processes as torchrun would (RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set) with --data, --out and --epochs,
-and compares every rank's model with a replay of the training in one process.
+on 73 training samples and once more on another number of them (the fix must
+not depend on the data set's size), and compares every rank's model with a
+replay of the training in one process.
 A collective that waits 6 s for its peers counts as a hang.
 """
 

@@ -1,7 +1,7 @@
 """Exercise 12, wrong on purpose: no divisibility check: n // world_size features per rank silently
 drops the last ones."""
 # expect-fail: uneven-refused
-# expect-pass: mlp-output weight-grads
+# expect-pass: mlp-output weight-grads column-output row-output
 
 import torch
 import torch.distributed as dist

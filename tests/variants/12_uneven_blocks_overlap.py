@@ -1,8 +1,10 @@
-"""Exercise 12, wrong on purpose: divisibility is checked with assert, as Megatron's
-ensure_divisibility does: an AssertionError, not the ValueError the statement asks for (and gone
-under python -O)."""
+"""Exercise 12, wrong on purpose: a feature count the world size does not divide is "handled" with
+equal blocks of ceil(n / W) features, the last block moved back to stay in range. Nothing raises,
+but the blocks overlap: the features they share count twice in the row-parallel sum."""
 # expect-fail: uneven-refused
-# expect-pass: mlp-output weight-grads
+# expect-pass: mlp-output weight-grads column-output row-output
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -41,11 +43,12 @@ class ReduceFromParallelRegion(torch.autograd.Function):
 
 
 def rank_block(n: int, name: str) -> slice:
-    """This rank's block of n features: [r * n / W, (r + 1) * n / W)."""
+    """This rank's block of n features: equal blocks of ceil(n / W), the last one moved back so that it
+    stays inside the n features."""
     world_size, rank = dist.get_world_size(), dist.get_rank()
-    assert n % world_size == 0, f"{n} is not divisible by {world_size}"
-    size = n // world_size
-    return slice(rank * size, (rank + 1) * size)
+    size = math.ceil(n / world_size)
+    start = min(rank * size, n - size)
+    return slice(start, start + size)
 
 
 class ColumnParallelLinear(nn.Module):

@@ -1,0 +1,85 @@
+"""Exercise 23, a wrong fix: drop_last=True on the hand-made shards. On 73 samples it evens the
+batches (3 ranks: 25, 24 and 24 samples, 3 batches each; 2 ranks: 4 each), but the shards still
+differ in size: 63 samples on 2 ranks are 32 and 31, so 4 and 3 full batches, and the job hangs in
+backward() (as 73 samples on 10 ranks would: 8 and 7 samples, 1 and 0 batches)."""
+# expect-fail: finishes
+# expect-not-checked: data-split params-identical matches-replay
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+BATCH_SIZE = 8
+LR = 0.1
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def load_data(path):
+    """Training and validation sets from torch.save({"train_x", "train_y", "val_x", "val_y"})."""
+    if path is None:  # a small made-up problem, enough to reproduce the report
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(121, 16, generator=g)
+        y = (x @ torch.randn(16, 4, generator=g)).argmax(dim=1)
+        return TensorDataset(x[:73], y[:73]), TensorDataset(x[73:], y[73:])
+    data = torch.load(path)
+    return TensorDataset(data["train_x"], data["train_y"]), TensorDataset(data["val_x"], data["val_y"])
+
+
+def shard(dataset, rank, world_size):
+    """This rank's part of the data: every world_size-th sample, starting at its rank."""
+    return Subset(dataset, list(range(rank, len(dataset), world_size)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--out", default="runs/uneven_batches")
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    dist.init_process_group("gloo")  # torchrun set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    rank = dist.get_rank()
+    os.makedirs(args.out, exist_ok=True)
+
+    train_set, _ = load_data(args.data)
+    # The last shard is one sample short: drop every rank's last, short batch, so that they all
+    # take the same number of steps.
+    loader = DataLoader(shard(train_set, rank, dist.get_world_size()), batch_size=BATCH_SIZE, shuffle=True,
+                        drop_last=True)
+
+    torch.manual_seed(0)
+    model = DDP(Net())
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+    for epoch in range(args.epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+        if rank == 0:
+            print(f"epoch {epoch}: loss {loss.item():.4f}")
+            torch.save(model.module.state_dict(), os.path.join(args.out, "checkpoint.pt"))
+        dist.barrier()  # no rank goes on before the checkpoint is written
+
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
