@@ -46,20 +46,27 @@ does. docs/elastic.md says why, and what changes on real machines and GPUs.)
            "epoch": <the epoch just finished>}
           to the path given as --snapshot, atomically: torch.save to a
           temporary file in the same folder, then os.replace onto the path.
-          A worker killed in the middle of a save then leaves the previous
-          snapshot whole.
+          The path then always holds a complete snapshot, and a worker killed
+          in the middle of a save leaves the previous one whole. (Never write
+          the path itself: copying the finished file onto it, as
+          shutil.copyfile does, writes it in place too.)
         - On start, if the snapshot exists, load it (map_location to this
           worker's device), restore the model and the optimizer, and start
-          at the epoch after the saved one.
+          at the epoch after the saved one: after torchrun's restarts, and
+          also when the whole job is launched again (a scheduler's requeue,
+          where TORCHELASTIC_RESTART_COUNT is 0).
         - Leave the process group at the end.
 
-How it is graded: the grader runs your script under two real torchrun
-agents on this machine, standing in for two nodes (--nnodes 2
---nproc-per-node 2, c10d rendezvous at a port the grader holds,
---max-restarts 1), kills one worker in the middle of an epoch, and lets
-torchrun restart them all. It also runs it with --nnodes 1 --nproc-per-node 4
-and kills global rank 0 while it writes a snapshot. It then compares the
-final weights with an uninterrupted run. Keep build_model, build_dataset,
+How it is graded: the grader runs main() as the only worker, kills it as
+the snapshot of epoch 2 reaches the path (half-way through writing the path
+itself, or just before renaming a finished file onto it), then launches it
+again from scratch on the same --snapshot, with TORCHELASTIC_RESTART_COUNT=0.
+It runs your script under two real torchrun agents on this machine, standing
+in for two nodes (--nnodes 2 --nproc-per-node 2, c10d rendezvous at a port
+the grader holds, --max-restarts 1), kills one worker in the middle of an
+epoch, and lets torchrun restart them all; and, at the same time, with
+--nnodes 1 --nproc-per-node 4, uninterrupted. It then compares the final
+weights with an uninterrupted run. Keep build_model, build_dataset,
 build_optimizer and the constants as they are: the grader's uninterrupted
 run uses the same.
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from grader import catalog
-from grader.checks import debug_job
+from grader.checks.shared import debug_job
 from grader.checks import ex24_rank_drift as ex24
 from grader.checks import ex25_data_order as ex25
 from grader.checks import ex26_accum_sync as ex26
-from grader.checks.debug_job import Job, RankEnd, Step
+from grader.checks.shared.debug_job import Job, RankEnd, Step
 from grader.grading import Abort, GradeOptions, plan
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from grader import catalog
+from grader.checks import ex12_rank
 from grader.checks import ex12_tensor_parallel as ex
 from grader.grading import Grading, Plan
 
@@ -157,14 +158,14 @@ def test_held_bytes_counts_whole_storages_attributes_and_nested_modules_once():
     module = nn.Module()
     module.weight = nn.Parameter(full.weight.detach()[:4])  # a view: the whole 8x4 storage
     module.notes = {"copy": full.bias.detach().clone(), "again": [module.weight]}
-    assert ex.held_bytes(module) == 8 * 4 * 4 + 8 * 4
+    assert ex12_rank.held_bytes(module) == 8 * 4 * 4 + 8 * 4
     outer = nn.Module()
     outer.inner = module
     object.__setattr__(outer, "kept", full)  # a module outside _modules is found too
-    assert ex.held_bytes(outer) == 8 * 4 * 4 + 8 * 4 + 8 * 4
+    assert ex12_rank.held_bytes(outer) == 8 * 4 * 4 + 8 * 4 + 8 * 4
     cloned = nn.Module()
     cloned.weight = nn.Parameter(full.weight.detach()[:4].clone())
-    assert ex.held_bytes(cloned) == 4 * 4 * 4
+    assert ex12_rank.held_bytes(cloned) == 4 * 4 * 4
 
 
 def test_full_weights_on_a_rank_fail_and_a_share_passes():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grader.checks import ex27_resume as ex27
-from grader.checks.debug_job import Job, RankEnd, Step
+from grader.checks.shared.debug_job import Job, RankEnd, Step
 
 
 def step(*micro: list[int], syncs: int = 1, epoch=(0, 0)) -> Step:

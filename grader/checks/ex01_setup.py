@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from grader import probes
 from grader.child import GraderAbort, RankContext
+from grader.checks.interface import Grader
 
 MAX_TIMEOUT_S = 300.0
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost")  # what MASTER_ADDR may default to: both meet on this machine
@@ -97,7 +98,7 @@ def _error_of(fn) -> str | None:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     backend = g.backend if g.backend_requested != "auto" else None
     # backend= given: it is the one to join with, even where setup_ddp would pick another.
     request = requested_backend(g.backend)

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from grader.checks.ex02_verdicts import CHECKERS, Violation, _show
 from grader.child import RankContext
+from grader.checks.interface import Grader
 
 # Hypothesis searches this space for shard_indices.
 MAX_SAMPLES = 100
@@ -199,7 +200,7 @@ def _error(exc: BaseException, learner_path: str) -> str:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     worker = g.worker("serve_main")
     try:
         # A plain call first, outside Hypothesis: a function that is not written

@@ -24,6 +24,7 @@ from grader import probes
 from grader.compare import first_difference, largest_difference
 from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
+from grader.checks.interface import Grader
 
 IN_FEATURES, HIDDEN, CLASSES = 8, 16, 4
 BATCH_SIZE = 4
@@ -234,7 +235,7 @@ class _watch_ddp:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     outcomes = g.run_at_once([g.Run("rank_main", world_size) for world_size in g.world_sizes])
     for world_size, outcome in zip(g.world_sizes, outcomes):
         check_run(g, outcome.results(), world_size)

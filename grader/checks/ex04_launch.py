@@ -25,6 +25,8 @@ import time
 import uuid
 from datetime import timedelta
 
+from grader.checks.interface import Grader
+
 # What the grader passes to fn after (rank, world_size).
 EXTRA_ARGS = ("ddp-grade", 7)
 # How a recording function finds its folder, its caller and its launch.
@@ -41,7 +43,7 @@ BARRIER_TIMEOUT_S = 20.0
 # launch_from_env called directly: an environment where RANK and LOCAL_RANK differ
 # (the second process of the second machine, two processes per machine).
 DIRECT_ENV = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
-ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ex04_torchrun_entry.py")
+ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shared", "torchrun_entry.py")
 GOOD_ADDRESSES = ("127.0.0.1", "localhost")
 PRESET_ADDR = "localhost"
 FIND_PORT_CALLS = 3  # find_free_port called directly this many times
@@ -305,7 +307,7 @@ def _read_errors(folder: str) -> list[str]:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     world_size = g.world_sizes[0]
     preset_port = _free_port()
     callers = g.run("main", 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET,

@@ -23,6 +23,7 @@ from torch import nn
 from grader import probes
 from grader.compare import first_difference, tensor_difference
 from grader.child import RankContext, describe_exception
+from grader.checks.interface import Grader
 
 SEED = 5
 LR = 0.1
@@ -266,7 +267,7 @@ def _grads(model: nn.Module) -> dict:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         outcome = g.run("rank_main", world_size)
         check_world(g, outcome.results(), world_size)

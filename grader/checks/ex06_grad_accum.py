@@ -19,6 +19,7 @@ from torch import nn
 from grader import probes
 from grader.compare import tensor_difference
 from grader.child import RankContext
+from grader.checks.interface import Grader
 
 SEED = 6
 LR = 0.1
@@ -123,7 +124,7 @@ def _describe_value(value) -> dict:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         outcome = g.run("rank_main", world_size)
         check_world(g, [o["calls"] for o in outcome.results()], world_size)

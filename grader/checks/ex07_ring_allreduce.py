@@ -14,6 +14,7 @@ import torch
 
 from grader import probes
 from grader.child import RankContext, describe_exception
+from grader.checks.interface import Grader
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 TOLERANCE = {"float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}  # (rtol, atol); int64 is exact
@@ -111,7 +112,7 @@ def _observe(ctx: RankContext) -> dict:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     drawn = drawn_cases()
     sizes = list(g.world_sizes)
     if 1 not in sizes:

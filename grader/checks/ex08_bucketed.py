@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from grader import probes
 from grader.compare import tensor_difference
 from grader.child import RankContext
+from grader.checks.interface import Grader
 
 MIB = 2**20
 # Caps in bytes (given to the learner in MiB), each chosen so that a common
@@ -170,7 +171,7 @@ def _observe_plan(ctx: RankContext, BucketedDDP, plan: str, events: list) -> dic
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         results = g.run("bucket_main", world_size).results()
         for plan in PLANS:

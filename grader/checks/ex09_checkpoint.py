@@ -30,6 +30,7 @@ from grader import probes
 from grader.compare import first_difference
 from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
+from grader.checks.interface import Grader
 
 EPOCHS_BEFORE_SAVE = 2
 TOTAL_EPOCHS = 3
@@ -269,7 +270,7 @@ def _devices(value, found: set | None = None) -> set:
 # --- in the grader ----------------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         saved = g.run("save_main", world_size)
         observations = saved.results()

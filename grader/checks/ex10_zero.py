@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from grader import probes
 from grader.child import RankContext
 from grader.compare import first_difference
+from grader.checks.interface import Grader
 
 LAYERS = 6  # equal layers: the parameters split evenly over 2, 3 or 6 ranks
 WIDTH = 16
@@ -222,7 +223,7 @@ def unsharded_state_bytes() -> int:
     return state_bytes([optimizer], {p.untyped_storage().data_ptr() for p in model.parameters()})
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     model = build_model()
     names = [name for name, _ in model.named_parameters()]
     sizes = [p.numel() for p in model.parameters()]

@@ -37,6 +37,7 @@ from grader.checks import ex11_traffic as traffic
 from grader.checks.ex11_traffic import padded
 from grader.child import RankContext
 from grader.compare import tensor_difference
+from grader.checks.interface import Grader
 
 # Every unit's trainable size divides by 2, 3 and 4 (no padding): 576, 600, 600, 900 elements; and no
 # unit's slice has another unit's size (a collective's size then names its unit, whichever tensor was recorded).
@@ -315,7 +316,7 @@ def reference_states(plan: str, world_size: int) -> list[dict]:
     return out
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
 
     for world_size in g.world_sizes:
         observations = g.run("rank_main", world_size).results()

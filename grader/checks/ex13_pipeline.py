@@ -34,6 +34,7 @@ from grader import probes
 from grader.child import RankContext
 from grader.compare import first_difference
 from grader.results import NOT_IMPLEMENTED
+from grader.checks.interface import Grader
 
 SCHEDULES = ("gpipe", "1f1b")
 WIDTHS = (40, 64, 96, 80, 72)  # stage r maps WIDTHS[r] features to WIDTHS[r + 1]: every link has its own size
@@ -191,7 +192,7 @@ def _observe(ctx: RankContext) -> dict:
 # --- in the grader ------------------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     sizes = list(g.world_sizes)
     for schedule in SCHEDULES:
         runs = []

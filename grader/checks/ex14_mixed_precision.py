@@ -26,6 +26,7 @@ from torch import nn
 from grader import probes
 from grader.compare import largest_difference
 from grader.child import RankContext, describe_exception
+from grader.checks.interface import Grader
 
 SIZES = (8, 32, 4)  # in, hidden, classes
 BATCH = 8  # per rank
@@ -258,7 +259,7 @@ def plan_max_norms(world_size: int) -> list[list[float]]:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         max_norms = plan_max_norms(world_size)
         outcome = g.run("rank_main", world_size, kwargs={"max_norms": max_norms})

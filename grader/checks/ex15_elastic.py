@@ -8,8 +8,18 @@ cover every agent and worker):
   --nproc-per-node 2 --rdzv-backend c10d --max-restarts 1``), joined at the rendezvous store the
   grader holds for the run (its port is never given up, so nothing else can take it). In the
   first attempt the worker with RANK 3 is killed (SIGKILL) in the middle of an epoch.
-* "1 node x 4": one agent, ``--nnodes 1 --nproc-per-node 4``, the same script unchanged. In the
-  first attempt global rank 0 is killed while it writes the snapshot, half-way through the bytes.
+* "1 node x 4": one agent, ``--nnodes 1 --nproc-per-node 4``, the same script unchanged and
+  uninterrupted.
+
+Before them, in the warm pool, main() as the only worker ("1 worker, relaunched"): killed at the
+moment its snapshot of epoch KILL_EPOCH reaches the path (half-way through writing the path itself,
+or just before renaming a finished file onto it), then launched again from scratch on the same
+folder with TORCHELASTIC_RESTART_COUNT=0, as a scheduler that requeues the job would.
+
+No verdict depends on timing: the kills are placed by counting optimizer steps and file
+operations, every restarted torchrun worker sees the same TORCHELASTIC_RESTART_COUNT (the
+attempt's number; torchrun's own value on the node whose worker did not die depends on when its
+agent noticed), and the relaunch runs one worker alone.
 
 torchrun starts this very file in each worker (``worker_entry``, below): it installs the probes,
 imports the learner's file and calls its ``main()``. The probes write what they see to files at
@@ -26,6 +36,7 @@ from __future__ import annotations
 import glob
 import io
 import json
+import linecache
 import os
 import re
 import signal
@@ -59,11 +70,16 @@ JOBS = {
                     "kill": {"rank": 3, "after_step": KILL_EPOCH * STEPS_PER_EPOCH + 2}},
     "1 node x 4": {"nodes": ("a",), "nproc": 4, "kill": {}},  # the same script, unchanged, uninterrupted
 }
-# Before them, main() as a single worker in the warm pool, twice: killed half-way through writing
-# the snapshot of epoch KILL_EPOCH, then started again (a restart, without torchrun's cost).
-ALONE = "1 worker, restarted"
+# Before them, main() as a single worker in the warm pool, twice: killed as the snapshot of epoch
+# KILL_EPOCH reaches the path, then launched again from scratch on the same folder, with
+# TORCHELASTIC_RESTART_COUNT=0 (a scheduler's requeue of the whole job, without torchrun's cost).
+ALONE = "1 worker, relaunched"
 ALONE_STEPS_PER_EPOCH = NUM_SAMPLES // BATCH_SIZE
 ALONE_KILL = {"rank": 0, "write_after_step": (KILL_EPOCH + 1) * ALONE_STEPS_PER_EPOCH}
+# Why the grader killed a worker (the "killed" event), and so how its kill is judged.
+KILLED_MID_EPOCH = "mid-epoch"
+KILLED_WRITING = "while writing onto the snapshot path"
+KILLED_BEFORE_RENAME = "just before renaming the new snapshot onto the path"
 
 # Handed from the grader's rank to the agents, and from them to every worker.
 ENV_EVENTS = "DDP_GRADE_EX15_EVENTS"  # the folder of event files
@@ -125,7 +141,11 @@ def worker_entry() -> None:
     attempt = _attempt(folder, node, os.environ.get("LOCAL_RANK", "x"))
     plan = json.loads(os.environ.get(ENV_KILL) or "{}")
     try:
-        _run_main(learner_path, script_args, folder, node, attempt, plan)
+        # Every worker of attempt N sees TORCHELASTIC_RESTART_COUNT=N: torchrun's agent of the node
+        # whose worker died says 1 after the restart, the other agent 0 or 1, depending on whether
+        # it noticed the failure before the group's membership changed. A script that reads it
+        # would pass one grading and fail the next; the relaunch (alone_main) tests 0 on purpose.
+        _run_main(learner_path, script_args, folder, node, attempt, plan, restart_count=str(attempt))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -133,18 +153,25 @@ def worker_entry() -> None:
 
 
 def _run_main(learner_path: str, script_args: list[str], folder: str, node: str, attempt: int, plan: dict,
-              import_learner=None) -> None:
-    """The learner's main() with the probes installed; its model's parameters saved when it returns."""
+              import_learner=None, restart_count: str | None = None) -> None:
+    """The learner's main() with the probes installed; its model's parameters saved when it returns.
+
+    ``restart_count``: the TORCHELASTIC_RESTART_COUNT main() sees (the start event keeps the
+    environment as it was given, and this value as ``restart_count``).
+    """
     env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                           "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")}
+    if restart_count is not None:
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = restart_count
     name = f"{node}-{attempt}-{env['LOCAL_RANK']}"
     rec = _Recorder(folder, f"events-{name}.jsonl")
-    rec.event("start", pid=os.getpid(), node=node, attempt=attempt, env=env)
+    rec.event("start", pid=os.getpid(), node=node, attempt=attempt, env=env,
+              restart_count=os.environ.get("TORCHELASTIC_RESTART_COUNT"))
     snapshot_path = _snapshot_argument(script_args)
     rec.event("snapshot-found", **_peek(snapshot_path))
     armed = attempt == 0 and plan.get("rank") is not None and str(plan["rank"]) == env["RANK"]
     models: list = []
-    _install_probes(rec, plan if armed else {}, os.path.dirname(snapshot_path) if snapshot_path else None, models)
+    _install_probes(rec, plan if armed else {}, snapshot_path, models, learner_path)
     sys.argv = [learner_path, *script_args]
     try:
         if import_learner is None:
@@ -155,7 +182,7 @@ def _run_main(learner_path: str, script_args: list[str], folder: str, node: str,
             raise AttributeError(f"{os.path.basename(learner_path)} defines no main()")
         module.main()
     except BaseException as exc:
-        rec.event("error", error=f"{type(exc).__name__}: {exc}"[:600])
+        rec.event("error", error=_error_text(exc)[:600])
         raise
     rec.event("end", steps=rec.steps)
     if models:
@@ -185,17 +212,44 @@ def _peek(path: str | None) -> dict:
             data = f.read()
         obj = _real_load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:
-        return {"exists": True, "size": os.path.getsize(path), "error": f"{type(exc).__name__}: {exc}"[:300]}
+        return {"exists": True, "size": os.path.getsize(path), "error": _error_text(exc)[:300]}
+    return {"exists": True, "size": len(data), **_contents(obj)}
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: message``, or the type alone when the message is empty (an EOFError of an empty file)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
+
+
+def _contents(obj) -> dict:
+    """What the grader notes of a loaded snapshot: its integer "epoch" (or None), its top-level keys."""
     epoch = obj.get("epoch") if isinstance(obj, dict) else None
-    return {"exists": True, "size": len(data), "epoch": epoch if isinstance(epoch, int) else None}
+    keys = sorted(str(k) for k in obj)[:12] if isinstance(obj, dict) else None
+    return {"epoch": epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None, "keys": keys,
+            "type": type(obj).__name__}
 
 
-def _kill_self(rec: _Recorder, why: str) -> None:
-    rec.event("killed", why=why, steps=rec.steps, epoch=rec.epoch)
+def _without_comment(line: str) -> str:
+    """One line of source without its trailing comment (the learner's words are not the grader's)."""
+    import tokenize
+
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(line).readline):
+            if token.type == tokenize.COMMENT:
+                return line[:token.start[1]].strip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return line.strip()
+
+
+def _kill_self(rec: _Recorder, why: str, **data) -> None:
+    rec.event("killed", why=why, steps=rec.steps, epoch=rec.epoch, **data)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _install_probes(rec: _Recorder, plan: dict, snapshot_folder: str | None, models: list) -> None:
+def _install_probes(rec: _Recorder, plan: dict, snapshot_path: str | None, models: list,
+                    learner_path: str | None = None) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
     from torch.utils.data import DistributedSampler
 
@@ -219,38 +273,58 @@ def _install_probes(rec: _Recorder, plan: dict, snapshot_folder: str | None, mod
         rec.steps += 1
         rec.event("step", n=rec.steps)
         if plan.get("after_step") == rec.steps:
-            _kill_self(rec, "mid-epoch")
+            _kill_self(rec, KILLED_MID_EPOCH)
 
     register_optimizer_step_post_hook(after_step)
 
     def load(f, *args, **kwargs):
-        where = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
+        where = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+        where = os.path.abspath(where) if isinstance(where, str) else None
         try:
             result = _real_load(f, *args, **kwargs)
         except Exception as exc:
-            rec.event("load", path=where, error=f"{type(exc).__name__}: {exc}"[:300])
+            rec.event("load", path=where, error=_error_text(exc)[:300])
             raise
-        epoch = result.get("epoch") if isinstance(result, dict) else None
-        rec.event("load", path=where, epoch=epoch if isinstance(epoch, int) else None)
+        rec.event("load", path=where, **_contents(result))
         return result
 
     torch.load = torch.serialization.load = load
-    if snapshot_folder is None:
+    if snapshot_path is None:
         return
-    inside = os.path.join(snapshot_folder, "")
+    inside = os.path.join(os.path.dirname(snapshot_path), "")
     writing_kill = plan.get("write_after_step")
+    learner_file = os.path.abspath(learner_path) if learner_path else None
 
     busy = []  # set while the probes themselves open files
 
     def armed() -> bool:
         return writing_kill is not None and rec.steps >= writing_kill
 
+    def where() -> dict:
+        """The learner's line that led to this write, for a message to point at."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            if learner_file and os.path.abspath(frame.f_code.co_filename) == learner_file:
+                code = _without_comment(linecache.getline(learner_file, frame.f_lineno))
+                return {"line": frame.f_lineno, "code": code[:120]}
+            frame = frame.f_back
+        return {}
+
+    # The kill of the plan's "write_after_step" lands where the new snapshot reaches the path, and
+    # nowhere else: on a write to the path itself (half of the bytes, or none, reach it), or just
+    # before a file is renamed onto it. Files beside it (a temporary file, a backup, a log) are
+    # written in full: the path is what a restarted worker reads.
+
     def save(obj, f, *args, **kwargs):
-        path = os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
-        if isinstance(path, str) and os.path.abspath(path).startswith(inside):
-            rec.event("write", op="torch.save", path=os.path.abspath(path))
-            if armed():
-                # Half of the bytes reach the file, then the worker dies: a torn write.
+        path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+        path = os.path.abspath(path) if isinstance(path, str) else None
+        if path is not None and path.startswith(inside):
+            direct = path == snapshot_path
+            busy.append(1)
+            rec.event("write", op="torch.save", path=path, **(where() if direct else {}))
+            busy.pop()
+            if direct and armed():
+                # Half of the bytes reach the path, then the worker dies: a torn write.
                 buffer = io.BytesIO()
                 _real_save(obj, buffer, *args, **kwargs)
                 data = buffer.getvalue()
@@ -258,14 +332,15 @@ def _install_probes(rec: _Recorder, plan: dict, snapshot_folder: str | None, mod
                 target = open(path, "wb") if isinstance(f, (str, os.PathLike)) else f
                 target.write(data[:len(data) // 2])
                 target.flush()
-                _kill_self(rec, "while writing the snapshot")
+                _kill_self(rec, KILLED_WRITING, op="torch.save")
         return _real_save(obj, f, *args, **kwargs)
 
     torch.save = torch.serialization.save = save
 
     def audit(event: str, args: tuple) -> None:
-        if busy or event not in ("open", "os.rename", "os.remove"):
+        if busy or event not in ("open", "os.rename"):
             return
+        busy.append(1)
         try:
             if event == "open":
                 path, mode, flags = args[0], args[1], args[2]
@@ -276,24 +351,24 @@ def _install_probes(rec: _Recorder, plan: dict, snapshot_folder: str | None, mod
                     bool(isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT))
                 if not writing or not path.startswith(inside):
                     return
-                busy.append(1)
-                rec.event("write", op="open", path=path)
-                if armed():
+                direct = path == snapshot_path
+                rec.event("write", op="open", path=path, **(where() if direct else {}))
+                if direct and armed():
                     truncating = (isinstance(mode, str) and "w" in mode) or \
                         bool(isinstance(flags, int) and flags & os.O_TRUNC)
                     if truncating:  # what this open was about to do, then the worker dies before writing
                         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
-                    _kill_self(rec, "while writing the snapshot")
-                busy.pop()
+                    _kill_self(rec, KILLED_WRITING, op="open")
             elif event == "os.rename":
                 src, dst = (os.path.abspath(os.fsdecode(a)) for a in args[:2])
                 if dst.startswith(inside) or src.startswith(inside):
-                    busy.append(1)
                     rec.event("write", op="rename", src=src, path=dst)
-                    busy.pop()
+                    if dst == snapshot_path and armed():
+                        _kill_self(rec, KILLED_BEFORE_RENAME, op="rename")
         except Exception:  # never fail the learner's own call
+            return
+        finally:
             busy.clear()
-
     sys.addaudithook(audit)
 
 
@@ -331,13 +406,14 @@ def _wrap_build_model(module, rec: _Recorder, models: list) -> None:
 def alone_main(ctx) -> dict:
     """main() as the only worker, in the warm pool, with the environment torchrun gives one worker.
 
-    The process group meets at the store the grader holds for this run. ``attempt`` 0 is killed
-    half-way through writing the snapshot of epoch KILL_EPOCH; attempt 1 starts again on the same
-    folder, as torchrun would after that kill.
+    The process group meets at the store the grader holds for this run. ``attempt`` 0 is killed as
+    its snapshot of epoch KILL_EPOCH reaches the path; attempt 1 is the job launched again from
+    scratch on the same folder (TORCHELASTIC_RESTART_COUNT=0, as after a scheduler's requeue).
     """
     attempt = ctx.kwargs["attempt"]
+    # Attempt 1 is a new job on the old folder, not a restart torchrun counted: the count is 0.
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
-                       "TORCHELASTIC_RESTART_COUNT": str(attempt)})
+                       "TORCHELASTIC_RESTART_COUNT": "0"})
     folder = ctx.kwargs.get("folder") or os.path.join(ctx.run_dir, "alone")
     for sub in ("events", "snapshot"):
         os.makedirs(os.path.join(folder, sub), exist_ok=True)
@@ -347,7 +423,7 @@ def alone_main(ctx) -> dict:
         return ctx.learner()  # the harness's import: an import error is reported as one
 
     _run_main(ctx.learner_path, ["--snapshot", snapshot], os.path.join(folder, "events"), "alone", attempt,
-              ALONE_KILL, import_learner)
+              ALONE_KILL, import_learner, restart_count="0")
     return {}
 
 
@@ -496,23 +572,9 @@ def _stop(process) -> None:
 
 def _stop_tagged(tag: str) -> int:
     """Kill every process left that carries this grading's tag (a worker whose agent is gone)."""
-    needle = f"{ENV_TAG}={tag}".encode()
-    killed = 0
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[-1].split()[0] in (b"Z", b"X"):
-                    continue
-            os.kill(int(entry), signal.SIGKILL)
-            killed += 1
-        except (OSError, IndexError):
-            continue
-    return killed
+    from grader import harness
+
+    return harness.reap_strays(tag, variable=ENV_TAG)
 
 
 # --- in the grader: read the records --------------------------------------------------------
@@ -549,7 +611,9 @@ def read_workers(folder: str) -> list[dict]:
             "node": str(start.get("node")), "attempt": int(start.get("attempt", 0)), "pid": start.get("pid"),
             "rank": _int(env.get("RANK")), "local_rank": _int(env.get("LOCAL_RANK")),
             "world_size": _int(env.get("WORLD_SIZE")), "group_rank": _int(env.get("GROUP_RANK")),
-            "restart_count": _int(env.get("TORCHELASTIC_RESTART_COUNT")),
+            # what main() saw (the grader sets it), and what torchrun had set
+            "restart_count": _int(start.get("restart_count", env.get("TORCHELASTIC_RESTART_COUNT"))),
+            "torchrun_restart_count": _int(env.get("TORCHELASTIC_RESTART_COUNT")),
             "start": start["t"], "end": events[-1]["t"],
             "found": next((e for e in events if e["e"] == "snapshot-found"), {}),
             "loads": [e for e in events if e["e"] == "load"],
@@ -595,7 +659,8 @@ def _training(events: list[dict]) -> dict:
             if not epochs or epochs[-1]["iteration"] != index:
                 source = iterations[index] if index >= 0 else {}
                 epochs.append({"iteration": index, "epoch": source.get("epoch"), "rank": source.get("rank"),
-                               "num_replicas": source.get("num_replicas"), "indices": [], "steps": 0})
+                               "num_replicas": source.get("num_replicas"), "seed": source.get("seed"),
+                               "shuffle": source.get("shuffle"), "indices": [], "steps": 0})
             epochs[-1]["indices"].extend(int(i) for i in indices)
             epochs[-1]["steps"] += 1
     return {"epochs": epochs}
@@ -679,26 +744,30 @@ def grade(g) -> None:
         if job["agents"]:
             check_exit(g, name, job)
             check_devices(g, name, job)
-        if job["plan"]:
-            check_resume(g, name, job)
         check_writers(g, name, job)
         check_shards(g, name, job)
         check_set_epoch(g, name, job)
         check_final(g, name, job, reference)
         check_snapshot(g, name, job)
-    check_atomic(g, ALONE, alone)
+    # torchrun's restart first: a relaunch that does not resume is then told whether the restart did
+    restart_resumed = None
+    for name, job in jobs.items():
+        if job["plan"] and name != ALONE:
+            restart_resumed = check_resume(g, name, job)
+    check_resume(g, ALONE, alone, restart_resumed=restart_resumed)
+    check_atomic(g, jobs)
 
 
 def run_alone(g) -> dict:
-    """main() as one worker, killed half-way through writing a snapshot, then started again."""
+    """main() as one worker, killed as its snapshot reaches the path, then the job launched again."""
     first = g.run("alone_main", 1, kwargs={"attempt": 0}, expect_ok=False, graded_size=1,
-                  label="main() as one worker, killed while it writes the snapshot of epoch 2")
+                  label=f"main() as one worker, killed as its snapshot of epoch {KILL_EPOCH} reaches the path")
     folder = os.path.join(first.run_dir, "alone")
     workers = read_workers(folder)
     if not any(w["killed"] for w in workers):
         g.stop_on_failures(first)  # the learner's own error (not implemented, an exception), with its line
     g.run("alone_main", 1, kwargs={"attempt": 1, "folder": folder}, expect_ok=False, graded_size=1,
-          label="main() as one worker again, as after a restart")
+          label="main() launched again from scratch on that snapshot (TORCHELASTIC_RESTART_COUNT=0)")
     return {"folder": folder, "workers": read_workers(folder), "agents": {}, "world": 1, "plan": ALONE_KILL}
 
 
@@ -773,90 +842,163 @@ def _why_no_kill(job: dict) -> str:
     if "after_step" in plan:
         return (f"{_who(target)} took {target['steps']} optimizer step(s), never reaching step {plan['after_step']} "
                 f"(epoch {KILL_EPOCH}, step 2 of {_steps_per_epoch(job)}), where the grader kills it")
-    return (f"{_who(target)} took {target['steps']} optimizer step(s) and never wrote a file next to the snapshot "
-            f"after step {plan['write_after_step']} (the end of epoch {KILL_EPOCH}), where the grader kills it")
+    return (f"{_who(target)} took {target['steps']} optimizer step(s), and after step {plan['write_after_step']} "
+            f"(the end of epoch {KILL_EPOCH}) it neither wrote {SNAPSHOT} (the --snapshot path) nor renamed a file "
+            "onto it; the grader kills it there")
 
 
 def _by_rank(workers: list[dict]) -> list[dict]:
     return sorted(workers, key=lambda w: (w["rank"] is None, w["rank"] if w["rank"] is not None else 0))
 
 
-def check_resume(g, name: str, job: dict) -> None:
-    """After the kill and the restart, every worker continues from the last complete snapshot."""
-    world = job["world"]
+def check_resume(g, name: str, job: dict, restart_resumed: bool | None = None) -> bool:
+    """After the kill every worker continues from the last complete snapshot: after torchrun's restart,
+    and after the relaunch of the whole job (ALONE's attempt 1, TORCHELASTIC_RESTART_COUNT=0).
+
+    ``restart_resumed``: for the relaunch, whether every worker resumed after torchrun's restart.
+    Returns whether this job's workers resumed.
+    """
+    world, relaunch = job["world"], name == ALONE
+    again = "after the relaunch" if relaunch else "after the restart"
+    started = "when the job was launched again" if relaunch else "when the workers started again"
     if _kill(job) is None:
-        _record(g, "resumes-from-snapshot", False, name, f"the grader's kill never happened: {_why_no_kill(job)}",
-                world=world)
-        return
+        return _record(g, "resumes-from-snapshot", False, name, f"the grader's kill never happened: "
+                       f"{_why_no_kill(job)}", world=world)
     restarted = _attempts(job).get(1, [])
     if not restarted:
-        _record(g, "resumes-from-snapshot", False, name, "after the kill, the workers were never started again",
-                world=world)
-        return
+        return _record(g, "resumes-from-snapshot", False, name, "after the kill, the workers were never started "
+                       "again", world=world)
     found = restarted[0]["found"]
     if not found.get("exists"):
-        _record(g, "resumes-from-snapshot", False, name, f"when the workers started again there was no snapshot at "
-                f"--snapshot {SNAPSHOT}: nothing to resume from", world=world)
-        return
+        return _record(g, "resumes-from-snapshot", False, name, f"{started} there was no snapshot at --snapshot "
+                       f"{SNAPSHOT}: nothing to resume from", world=world)
     if found.get("error"):
-        _record(g, "resumes-from-snapshot", False, name, f"when the workers started again, the snapshot "
-                f"({found.get('size')} bytes) could not be read: {_first_sentence(found['error'])}", world=world)
-        return
+        return _record(g, "resumes-from-snapshot", False, name, f"{started}, the snapshot ({found.get('size')} "
+                       f"bytes) could not be read: {_first_sentence(found['error'])}", world=world)
     saved = found.get("epoch")
     resume_at = saved + 1 if isinstance(saved, int) else None
+    snapshot = _snapshot_words(found)
     path = os.path.abspath(_snapshot_path(job))
+    loaded = {id(w): [ld for ld in w["loads"] if ld.get("path") == path] for w in restarted}
+    resumed = [w for w in _by_rank(restarted) if any(not ld.get("error") for ld in loaded[id(w)])]
     for w in _by_rank(restarted):
-        loads = [ld for ld in w["loads"] if ld.get("path") == path]
+        loads = loaded[id(w)]
         trained = [e["epoch"] for e in w["epochs"]]
         if not loads:
-            _record(g, "resumes-from-snapshot", False, name,
-                    f"after the restart {_who(w)} never loaded the snapshot (of epoch {saved}) and trained "
-                    f"{len(trained)} epoch(s), from the start: load it when it exists and continue at epoch "
-                    f"{resume_at}", rank=w["rank"], world=world)
-            return
+            if relaunch:
+                message = (f"the job was launched again from scratch onto {snapshot} (TORCHELASTIC_RESTART_COUNT="
+                           f"{w['restart_count']}, as when a scheduler requeues a job), and {_who(w)} never loaded "
+                           f"it and trained {len(trained)} epoch(s) from the start")
+                message += (", although after torchrun's restart (TORCHELASTIC_RESTART_COUNT=1) the workers did "
+                            "resume: resume whenever the snapshot exists, whatever the restart count says"
+                            if restart_resumed else f": load it whenever it exists and continue at epoch {resume_at}")
+            else:
+                message = (f"{again} {_who(w)} never loaded {snapshot} and trained {len(trained)} epoch(s) "
+                           f"(sampler epochs {trained}), from the start")
+                if resumed:
+                    other = resumed[0]
+                    began = other["epochs"][0]["epoch"] if other["epochs"] else None
+                    message += (f", while {_who(other)} loaded it and began with epoch {began}: every worker "
+                                "must load the snapshot, or they train different epochs side by side")
+                else:
+                    message += f": load it when it exists and continue at epoch {resume_at}"
+            return _record(g, "resumes-from-snapshot", False, name, message, rank=w["rank"], world=world)
         failed = next((ld for ld in loads if ld.get("error")), None)
         if failed:
-            _record(g, "resumes-from-snapshot", False, name, f"after the restart {_who(w)}'s torch.load of the "
-                    f"snapshot raised {_first_sentence(failed['error'], 200)}", rank=w["rank"], world=world)
-            return
-        if resume_at is not None and len(trained) != EPOCHS - resume_at:
-            _record(g, "resumes-from-snapshot", False, name,
-                    f"after the restart {_who(w)} loaded the snapshot of epoch {saved} but then trained "
-                    f"{len(trained)} epoch(s) (sampler epochs {trained}); continuing at epoch {resume_at} leaves "
-                    f"{EPOCHS - resume_at} of the {EPOCHS}", rank=w["rank"], world=world)
-            return
-        if trained and len(set(trained)) == len(trained) and trained[0] != resume_at:
-            _record(g, "resumes-from-snapshot", False, name,
-                    f"after the restart {_who(w)} loaded the snapshot of epoch {saved} and began with epoch "
-                    f"{trained[0]}, expected {resume_at} (the saved epoch + 1)", rank=w["rank"], world=world)
-            return
-    g.record("resumes-from-snapshot", True)
+            return _record(g, "resumes-from-snapshot", False, name, f"{again} {_who(w)}'s torch.load of the "
+                           f"snapshot raised {_first_sentence(failed['error'], 200)}", rank=w["rank"], world=world)
+        # Resuming is loading and then beginning where the snapshot left off. A worker that did so and
+        # then failed (a peer's crash, its own later mistake) resumed: job-exits-0 and
+        # matches-uninterrupted judge the rest, so this verdict does not depend on when that failure came.
+        if not trained and (resume_at is None or resume_at < EPOCHS):
+            ended = f": main() ended with {_short_error(w['error'])}" if w["error"] else ""
+            return _record(g, "resumes-from-snapshot", False, name, f"{again} {_who(w)} loaded {snapshot} but "
+                           f"trained no epoch after it{ended}", rank=w["rank"], world=world)
+        if resume_at is not None and trained and len(set(trained)) == len(trained) and trained[0] != resume_at:
+            return _record(g, "resumes-from-snapshot", False, name,
+                           f"{again} {_who(w)} loaded {snapshot} and began with epoch {trained[0]}, expected "
+                           f"{resume_at} (the saved epoch + 1)", rank=w["rank"], world=world)
+        if w["finished"] and resume_at is not None and len(trained) != EPOCHS - resume_at:
+            return _record(g, "resumes-from-snapshot", False, name,
+                           f"{again} {_who(w)} loaded {snapshot} but then trained {len(trained)} epoch(s) (sampler "
+                           f"epochs {trained}); continuing at epoch {resume_at} leaves {EPOCHS - resume_at} of the "
+                           f"{EPOCHS}", rank=w["rank"], world=world)
+    return g.record("resumes-from-snapshot", True)
 
 
-def check_atomic(g, name: str, job: dict) -> None:
-    """Killed half-way through writing: the path still holds the previous, complete snapshot."""
-    killed = _kill(job)
-    if killed is None or killed["killed"].get("why") != "while writing the snapshot":
-        _record(g, "snapshot-atomic", False, name, f"the grader's kill never happened: {_why_no_kill(job)}",
-                world=job["world"])
+def _snapshot_words(found: dict) -> str:
+    """The snapshot a worker found at start, in words."""
+    if found.get("epoch") is not None:
+        return f"the snapshot of epoch {found['epoch']}"
+    keys = found.get("keys")
+    held = f"its keys: {', '.join(keys)}" if keys is not None else f"a {found.get('type') or 'value'}, not a dict"
+    return f"the snapshot (it holds no integer 'epoch'; {held})"
+
+
+def check_atomic(g, jobs: dict) -> None:
+    """At every moment the snapshot path holds a complete snapshot.
+
+    Two observations. The relaunch after ALONE's kill, which lands where the new snapshot reaches the
+    path (half-way through writing the path itself, or just before a file is renamed onto it), finds
+    the previous snapshot whole. And no worker of any job writes the path itself: while such a write
+    lasts the path holds part of a snapshot, whenever the worker dies.
+    """
+    alone = jobs[ALONE]
+    path = os.path.abspath(_snapshot_path(alone))
+    killed = _kill(alone)
+    why = killed["killed"].get("why") if killed else None
+    if why not in (KILLED_WRITING, KILLED_BEFORE_RENAME):
+        _record(g, "snapshot-atomic", False, ALONE, f"the grader's kill never happened: {_why_no_kill(alone)}",
+                world=alone["world"])
         return
-    restarted = _attempts(job).get(1, [])
-    found = restarted[0]["found"] if restarted else {}
-    if not restarted:
-        message = "the worker was not started again after the kill"
+    relaunched = _attempts(alone).get(1, [])
+    found = relaunched[0]["found"] if relaunched else {}
+    at = killed["killed"].get("epoch", KILL_EPOCH)  # the sampler's epoch at the kill: the one being saved
+    when = f"{why} (the snapshot of epoch {at})"
+    if why == KILLED_WRITING:
+        direct = [r for r in killed["writes"] if r.get("path") == path and r.get("op") != "rename"]
+        how = _direct_write_words(direct[-1]) if direct else f"a write onto {SNAPSHOT}"
+        when = f"while it wrote the snapshot of epoch {at} onto {SNAPSHOT} itself ({how})"
+    message = None
+    if not relaunched:
+        message = "the worker was not launched again after the kill"
+    elif not found.get("exists") and len([r for r in killed["writes"] if r.get("path") == path]) <= 1:
+        message = (f"{_who(killed)} was killed {when}, the first time anything reached {SNAPSHOT}: there was no "
+                   f"earlier snapshot to resume from. Save one at the end of every epoch")
     elif not found.get("exists"):
-        message = (f"the worker was killed half-way through writing the snapshot of epoch {KILL_EPOCH}, and then "
-                   f"there was no snapshot at all: the one of epoch {KILL_EPOCH - 1} was gone before the new one "
-                   "was complete")
+        message = (f"{_who(killed)} was killed {when}, and the relaunched worker found no snapshot at all: the "
+                   f"one of epoch {KILL_EPOCH - 1} was gone (removed or renamed away) before the new one was in "
+                   "place. os.replace the new file onto the path, which swaps it in one step")
     elif found.get("error"):
-        message = (f"the worker was killed half-way through writing the snapshot of epoch {KILL_EPOCH}, and the "
-                   f"restarted worker found a torn file at the path ({found.get('size')} bytes that do not load: "
-                   f"{_first_sentence(found['error'])}): the snapshot of epoch {KILL_EPOCH - 1} had been overwritten in "
-                   "place. Save to a temporary file, then os.replace it onto the path")
-    else:
-        g.record("snapshot-atomic", True)
+        copied = killed["killed"].get("op") == "open"
+        message = (f"{_who(killed)} was killed {when}, and the relaunched worker found a torn file at the path "
+                   f"({found.get('size')} bytes that do not load: {_first_sentence(found['error'])}): the snapshot "
+                   f"of epoch {KILL_EPOCH - 1} had been overwritten in place. Write the new snapshot to a temporary "
+                   "file in the same folder, then os.replace it onto the path"
+                   + (" (copying it onto the path, as shutil.copyfile does, writes the path in place too)"
+                      if copied else ""))
+    if message is not None:
+        _record(g, "snapshot-atomic", False, ALONE, message, world=alone["world"])
         return
-    _record(g, "snapshot-atomic", False, name, message, world=job["world"])
+    for name, job in jobs.items():
+        path = os.path.abspath(_snapshot_path(job))
+        for w in sorted(job["workers"], key=lambda w: (w["attempt"], w["rank"] is None, w["rank"] or 0)):
+            direct = [r for r in w["writes"] if r.get("path") == path and r.get("op") != "rename"]
+            if direct:
+                _record(g, "snapshot-atomic", False, name, f"attempt {w['attempt']}: {_who(w)} wrote {SNAPSHOT} "
+                        f"itself ({_direct_write_words(direct[0])}): for as long as that write lasts the path "
+                        "holds part of a snapshot, and a worker killed then leaves it torn. Write a temporary file "
+                        "in the same folder and os.replace it onto the path", rank=w["rank"], world=job["world"])
+                return
+    g.record("snapshot-atomic", True)
+
+
+def _direct_write_words(write: dict) -> str:
+    """A write onto the snapshot path itself, in words, with the learner's line when known."""
+    what = f"torch.save onto {SNAPSHOT}" if write.get("op") == "torch.save" else f"opened {SNAPSHOT} for writing"
+    if write.get("line"):
+        what += f", line {write['line']}" + (f": {write['code']}" if write.get("code") else "")
+    return what
 
 
 def check_writers(g, name: str, job: dict) -> None:
@@ -883,25 +1025,32 @@ def check_writers(g, name: str, job: dict) -> None:
 
 
 def check_shards(g, name: str, job: dict) -> None:
-    """In each epoch of each attempt, the workers trained on disjoint samples, all of them together."""
+    """In each epoch of each attempt, the workers trained on disjoint samples, all of them together.
+
+    The k-th epoch of an attempt is compared across the workers that drew the same sampler epoch
+    there: workers at different epochs (one resumed from the snapshot, another started over) are
+    not a sampler's mistake, and resumes-from-snapshot says what happened.
+    """
     world, per_epoch = job["world"], _steps_per_epoch(job)
     for attempt, workers in sorted(_attempts(job).items()):
         for k in range(max((len(w["epochs"]) for w in workers), default=0)):
+            at_k = [w for w in _by_rank(workers) if k < len(w["epochs"])]
+            by_epoch: dict = {}
+            for w in at_k:
+                by_epoch.setdefault(w["epochs"][k]["epoch"], []).append(w)
             owner: dict[int, dict] = {}
-            complete = len(workers) == world
-            for w in _by_rank(workers):
-                if k >= len(w["epochs"]):
-                    complete = False
-                    continue
-                epoch = w["epochs"][k]
-                complete = complete and epoch["steps"] == per_epoch
-                for i in epoch["indices"]:
-                    other = owner.get(i)
-                    if other is not None and other is not w:
-                        _record(g, "sampler-global-rank", False, name, _shared_shard(attempt, k, other, w),
-                                rank=w["rank"], world=world)
-                        return
-                    owner[i] = w
+            for same_epoch in by_epoch.values():
+                owner = {}
+                for w in same_epoch:
+                    for i in w["epochs"][k]["indices"]:
+                        other = owner.get(i)
+                        if other is not None and other is not w:
+                            _record(g, "sampler-global-rank", False, name, _shared_shard(attempt, k, other, w),
+                                    rank=w["rank"], world=world)
+                            return
+                        owner[i] = w
+            complete = len(workers) == world and len(at_k) == world and len(by_epoch) == 1 and \
+                all(w["epochs"][k]["steps"] == per_epoch for w in at_k)
             if complete and len(owner) < NUM_SAMPLES:
                 missing = sorted(set(range(NUM_SAMPLES)) - set(owner))
                 _record(g, "sampler-global-rank", False, name, f"attempt {attempt}, epoch {k + 1} of the attempt: "
@@ -912,6 +1061,7 @@ def check_shards(g, name: str, job: dict) -> None:
 
 
 def _shared_shard(attempt: int, k: int, a: dict, b: dict) -> str:
+    """Two workers that drew the same sampler epoch trained on some of the same samples: why, as far as seen."""
     ea, eb = a["epochs"][k], b["epochs"][k]
     same = sorted(set(ea["indices"]) & set(eb["indices"]))
     where = "two nodes got the same shard" if a["node"] != b["node"] else "two workers of one node got the same shard"
@@ -921,8 +1071,16 @@ def _shared_shard(attempt: int, k: int, a: dict, b: dict) -> str:
                 f"num_replicas={ea.get('num_replicas')} and {eb.get('num_replicas')}")
         if eb.get("rank") == b["local_rank"] and b["local_rank"] != b["rank"]:
             told += f": {_who(b)} gave its LOCAL_RANK where its RANK belongs (the rank among all nodes' workers)"
-    return (f"attempt {attempt}, epoch {k + 1} of the attempt: {_who(a)} and {_who(b)} both trained on samples "
-            f"{same[:6]}{'...' if len(same) > 6 else ''} ({len(same)} in common): {where}{told}")
+        elif ea.get("rank") != eb.get("rank") and ea.get("num_replicas") == eb.get("num_replicas"):
+            if ea.get("seed") != eb.get("seed"):
+                told += (f", but seed={ea.get('seed')} and seed={eb.get('seed')}: each draws its shard from a "
+                         "different permutation; every worker needs the same seed (seed=SEED)")
+            elif ea.get("shuffle") != eb.get("shuffle"):
+                told += (f", but shuffle={ea.get('shuffle')} and shuffle={eb.get('shuffle')}: each draws its shard "
+                         "from a different order")
+    return (f"attempt {attempt}, sampler epoch {ea.get('epoch')} (epoch {k + 1} of the attempt): {_who(a)} and "
+            f"{_who(b)} both trained on samples {same[:6]}{'...' if len(same) > 6 else ''} ({len(same)} in common): "
+            f"{where}{told}")
 
 
 def check_set_epoch(g, name: str, job: dict) -> None:
@@ -977,7 +1135,7 @@ def check_snapshot(g, name: str, job: dict) -> None:
         return
     except Exception as exc:
         _record(g, "snapshot-complete", False, name, f"the snapshot left after the job does not load with "
-                f"weights_only=True: {type(exc).__name__}: {_first_sentence(exc)}", world=world)
+                f"weights_only=True: {_first_sentence(_error_text(exc))}", world=world)
         return
     keys = sorted(map(str, snapshot)) if isinstance(snapshot, dict) else None
     missing = [k for k in ("model", "optimizer", "epoch") if keys is None or k not in snapshot]
@@ -1057,11 +1215,12 @@ def timeline(jobs: dict) -> list[dict]:
         if job["agents"]:
             command = next(iter(job["agents"].values()))["command"]
         else:
-            command = (f"main() with RANK=0 WORLD_SIZE=1, killed while writing the snapshot of epoch {KILL_EPOCH}, "
-                       "then main() again on the same --snapshot")
+            command = (f"main() with RANK=0 WORLD_SIZE=1, killed as its snapshot of epoch {KILL_EPOCH} reaches the "
+                       "path, then the job launched again from scratch on the same --snapshot "
+                       "(TORCHELASTIC_RESTART_COUNT=0)")
         out.append({"job": name, "event": "command", "text": f"{name}: {command}"})
         for w in sorted(workers, key=lambda w: (w["attempt"], w["node"], w["rank"] is None, w["rank"] or 0)):
-            out.append(_worker_entry(name, w, t0))
+            out.append(_worker_entry(name, w, t0, os.path.abspath(_snapshot_path(job))))
         if job["agents"]:
             codes = {node: a["returncode"] for node, a in sorted(job["agents"].items())}
             out.append({"job": name, "event": "exit", "codes": codes,
@@ -1070,15 +1229,18 @@ def timeline(jobs: dict) -> list[dict]:
     return out
 
 
-def _worker_entry(name: str, w: dict, t0: float) -> dict:
+def _worker_entry(name: str, w: dict, t0: float, path: str | None = None) -> dict:
     found = w["found"]
     if not found.get("exists"):
         snapshot = None
     elif found.get("error"):
         snapshot = "unreadable"
+    elif found.get("epoch") is None:
+        snapshot = "no epoch"  # a snapshot that holds no integer "epoch" (the tutorial's EPOCHS_RUN, say)
     else:
-        snapshot = found.get("epoch")
-    loaded = next((ld.get("epoch") for ld in w["loads"] if not ld.get("error")), None)
+        snapshot = found["epoch"]
+    loads = [ld for ld in w["loads"] if not ld.get("error") and (path is None or ld.get("path") in (path, None))]
+    loaded = loads[0].get("epoch") if loads else None
     epochs = [e["epoch"] for e in w["epochs"]]
     if w["killed"]:
         k = w["killed"]
@@ -1092,15 +1254,30 @@ def _worker_entry(name: str, w: dict, t0: float) -> dict:
     entry = {
         "job": name, "event": "worker", "node": w["node"], "attempt": w["attempt"], "rank": w["rank"],
         "local_rank": w["local_rank"], "pid": w["pid"], "start_s": round(w["start"] - t0, 2),
-        "end_s": round(w["end"] - t0, 2), "snapshot_found": snapshot, "loaded_epoch": loaded,
-        "epochs": epochs, "resumed_at": epochs[0] if w["attempt"] > 0 and epochs else None, "ended": ended,
+        "end_s": round(w["end"] - t0, 2), "restart_count": w.get("restart_count"),
+        "torchrun_restart_count": w.get("torchrun_restart_count"), "snapshot_found": snapshot,
+        "loaded": bool(loads), "loaded_epoch": loaded, "epochs": epochs,
+        "resumed_at": epochs[0] if w["attempt"] > 0 and epochs else None, "ended": ended,
     }
-    found_text = {None: "no snapshot", "unreadable": "snapshot unreadable"}.get(snapshot, f"snapshot of epoch {snapshot}")
-    where = f"node {w['node']}, " if w["node"] != "alone" else ""
+    if snapshot is None:
+        found_text = "no snapshot"
+    elif snapshot == "unreadable":
+        found_text = "snapshot unreadable"
+    elif snapshot == "no epoch":
+        found_text = _snapshot_words(found)[len("the "):]
+    else:
+        found_text = f"snapshot of epoch {snapshot}"
+    loaded_text = "" if not loads else f", loaded epoch {loaded}" if loaded is not None else ", loaded it"
+    if w["node"] == "alone":
+        where, again = "", f"relaunched (TORCHELASTIC_RESTART_COUNT {w.get('restart_count')}), " if w["attempt"] else ""
+    else:
+        where, again = f"node {w['node']}, ", "restarted, " if w["attempt"] else ""
+        if w.get("torchrun_restart_count") not in (None, w.get("restart_count")):
+            again += (f"TORCHELASTIC_RESTART_COUNT set to {w.get('restart_count')} (this node's agent said "
+                      f"{w.get('torchrun_restart_count')}), ")
     entry["text"] = (f"{name}, {where}attempt {w['attempt']}: RANK {w['rank']} (LOCAL_RANK {w['local_rank']}) "
-                     f"{entry['start_s']:.1f}-{entry['end_s']:.1f} s: {'restarted, ' if w['attempt'] else ''}"
-                     f"{found_text}{f', loaded epoch {loaded}' if loaded is not None else ''}; trained epochs "
-                     f"{epochs or 'none'}; {ended}")
+                     f"{entry['start_s']:.1f}-{entry['end_s']:.1f} s: {again}{found_text}{loaded_text}; trained "
+                     f"epochs {epochs or 'none'}; {ended}")
     return entry
 
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from grader.checks import debug_job
-from grader.child import RankContext
+from grader.checks.shared import debug_job
+from grader.checks.interface import Grader
 
 EPOCHS = 3
 LR = 0.1
@@ -23,44 +22,22 @@ VAL_RTOL = 1e-4
 OTHER_CHECKS = ("val-loss-logged", "params-identical", "matches-replay")
 
 
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 def make_data() -> dict:
     return debug_job.make_data(seed=21, n_train=N_TRAIN, n_val=N_VAL)
-
-
-def loss_fn(model, x, y, step):
-    return F.cross_entropy(model(x), y)
 
 
 # --- in each rank ---------------------------------------------------------------------
 
 
-def rank_main(ctx: RankContext) -> dict:
-    path = debug_job.write_data(ctx, make_data())
-    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+rank_main = debug_job.job_driver(make_data, EPOCHS)
 
 
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     data = make_data()
-    for world_size in g.world_sizes:
-        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
-        if not debug_job.check_finishes(g, job):
-            debug_job.not_checked(g, job, OTHER_CHECKS)
-            return
+    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
         check_job(g, job, data)
 
 
@@ -77,7 +54,7 @@ def check_job(g, job: debug_job.Job, data: dict) -> None:
         if step in ends:
             at_epoch_end.append(debug_job.cpu_state(model))
 
-    replayed = debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
+    replayed = debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                                       after_step=after_step)
     if not replayed:
         g.not_checked("val-loss-logged", "matches-replay", "the validation loss is judged against the replayed "
@@ -89,7 +66,7 @@ def check_job(g, job: debug_job.Job, data: dict) -> None:
 
 
 def val_loss(state: dict, data: dict, rows: slice | None = None) -> float:
-    model = Net()
+    model = debug_job.TwoLayerNet()
     model.load_state_dict(state)
     x, y = data["val_x"], data["val_y"]
     if rows is not None:

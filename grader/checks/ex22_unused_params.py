@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader.checks import debug_job
-from grader.child import RankContext
+from grader.checks.shared import debug_job
+from grader.checks.interface import Grader
 
 EPOCHS = 3
 LR = 0.1
@@ -46,22 +46,16 @@ def make_data() -> dict:
 # --- in each rank ---------------------------------------------------------------------
 
 
-def rank_main(ctx: RankContext) -> dict:
-    path = debug_job.write_data(ctx, make_data())
-    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+rank_main = debug_job.job_driver(make_data, EPOCHS)
 
 
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     data = make_data()
-    for world_size in g.world_sizes:
-        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
-        check_defaults(g, job)
-        if not debug_job.check_finishes(g, job):
-            debug_job.not_checked(g, job, [c for c in OTHER_CHECKS if c != "ddp-defaults"])
-            return
+    others = [c for c in OTHER_CHECKS if c != "ddp-defaults"]
+    for job in debug_job.finished_jobs(g, data, others, before=check_defaults):
         debug_job.check_params_identical(g, job)
         check_training(g, job, data)
 

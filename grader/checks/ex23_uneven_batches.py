@@ -14,30 +14,16 @@ left out); the models must be identical and equal to the replay, steps matched w
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
 
-from grader.checks import debug_job
+from grader.checks.shared import debug_job
 from grader.child import RankContext
+from grader.checks.interface import Grader
 
 EPOCHS = 3
 LR = 0.1
 BATCH_SIZE = 8
 N_TRAIN, N_VAL = 73, 48  # 3 ranks: 25, 24, 24 samples; 4, 3, 3 batches of 8
 OTHER_CHECKS = ("data-split", "params-identical", "matches-replay")
-
-
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 def make_data(n_train: int = N_TRAIN) -> dict:
@@ -48,10 +34,6 @@ def other_size(world_size: int) -> int:
     """A second number of samples for ``world_size`` ranks: shares of 4 x BATCH_SIZE and one sample
     fewer (4 batches on every rank, but 4 and 3 once the last, short batch is dropped)."""
     return 4 * BATCH_SIZE * world_size - 1
-
-
-def loss_fn(model, x, y, step):
-    return F.cross_entropy(model(x), y)
 
 
 # --- in each rank ---------------------------------------------------------------------
@@ -65,7 +47,7 @@ def rank_main(ctx: RankContext) -> dict:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     runs = [(world_size, N_TRAIN) for world_size in g.world_sizes]
     smallest = min((w for w in g.world_sizes if w > 1), default=None)
     if smallest is not None:
@@ -89,7 +71,7 @@ def grade(g) -> None:
         g.record("data-split", *debug_job.data_split_verdict(steps, world_size, n_train, EPOCHS, BATCH_SIZE),
                  world_size=world_size)
         debug_job.check_params_identical(g, job)
-        debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
+        debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                                uneven_epochs=EPOCHS)
 
 

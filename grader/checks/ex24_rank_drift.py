@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from grader.checks import debug_job
-from grader.child import RankContext
+from grader.checks.shared import debug_job
 from grader.compare import largest_difference
+from grader.checks.interface import Grader
 
 EPOCHS = 6
 LR = 0.1
@@ -25,18 +24,6 @@ N_TRAIN, N_VAL = 96, 48
 LABEL_NOISE = 0.2
 TOLERANCE = 1e-5
 OTHER_CHECKS = ("params-identical", "lr-schedule", "matches-replay")
-
-
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
 
 
 def make_data(seed: int = 124) -> dict:
@@ -49,28 +36,18 @@ def make_data(seed: int = 124) -> dict:
     return data
 
 
-def loss_fn(model, x, y, step):
-    return F.cross_entropy(model(x), y)
-
-
 # --- in each rank ---------------------------------------------------------------------
 
 
-def rank_main(ctx: RankContext) -> dict:
-    path = debug_job.write_data(ctx, make_data())
-    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+rank_main = debug_job.job_driver(make_data, EPOCHS)
 
 
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     data = make_data()
-    for world_size in g.world_sizes:
-        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
-        if not debug_job.check_finishes(g, job):
-            debug_job.not_checked(g, job, OTHER_CHECKS)
-            return
+    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
         debug_job.check_params_identical(g, job)
         check_schedule(g, job, data)
 
@@ -86,12 +63,12 @@ def replay_schedule(start: dict, epochs: list[list[list[list[int]]]], data: dict
     ``epochs[e][r]``: rank r's micro-batches of each step of epoch e. Returns the final state and,
     per epoch, ``lr`` (the rate it trained at), ``val_loss`` after it and ``best`` before it.
     """
-    model = Net()
+    model = debug_job.TwoLayerNet()
     model.load_state_dict(start)
     lr, best = LR, float("inf")
     log = []
     for per_rank in epochs:
-        debug_job.replay(model, per_rank, data["train_x"], data["train_y"], lr=lr, loss_fn=loss_fn)
+        debug_job.replay(model, per_rank, data["train_x"], data["train_y"], lr=lr, loss_fn=debug_job.cross_entropy)
         with torch.no_grad():
             val_loss = float(F.cross_entropy(model(data["val_x"]), data["val_y"]))
         log.append({"lr": lr, "val_loss": val_loss, "best": best})
@@ -113,7 +90,7 @@ def check_schedule(g, job: debug_job.Job, data: dict) -> None:
         for check in ("lr-schedule", "matches-replay"):
             g.record(check, False, message, world_size=ws)
         return
-    misfit = debug_job.load_into(Net(), first)
+    misfit = debug_job.load_into(debug_job.TwoLayerNet(), first)
     if misfit:
         for check in ("lr-schedule", "matches-replay"):
             g.record(check, False, f"the model is not the script's: {misfit} (keep the model as it is)", world_size=ws)

@@ -9,12 +9,9 @@ must split the data between the ranks; the models must be identical and equal to
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import nn
 
-from grader.checks import debug_job
-from grader.child import RankContext
+from grader.checks.shared import debug_job
+from grader.checks.interface import Grader
 
 EPOCHS = 3
 LR = 0.1
@@ -23,50 +20,29 @@ N_TRAIN, N_VAL = 96, 48
 OTHER_CHECKS = ("new-order-each-epoch", "data-split", "params-identical", "matches-replay")
 
 
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 def make_data() -> dict:
     return debug_job.make_data(seed=25, n_train=N_TRAIN, n_val=N_VAL)
-
-
-def loss_fn(model, x, y, step):
-    return F.cross_entropy(model(x), y)
 
 
 # --- in each rank ---------------------------------------------------------------------
 
 
-def rank_main(ctx: RankContext) -> dict:
-    path = debug_job.write_data(ctx, make_data())
-    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
+rank_main = debug_job.job_driver(make_data, EPOCHS)
 
 
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     data = make_data()
-    for world_size in g.world_sizes:
-        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
-        if not debug_job.check_finishes(g, job):
-            debug_job.not_checked(g, job, OTHER_CHECKS)
-            return
+    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
+        world_size = job.world_size
         steps = [s for s, _ in debug_job.per_rank_steps(job)]
         g.record("new-order-each-epoch", *new_order_verdict(steps), world_size=world_size)
         g.record("data-split", *debug_job.data_split_verdict(steps, world_size, N_TRAIN, EPOCHS, BATCH_SIZE),
                  world_size=world_size)
         debug_job.check_params_identical(g, job)
-        debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn)
+        debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy)
 
 
 def new_order_verdict(steps: list[list[debug_job.Step]], epochs: int = EPOCHS) -> tuple[bool, str]:

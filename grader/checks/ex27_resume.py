@@ -13,11 +13,11 @@ import os
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from grader.checks import debug_job
+from grader.checks.shared import debug_job
 from grader.child import RankContext
 from grader.compare import first_difference
+from grader.checks.interface import Grader
 
 EPOCHS = 2  # trained after the resume
 LR = 0.1
@@ -28,24 +28,8 @@ SAMPLER_SEED = 0  # DistributedSampler's default
 OTHER_CHECKS = ("resumed", "epochs-continue", "params-identical", "matches-replay")
 
 
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
 def make_data() -> dict:
     return debug_job.make_data(seed=27, n_train=N_TRAIN, n_val=N_VAL)
-
-
-def loss_fn(model, x, y, step):
-    return F.cross_entropy(model(x), y)
 
 
 # --- in each rank ---------------------------------------------------------------------
@@ -54,7 +38,7 @@ def loss_fn(model, x, y, step):
 def make_checkpoint(data: dict) -> dict:
     """An earlier run's checkpoint, the same in every process: a few SGD steps with momentum."""
     torch.manual_seed(2700)
-    model = Net()
+    model = debug_job.TwoLayerNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for step in range(6):
         x = data["train_x"][step * 16:(step + 1) * 16]
@@ -77,7 +61,7 @@ def rank_main(ctx: RankContext) -> dict:
         result["checkpoint"] = {
             "model": {k: v.clone() for k, v in checkpoint["model"].items()},
             "buffers": [state[i]["momentum_buffer"].clone() if i in state else None
-                        for i in range(len(list(Net().parameters())))],
+                        for i in range(len(list(debug_job.TwoLayerNet().parameters())))],
         }
     return result
 
@@ -85,20 +69,17 @@ def rank_main(ctx: RankContext) -> dict:
 # --- in the grader --------------------------------------------------------------------
 
 
-def grade(g) -> None:
+def grade(g: Grader) -> None:
     data = make_data()
-    for world_size in g.world_sizes:
-        job = debug_job.read_job(g, g.run("rank_main", world_size, expect_ok=False), data["train_x"])
-        if not debug_job.check_finishes(g, job):
-            debug_job.not_checked(g, job, OTHER_CHECKS)
-            return
+    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
+        world_size = job.world_size
         checkpoint = job.records[0]["checkpoint"]
         resumed, why = resumed_verdict(job, checkpoint["model"])
         g.record("resumed", resumed, why, world_size=world_size)
         steps = [s for s, _ in debug_job.per_rank_steps(job)]
         g.record("epochs-continue", *epochs_verdict(steps, world_size), world_size=world_size)
         g.record("params-identical", *identical_verdict(job, resumed), world_size=world_size)
-        debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
+        debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                                momentum=MOMENTUM, buffers=[b.clone() if b is not None else None
                                                            for b in checkpoint["buffers"]],
                                start=checkpoint["model"], explain=explain_momentum(data, checkpoint))
@@ -159,9 +140,9 @@ def epochs_verdict(steps: list[list[debug_job.Step]], world_size: int) -> tuple[
 def explain_momentum(data: dict, checkpoint: dict):
     """A failing replay: does rank 0's model match a resume without the checkpoint's momentum?"""
     def explain(per_rank, start, final) -> str:
-        model = Net()
+        model = debug_job.TwoLayerNet()
         model.load_state_dict(start)
-        debug_job.replay(model, per_rank, data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn,
+        debug_job.replay(model, per_rank, data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                          momentum=MOMENTUM)
         if debug_job.same_state(final, debug_job.cpu_state(model)):
             return "it matches a resume that started the momentum from zero: load the optimizer's state too"

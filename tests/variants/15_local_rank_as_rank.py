@@ -1,4 +1,8 @@
-"""Exercise 15, broken: takes the worker's rank from LOCAL_RANK: on two nodes, two workers read the same shard and two write the snapshot."""
+"""Exercise 15, broken: takes the worker's rank from LOCAL_RANK: on two nodes, two workers read the same shard and two write the snapshot.
+
+Each writer has a temporary file of its own (named by its pid), so the two saves do not race for one
+temporary name: one os.replace would then find the other's file gone, and which worker raised, on
+which node, whose agent had a restart left, would change the job's end from one grading to the next."""
 # expect-fail: sampler-global-rank rank0-writes-only
 
 
@@ -87,7 +91,7 @@ def main() -> None:
         if rank == 0:
             snapshot = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
             # A kill between these two lines leaves the previous snapshot as it was.
-            tmp_path = args.snapshot + ".tmp"
+            tmp_path = f"{args.snapshot}.{os.getpid()}.tmp"
             torch.save(snapshot, tmp_path)
             os.replace(tmp_path, args.snapshot)
 

@@ -30,219 +30,19 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-import time
-import traceback
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
-from grader import diagnose, probes
+from grader import diagnose
 from grader.checks.shared.state import cpu_state
 from grader.checks.shared.wording import describe_exit
 from grader.child import RankContext
 
-COLLECTIVE_WAIT_S = 6.0  # a collective whose peers have not come after this long is a hang
-LOG_NAME = "log.jsonl"  # what rank 0 of every script appends to in --out, one JSON object per line
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-def write_shared(path: str, obj, rank: int) -> None:
-    """Every rank writes the same ``obj`` to ``path``: through a file of its own, renamed onto it.
-
-    The rename is atomic, so a rank that reads ``path`` after its own write sees a whole file
-    whichever rank's copy it is, and the ranks need not wait for each other.
-    """
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    own = f"{path}.rank{rank}"
-    torch.save(obj, own)
-    os.replace(own, path)
-
-
-def run_job(ctx: RankContext, argv: list[str], *, epochs: int) -> dict:
-    """Call the learner's ``main(argv + [--out, --epochs])`` in this rank, under the probes."""
-    probes.torchrun_environment(ctx.rank, ctx.world_size)
-    out_dir = os.path.join(ctx.run_dir, "out")
-    os.makedirs(out_dir, exist_ok=True)
-    argv = [*argv, "--out", out_dir, "--epochs", str(epochs)]
-    watch = _JobWatch()
-    started = time.monotonic()
-    raised = None
-    with probes.platform_start_method(), watch:
-        main = ctx.function("main")
-        try:
-            main(argv)
-        except BaseException as exc:  # the symptom, when it is an exception: recorded, not re-raised
-            raised = describe(exc, ctx.learner_path, started)
-    return {
-        "events": watch.events,
-        "ddp": watch.settings,
-        "first_states": [cpu_state(m) if s is None else s for m, s in zip(watch.modules, watch.first_states)],
-        "final_states": [cpu_state(m) for m in watch.modules],
-        "trained": watch.trained_index(),
-        "raised": raised,
-        "initialized_after": dist.is_initialized(),
-        "seconds": time.monotonic() - started,
-    }
-
-
-def describe(exc: BaseException, learner_path: str, started: float) -> dict:
-    """An exception from ``main`` as data: type, message, the script's line, the collective it waited in."""
-    from grader.child import describe_exception
-
-    info = describe_exception(exc, learner_path)
-    info["after_s"] = time.monotonic() - started
-    info["waiting_in"] = waiting_in(exc)
-    return info
-
-
-_COLLECTIVE_NAMES = set(probes.COLLECTIVES) | set(probes.POINT_TO_POINT) | {"monitored_barrier", "wait"}
-
-
-def waiting_in(exc: BaseException) -> str:
-    """The collective the exception came out of: "all_reduce", "barrier" ..., "backward" for the
-    gradient all-reduce DDP runs inside loss.backward(), "" when neither."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
-        path = frame.filename.replace("\\", "/")
-        if "/torch/distributed/" in path and frame.name in _COLLECTIVE_NAMES:
-            return frame.name
-    for frame in reversed(frames):
-        path = frame.filename.replace("\\", "/")
-        if "/torch/autograd/" in path or (path.endswith("torch/_tensor.py") and frame.name == "backward"):
-            return "backward"
-        if "/torch/nn/parallel/distributed.py" in path and frame.name == "forward":
-            return "forward"
-    return ""
-
-
-class _JobWatch:
-    """The probes of one job, installed before the script is imported."""
-
-    def __init__(self):
-        self.events: list = []
-        self.settings: list[dict] = []
-        self.modules: list[nn.Module] = []
-        self.first_states: list = []
-        self.forwards: list[int] = []
-        self._undo: list = []
-
-    def trained_index(self) -> int | None:
-        """The DDP model that ran the most training forwards (the last one built on a tie)."""
-        if not self.modules:
-            return None
-        return max(range(len(self.modules)), key=lambda i: (self.forwards[i], i))
-
-    def __enter__(self):
-        from torch.nn.parallel import DistributedDataParallel
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-        from torch.utils.data import DataLoader
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        watch = self
-        events = self.events
-        loaders: dict[int, list] = {}  # id(loader) -> [index, passes so far]
-
-        original_ddp_init = DistributedDataParallel.__init__
-
-        def ddp_init(ddp, module, *args, **kwargs):
-            original_ddp_init(ddp, module, *args, **kwargs)
-            watch._wrap(ddp, module)
-
-        original_iter = DataLoader.__iter__
-
-        def loader_iter(loader):
-            it = original_iter(loader)
-            entry = loaders.setdefault(id(loader), [len(loaders), 0])
-            entry[1] += 1
-            try:
-                it._ddp_grade_pass = (entry[0], entry[1] - 1)
-            except AttributeError:
-                pass
-            return it
-
-        original_next = _BaseDataLoaderIter.__next__
-
-        def loader_next(it):
-            batch = original_next(it)
-            tag = getattr(it, "_ddp_grade_pass", None)
-            if tag is not None:
-                events.append({"what": "batch", "loader": tag[0], "pass": tag[1]})
-            return batch
-
-        original_init_pg = c10d.init_process_group
-
-        def init_process_group(*args, **kwargs):
-            result = original_init_pg(*args, **kwargs)
-            # A wait this long in a collective is a hang: gloo raises there, naming the collective.
-            timeout = kwargs.get("timeout")
-            seconds = COLLECTIVE_WAIT_S if timeout is None else min(COLLECTIVE_WAIT_S, timeout.total_seconds())
-            c10d._set_pg_timeout(timedelta(seconds=seconds))
-            return result
-
-        for owner, name, value in ((DistributedDataParallel, "__init__", ddp_init), (DataLoader, "__iter__", loader_iter),
-                                   (_BaseDataLoaderIter, "__next__", loader_next),
-                                   (c10d, "init_process_group", init_process_group),
-                                   (dist, "init_process_group", init_process_group)):
-            patch = probes.patched(owner, name, value)
-            patch.__enter__()
-            self._undo.append(patch)
-        def record_step(optimizer, args, kwargs):
-            groups = getattr(optimizer, "param_groups", None) or [{}]
-            lr = groups[0].get("lr")
-            events.append({"what": "step", "lr": float(lr) if isinstance(lr, (int, float)) else None})
-
-        self._step_hook = register_optimizer_step_post_hook(record_step)
-        self._collectives = probes.watch_collectives(events)
-        self._collectives.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._collectives.__exit__(None, None, None)
-        self._step_hook.remove()
-        while self._undo:
-            self._undo.pop().__exit__(None, None, None)
-
-    def _wrap(self, ddp, module: nn.Module) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        index = len(self.modules)
-        self.modules.append(module)
-        self.first_states.append(None)
-        self.forwards.append(0)
-        self.settings.append({
-            "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", False)),
-            "static_graph": bool(getattr(ddp, "static_graph", False)),
-            "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", True)),
-        })
-        events = self.events
-
-        def record_forward(mod, args):
-            if not torch.is_grad_enabled():
-                return
-            if self.first_states[index] is None:  # where training starts, after any checkpoint was loaded
-                self.first_states[index] = cpu_state(mod)
-            self.forwards[index] += 1
-            x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            events.append({"what": "forward", "ddp": index,
-                           "x": None if x is None else x.detach().to("cpu", copy=True)})
-
-        def record_sync(state, bucket):
-            events.append({"what": "sync", "ddp": index, "bucket": int(bucket.index()),
-                           "no_sync": not ddp.require_backward_grad_sync})
-            mark = len(events)
-            future = default_hooks.allreduce_hook(None, bucket)
-            for event in events[mark:]:
-                event["grader"] = True  # the hook's own all_reduce, not the script's
-            return future
-
-        module.register_forward_pre_hook(record_forward)
-        ddp.register_comm_hook(None, record_sync)
+from grader.checks.shared.debug_replay import load_into, replay
+from grader.checks.shared.debug_rank import (COLLECTIVE_WAIT_S, LOG_NAME, run_job, waiting_in,  # noqa: F401
+                                             write_shared)
 
 
 # --- in the grader --------------------------------------------------------------------
@@ -537,59 +337,6 @@ def data_split_verdict(steps: list[list[Step]], world_size: int, num_samples: in
     return True, ""
 
 
-# --- replay ----------------------------------------------------------------------------
-
-
-def load_into(model: nn.Module, state: dict) -> str:
-    """Load ``state`` into the grader's copy of the model; "" or what does not fit, in words."""
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as exc:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        return " ".join(lines[1:3] if len(lines) > 1 else lines)[:400]
-    return ""
-
-
-def replay(model: nn.Module, per_rank: list[list[list[list[int]]]], x: torch.Tensor, y: torch.Tensor, *,
-           lr: float, loss_fn, momentum: float = 0.0, buffers: list | None = None,
-           after_step=None) -> list:
-    """Train ``model`` in this process as DDP should have, step by step; its momentum buffers at the end.
-
-    ``per_rank[r][s]``: rank r's micro-batches (sample ids) of step s; ``loss_fn(model, x, y, step)``
-    is the mean loss of one micro-batch at that step. Each micro-batch's loss is
-    divided by the number of micro-batches of that rank's step; gradients are averaged over the
-    ranks (a rank with nothing at a step contributes zero, as under Join). SGD, written out (no
-    torch.optim in the grader's process), with ``momentum`` and its starting ``buffers`` (one per
-    parameter, None for none yet). ``after_step(step, model)`` is called after each update.
-    """
-    params = list(model.parameters())
-    buffers = list(buffers) if buffers is not None else [None] * len(params)
-    world = len(per_rank)
-    steps = max((len(r) for r in per_rank), default=0)
-    for step in range(steps):
-        model.zero_grad(set_to_none=True)
-        for rank_steps in per_rank:
-            if step >= len(rank_steps):
-                continue
-            micro = [m for m in rank_steps[step] if m]
-            for ids in micro:
-                idx = torch.tensor([i for i in ids if i >= 0], dtype=torch.long)
-                if len(idx):
-                    (loss_fn(model, x[idx], y[idx], step) / (len(micro) * world)).backward()
-        with torch.no_grad():
-            for i, p in enumerate(params):
-                if p.grad is None:
-                    continue
-                update = p.grad
-                if momentum:
-                    buffers[i] = update.clone() if buffers[i] is None else buffers[i].mul_(momentum).add_(update)
-                    update = buffers[i]
-                p.add_(update, alpha=-lr)
-        if after_step is not None:
-            after_step(step, model)
-    return buffers
-
-
 # --- inputs and the checks every exercise of the track shares ---------------------------
 
 
@@ -758,3 +505,52 @@ def same_state(a: dict, b: dict, tolerance: float = 1e-5) -> bool:
 
     found = largest_difference(a, b)
     return found is None or found.max_abs <= tolerance
+
+
+# --- the template of an exercise of the track ------------------------------------------
+#
+# A checks module of the track is: its constants, ``make_data`` (the data file its runs read),
+# ``rank_main = job_driver(make_data, EPOCHS)`` (or a driver of its own when the script reads more),
+# and ``grade(g)`` looping over ``finished_jobs``, judging what is particular to its symptom, then
+# ``check_params_identical`` and ``check_replay`` with ``TwoLayerNet`` and ``cross_entropy``.
+
+
+class TwoLayerNet(nn.Module):
+    """The grader's copy of the scripts' model (every script of the track but 22's): 16 features in,
+    32 hidden, 4 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    """The scripts' loss, as :func:`check_replay` calls it."""
+    return torch.nn.functional.cross_entropy(model(x), y)
+
+
+def job_driver(make_data, epochs: int):
+    """The rank-side driver of a job that reads only its data file: ``rank_main = job_driver(make_data, EPOCHS)``."""
+
+    def rank_main(ctx: RankContext) -> dict:
+        return run_job(ctx, ["--data", write_data(ctx, make_data())], epochs=epochs)
+
+    return rank_main
+
+
+def finished_jobs(g, data: dict, other_checks, *, before=None, driver: str = "rank_main"):
+    """Each world size's job, read, for the checks that need a finished one. A job that did not finish
+    fails ``finishes``, leaves ``other_checks`` not checked and ends the loop. ``before(g, job)`` judges
+    what is seen whether the job finished or not."""
+    for world_size in g.world_sizes:
+        job = read_job(g, g.run(driver, world_size, expect_ok=False), data["train_x"])
+        if before is not None:
+            before(g, job)
+        if not check_finishes(g, job):
+            not_checked(g, job, other_checks)
+            return
+        yield job

@@ -1,6 +1,6 @@
 """The script the grader starts under torchrun for exercise 04.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=N ex04_torchrun_entry.py LEARNER_FILE FOLDER
+    python -m torch.distributed.run --standalone --nproc_per_node=N torchrun_entry.py LEARNER_FILE FOLDER
 
 Imports the learner's file and calls its launch_from_env with ``record``, which
 writes what it received and what torchrun set into FOLDER (one JSON file per
