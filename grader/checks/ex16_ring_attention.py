@@ -1,0 +1,879 @@
+"""Exercise 16: ring_attention (context parallelism: K/V blocks around a ring, online softmax).
+
+Rank side: every rank builds the same seeded q, k, v and output gradient G for the whole
+sequence (float64), keeps its own chunk, calls the learner's ring_attention on it and runs
+backward of sum(output * G). It records the output and the gradients of q, k and v, every
+torch.distributed call of forward and of backward (bytes and peer), the multiply-adds of every
+matrix product (counted below autograd by a TorchDispatchMode, so einsum, @ and
+scaled_dot_product_attention all count), and, before each of those products and right after
+forward, which other ranks' key/value blocks are in memory: their bytes are looked for in the
+storages the learner's running frames, its module, its autograd graph and what autograd saved
+for backward hold. Scenarios, in this order: non-causal, causal, queries scaled by 1000, the
+optional zigzag layout, and (in the largest world) two groups, each running its own ring (group=). A second
+run gives the ranks chunks of different lengths (tensor_split of a sequence the world size does
+not divide), where a refusal on every rank is expected. Grader side: single-process attention on
+the whole sequence, in this process, and every rank's tensors compared with its chunk of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from grader import memory, probes
+from grader.child import RankContext
+from grader.compare import tensor_difference
+
+BATCH, HEADS, CHUNK, HEAD_DIM = 2, 2, 4, 8  # CHUNK: positions per rank (even, so that zigzag halves it)
+DTYPE = torch.float64
+SEEDS = {"plain": 1, "causal": 2, "large": 3, "zigzag": 4, "group": 5, "uneven": 6}
+LARGE = 1000.0  # the stability scenario multiplies the queries by this: logits of about 1e3
+RTOL = 1e-9  # float64: the ring sums the blocks in another order than one softmax does
+ATOL = 1e-9  # times the largest |value| of the expected tensor
+SMALL_MESSAGE = 64  # bytes: a message or collective this small carries a few numbers (lengths, a shape), no block
+STALL_TIMEOUT_S = 5.0  # after the first two scenarios: a rank that failed must not leave the others waiting
+FORWARD_PER_BLOCK = 2  # block products per block in forward: q k^T and p v
+BACKWARD_PER_BLOCK = 6  # at most, in backward: 5 recomputing the scores, 6 recomputing the output too
+MOST_HELD = 2  # other ranks' K/V blocks a rank may hold at once: the one it computes with, the one arriving
+REFUSALS = ("ValueError", "AssertionError")
+
+
+# --- shared by ranks and grader -----------------------------------------------------------------
+
+
+def make_inputs(scenario: str, length: int) -> dict[str, torch.Tensor]:
+    """q, k, v and the output gradient g of the whole sequence, [batch, heads, length, head_dim], seeded."""
+    generator = torch.Generator().manual_seed(1000 + SEEDS[scenario] * 100 + length)
+    shape = (BATCH, HEADS, length, HEAD_DIM)
+    out = {name: torch.randn(shape, generator=generator, dtype=DTYPE) for name in ("q", "k", "v", "g")}
+    if scenario == "large":
+        out["q"] = out["q"] * LARGE
+    return out
+
+
+def positions(rank: int, world_size: int, zigzag: bool = False) -> list[int]:
+    """The sequence positions rank ``rank`` holds: its contiguous chunk, or chunks rank and 2W - 1 - rank."""
+    if not zigzag:
+        return list(range(rank * CHUNK, (rank + 1) * CHUNK))
+    half = CHUNK // 2
+    late = 2 * world_size - 1 - rank
+    return list(range(rank * half, (rank + 1) * half)) + list(range(late * half, (late + 1) * half))
+
+
+def uneven_positions(world_size: int) -> list[list[int]]:
+    """Each rank's positions when a sequence of CHUNK * W + 1 is cut by torch.tensor_split (rank 0 one longer)."""
+    return [t.tolist() for t in torch.arange(CHUNK * world_size + 1).tensor_split(world_size)]
+
+
+def groups_of(world_size: int) -> list[list[int]]:
+    """Every rank but rank 1, whose ring skips a global rank (rank 0's neighbours are 2 and W - 1), and
+    rank 1 alone, a ring of one."""
+    if world_size < 2:
+        return [[0]]
+    return [[r for r in range(world_size) if r != 1], [1]]
+
+
+def block_macs() -> int:
+    """Multiply-adds of one block product: a chunk of queries times a chunk of keys (or p times v)."""
+    return BATCH * HEADS * CHUNK * CHUNK * HEAD_DIM
+
+
+# --- in each rank -------------------------------------------------------------------------------
+
+def _macs(func, args) -> int:
+    """Multiply-adds of one aten matrix product (0 for anything else)."""
+    name = str(func)
+    try:
+        if name.startswith(("aten.mm.", "aten.bmm.")):
+            a, b = args[0], args[1]
+        elif name.startswith(("aten.addmm.", "aten.baddbmm.")):
+            a, b = args[1], args[2]
+        elif "scaled_dot_product" in name:
+            backward = "backward" in name
+            q, k = (args[1], args[2]) if backward else (args[0], args[1])
+            products = 5 if backward else 2
+            return products * math.prod(q.shape[:-1]) * k.shape[-2] * q.shape[-1]
+        else:
+            return 0
+        return math.prod(a.shape) * b.shape[-1]
+    except (AttributeError, IndexError, TypeError):
+        return 0
+
+
+@functools.cache
+def _watch_class():
+    """The dispatch mode below, defined on first use (ranks that never count do not import its module)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        """Counts the multiply-adds of matrix products, and calls ``before_product`` before each."""
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # Nothing here is compiled: without this, torch wraps __torch_dispatch__ in torch._dynamo.disable,
+            # and the first use imports torch._dynamo (2 s in every rank).
+            return False
+
+        def __init__(self, before_product):
+            super().__init__()
+            self.macs = 0
+            self.before_product = before_product
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            macs = _macs(func, args)
+            if macs:
+                self.macs += macs
+                self.before_product()
+            return func(*args, **(kwargs or {}))
+
+    return Watch
+
+
+class HeldBlocks:
+    """Which other ranks' K/V blocks a rank holds, looked for byte for byte in the storages alive."""
+
+    def __init__(self, fingerprints: dict[int, list[bytes]], learner, learner_file: str):
+        self.fingerprints = fingerprints
+        self.learner = learner
+        self.learner_file = learner_file
+        # The learner's own globals (a cache at module level counts), not the module's machinery.
+        self.globals = [value for name, value in vars(learner).items() if not name.startswith("__")]
+        self.saved: list = []  # weak references to what autograd saved in forward (memory.watch_saved)
+        self.graph: list = []  # the output and its autograd nodes, once forward returned
+        self.most: list[int] = []
+        self.where = ""
+        self.probes = 0
+
+    def probe(self, where: str) -> None:
+        if not self.fingerprints:
+            return
+        self.probes += 1
+        roots = self.globals + self.graph + memory.running_locals(self.learner_file)
+        storages = memory.distinct_storages(memory.reachable_tensors(roots, self.learner.__name__))
+        storages.update(memory.saved_storages(self.saved))
+        contents = [_contents(s) for s in storages.values()]
+        found = sorted(rank for rank, prints in self.fingerprints.items()
+                       if any(p in raw for p in prints for raw in contents))
+        for raw in contents:  # no copy of another rank's block may stay behind in freed memory
+            raw[:] = bytes(len(raw))
+        if len(found) > len(self.most):
+            self.most, self.where = found, where
+
+    def record(self) -> dict:
+        return {"most": self.most, "where": self.where, "probes": self.probes}
+
+
+def _contents(storage: torch.UntypedStorage) -> bytearray:
+    """A copy of a storage's bytes, which the caller zeroes after use (memory.storage_bytes would leave its
+    copies of other ranks' blocks in freed memory, where a buffer the learner allocates next could find them)."""
+    view = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    if view.device.type == "cpu":
+        return bytearray(view.numpy())
+    host = view.cpu()
+    out = bytearray(host.numpy())
+    host.zero_()
+    return out
+
+
+def _block_bytes(tensor: torch.Tensor) -> bytes:
+    """A block's bytes (kept alive while its scenario runs); the tensor is zeroed after."""
+    out = tensor.contiguous().numpy().tobytes()
+    tensor.zero_()
+    return out
+
+
+class _NoWatch(contextlib.nullcontext):
+    """What a scenario that neither counts products nor looks at memory watches with."""
+
+    macs = 0
+
+    def __init__(self, before_product):
+        super().__init__()
+
+
+def _graph_nodes(output) -> list:
+    """The output and every node of its autograd graph (a custom Function's ctx keeps what it was given)."""
+    nodes, stack, seen = [], [getattr(output, "grad_fn", None)], set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        nodes.append(node)
+        stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
+    return [output] + nodes
+
+
+def _plain(value):
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__}"
+    out = torch.empty(value.shape, dtype=value.dtype)
+    out.copy_(value.detach().to("cpu"))
+    return out
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:400]
+
+
+def _agree(ok: bool, ctx: RankContext) -> bool:
+    """Whether every rank is ok (so that all go on to backward, or none does)."""
+    flag = torch.tensor([1 if ok else 0], device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _own_chunk(full: dict, rows: list[int], ctx: RankContext) -> dict:
+    """This rank's chunk of each tensor; the whole tensors are zeroed, so that no other rank's values
+    stay behind in memory the learner's buffers could be given."""
+    index = torch.tensor(rows)
+    out = {name: t.index_select(2, index).to(ctx.device) for name, t in full.items()}
+    for t in full.values():
+        t.zero_()
+    return out
+
+
+def _fingerprints(full: dict, ctx: RankContext, members: list[int], zigzag: bool) -> dict[int, list[bytes]]:
+    """The bytes of every other rank's K and V blocks, each copy zeroed after use."""
+    out = {}
+    for group_rank, rank in enumerate(members):
+        if rank == ctx.rank:
+            continue
+        index = torch.tensor(positions(group_rank, len(members), zigzag))
+        prints = []
+        for name in ("k", "v"):
+            prints.append(_block_bytes(full[name].index_select(2, index)))
+        out[rank] = prints
+    return out
+
+
+def _run_case(ctx: RankContext, call, scenario: str, events: list, learner, learner_file: str, *,
+              rows: list[int], length: int, members: list[int], zigzag: bool = False, count: bool = True,
+              measure: bool = False) -> dict:
+    """Forward and backward of one scenario on this rank's chunk: the tensors, the messages, the block
+    products (``count``) and the most other ranks' blocks held at once (``measure``)."""
+    full = make_inputs(scenario, length)
+    prints = _fingerprints(full, ctx, members, zigzag) if measure else {}
+    chunk = _own_chunk(full, rows, ctx)
+    del full
+    q, k, v = (chunk[name].requires_grad_(True) for name in ("q", "k", "v"))
+    held = HeldBlocks(prints, learner, learner_file)
+    watch = _watch_class() if count or measure else _NoWatch
+    forward_watch = watch(lambda: held.probe("in forward"))
+    first = len(events)
+    with memory.watch_saved(held.saved), forward_watch:
+        out = call(q, k, v)
+    forward_events = [dict(e) for e in events[first:]]
+    run = {"output": _plain(out), "forward_events": forward_events, "backward_events": [],
+           "forward_macs": forward_watch.macs, "backward_macs": 0, "backward_ran": False,
+           "grads": {"q": None, "k": None, "v": None}}
+    ok = isinstance(out, torch.Tensor) and out.requires_grad and tuple(out.shape) == tuple(q.shape)
+    if measure:
+        held.graph = _graph_nodes(out) if isinstance(out, torch.Tensor) else [out]
+        held.probe("after forward (what is kept for backward)")
+    if not _agree(ok, ctx):
+        run["held"] = held.record()
+        return run
+    backward_watch = watch(lambda: held.probe("in backward"))
+    first = len(events)
+    with backward_watch:
+        (out * chunk["g"]).sum().backward()
+    run["backward_events"] = [dict(e) for e in events[first:]]
+    run["backward_macs"] = backward_watch.macs
+    run["backward_ran"] = True
+    run["grads"] = {"q": _plain(q.grad), "k": _plain(k.grad), "v": _plain(v.grad)}
+    held.graph = []
+    run["held"] = held.record()
+    return run
+
+
+def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    events: list = []
+    with probes.watch_collectives(events), ctx.group():
+        ring_attention = ctx.function("ring_attention")
+        learner = ctx.learner()
+        return _observe(ctx, learner, ring_attention, events)
+
+
+def _observe(ctx: RankContext, learner, ring_attention, events: list) -> dict:
+    world_size, rank = ctx.world_size, ctx.rank
+    learner_file = os.path.abspath(learner.__file__)
+    everyone = list(range(world_size))
+    common = {"rows": positions(rank, world_size), "length": CHUNK * world_size, "members": everyone}
+    # Memory is measured without causal masking, where every block meets every rank's queries, and only
+    # with enough ranks: with W - 1 <= 2 other ranks no rank can hold too many of their blocks.
+    measure = world_size > MOST_HELD + 1
+    obs = {}
+    for scenario, causal in (("plain", False), ("causal", True)):
+        obs[scenario] = _run_case(ctx, lambda q, k, v, causal=causal: ring_attention(q, k, v, causal=causal),
+                                  scenario, events, learner, learner_file, measure=measure and not causal, **common)
+
+    # From here on a rank that fails may leave the others waiting: a short timeout turns that into an error.
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
+    try:
+        obs["large"] = _run_case(ctx, lambda q, k, v: ring_attention(q, k, v), "large", events, learner,
+                                 learner_file, count=False, **common)
+    except Exception as exc:  # the observation; nothing after it runs (peers may be mid-ring)
+        obs["large"] = {"error": _error(exc)}
+        return obs
+
+    zigzag = getattr(learner, "zigzag_ring_attention", None)
+    if zigzag is None:
+        obs["zigzag"] = {"absent": True}
+    else:
+        try:
+            obs["zigzag"] = _run_case(ctx, lambda q, k, v: zigzag(q, k, v), "zigzag", events, learner,
+                                      learner_file, rows=positions(rank, world_size, zigzag=True),
+                                      length=CHUNK * world_size, members=everyone, zigzag=True)
+        except NotImplementedError:
+            obs["zigzag"] = {"not_implemented": True}
+        except Exception as exc:
+            obs["zigzag"] = {"error": _error(exc)}
+            return obs
+
+    if not ctx.kwargs.get("groups"):
+        return obs
+    # Every rank makes every group, in the same order; each rank then runs the ring of its own.
+    groups = groups_of(world_size)
+    handles = [dist.new_group(members) for members in groups]
+    mine = next(i for i, members in enumerate(groups) if rank in members)
+    members = groups[mine]
+    try:
+        obs["group"] = _run_case(ctx, lambda q, k, v: ring_attention(q, k, v, group=handles[mine]),
+                                 "group", events, learner, learner_file,
+                                 rows=positions(members.index(rank), len(members)), length=CHUNK * len(members),
+                                 members=members, count=False)
+        obs["group"]["members"] = members
+    except Exception as exc:
+        obs["group"] = {"error": _error(exc), "members": members}
+    return obs
+
+
+def uneven_main(ctx: RankContext) -> dict:
+    """Chunks of different lengths (rank 0 one longer): what ring_attention does with them."""
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    with ctx.group():
+        ring_attention = ctx.function("ring_attention")
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
+        rows = uneven_positions(ctx.world_size)[ctx.rank]
+        chunk = _own_chunk(make_inputs("uneven", CHUNK * ctx.world_size + 1), rows, ctx)
+        q, k, v = (chunk[name].requires_grad_(True) for name in ("q", "k", "v"))
+        try:
+            out = ring_attention(q, k, v)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # the observation: a refusal, or an accident of the lengths
+            return {"raised": type(exc).__name__, "message": str(exc)[:300], "length": len(rows)}
+        run = {"raised": None, "length": len(rows), "output": _plain(out), "grads": None}
+        try:
+            (out * chunk["g"]).sum().backward()
+            run["grads"] = {"q": _plain(q.grad), "k": _plain(k.grad), "v": _plain(v.grad)}
+        except Exception as exc:
+            run["backward_error"] = _error(exc)
+        return run
+
+
+# --- in the grader ------------------------------------------------------------------------------
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: bool = True,
+              mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(head_dim)) v in one process; ``mask`` (True: left out) replaces the causal one."""
+    scores = q @ k.transpose(-2, -1)
+    if scale:
+        scores = scores / math.sqrt(q.shape[-1])
+    if causal and mask is None:
+        n = scores.shape[-1]
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def reference(scenario: str, length: int, causal: bool) -> dict[str, torch.Tensor]:
+    """Single-process attention of the whole sequence: the output and the gradients of q, k and v."""
+    data = make_inputs(scenario, length)
+    q, k, v = (data[name].clone().requires_grad_(True) for name in ("q", "k", "v"))
+    out = attention(q, k, v, causal)
+    (out * data["g"]).sum().backward()
+    return {"output": out.detach(), "q": q.grad, "k": k.grad, "v": v.grad}
+
+
+def expected_for(world_size: int) -> dict:
+    length = CHUNK * world_size
+    out = {"plain": reference("plain", length, False), "causal": reference("causal", length, True),
+           "large": reference("large", length, False), "zigzag": reference("zigzag", length, True)}
+    out["group"] = {len(members): reference("group", CHUNK * len(members), False)
+                    for members in groups_of(world_size)}
+    return out
+
+
+def grade(g) -> None:
+    largest = max(g.world_sizes)
+    # The groups (two interleaved rings) run in the largest world only: new groups cost time to connect.
+    runs = [g.Run("rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
+    if largest >= 2:  # chunks of different lengths, in a run of their own: gloo may abort a rank there
+        runs.append(g.Run("uneven_main", largest, expect_ok=False))
+    outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
+    held_decided = False
+    zigzag_seen = set()
+    lines = []
+    for world_size in g.world_sizes:
+        observations = next(outcomes).results()
+        expected = expected_for(world_size)
+        check_outputs(g, observations, expected, world_size)
+        check_gradients(g, observations, expected, world_size)
+        check_stable(g, observations, expected["large"], world_size)
+        check_neighbours(g, observations, world_size)
+        check_hops(g, observations, world_size)
+        check_causal_work(g, observations, world_size)
+        if world_size > MOST_HELD + 1:
+            check_held(g, observations, world_size)
+            held_decided = True
+        if world_size == largest:
+            check_group(g, observations, expected["group"], world_size)
+        zigzag_seen.add(check_zigzag(g, observations, expected["zigzag"], world_size))
+        lines.append(describe_ring(observations, world_size))
+    if not held_decided:
+        g.skip("two-blocks-held", f"with {largest} ranks there are at most {largest - 1} other ranks' blocks: the "
+               f"limit of {MOST_HELD} shows from {MOST_HELD + 2} ranks on")
+    if zigzag_seen == {"absent"}:
+        for check_id in ("zigzag-matches", "zigzag-balanced"):
+            g.skip(check_id, "optional: zigzag_ring_attention is not defined, or raises NotImplementedError")
+    if largest >= 2:
+        check_uneven(g, next(outcomes), largest)
+    else:
+        g.skip("uneven-refused", "one rank: every sequence is divisible by 1")
+    g.section("the ring, as measured", "\n".join(lines))
+
+
+# --- comparing ---------------------------------------------------------------------------------
+
+
+def _chunk(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    return tensor.index_select(2, torch.tensor(rows))
+
+
+def _compare(got, want: torch.Tensor, whole: torch.Tensor, name: str):
+    scale = float(whole.abs().max()) if whole.numel() else 1.0
+    return tensor_difference(got, want, rtol=RTOL, atol=ATOL * max(scale, 1e-30), name=name)
+
+
+def _close(got, want: torch.Tensor) -> bool:
+    return isinstance(got, torch.Tensor) and got.shape == want.shape and \
+        torch.allclose(got.double(), want, rtol=1e-7, atol=1e-7 * float(want.abs().max() or 1.0))
+
+
+def _failed_run(run: dict, name: str = "ring_attention") -> str | None:
+    if run is None:
+        return "this scenario was not run (an earlier one failed)"
+    if run.get("error"):
+        return f"{name} raised {run['error']}"
+    return None
+
+
+def explain_output(got, scenario: str, rank: int, world_size: int, rows: list[int]) -> str:
+    """What a wrong output equals instead, when it equals something recognisable."""
+    if not isinstance(got, torch.Tensor):
+        return ""
+    data = make_inputs(scenario, CHUNK * world_size)
+    q, k, v = data["q"], data["k"], data["v"]
+    causal = scenario == "causal"
+    own = _chunk(q, rows), _chunk(k, rows), _chunk(v, rows)
+    n = CHUNK * world_size
+    candidates = [
+        ("attention without the 1/sqrt(head_dim) scale", _chunk(attention(q, k, v, causal, scale=False), rows)),
+        ("attention over this rank's own chunk alone: the other ranks' blocks never entered the result",
+         attention(*own, causal)),
+    ]
+    if causal:
+        upper = torch.ones(n, n, dtype=torch.bool).triu(1)
+        own_block = torch.zeros(n, n, dtype=torch.bool)
+        own_block[rows[0]:rows[-1] + 1, rows[0]:rows[-1] + 1] = True
+        candidates += [
+            ("non-causal attention: no mask was applied", _chunk(attention(q, k, v), rows)),
+            (("causal attention with this rank's own block left unmasked: keys after the query inside the "
+              "diagonal block were counted"), _chunk(attention(q, k, v, mask=upper & ~own_block), rows)),
+        ]
+    for words, value in candidates:
+        if _close(got, value):
+            return f"; it equals {words}"
+    return ""
+
+
+def check_outputs(g, observations: list[dict], expected: dict, world_size: int) -> None:
+    for check_id, scenario, what in (("matches-attention", "plain", "non-causal"),
+                                     ("causal-matches", "causal", "causal=True")):
+        want = expected[scenario]["output"]
+        for rank, obs in enumerate(observations):
+            rows = positions(rank, world_size)
+            got = obs[scenario]["output"]
+            found = _compare(got, _chunk(want, rows), want, "output")
+            if found is not None:
+                g.record(check_id, False,
+                         f"world size {world_size}, rank {rank} ({what}, positions {rows[0]}-{rows[-1]} of "
+                         f"{CHUNK * world_size}): the output is not this rank's chunk of single-process attention: "
+                         f"{found}{explain_output(got, scenario, rank, world_size, rows)}",
+                         rank=rank, world_size=world_size)
+                break
+        else:
+            g.record(check_id, True)
+
+
+def explain_grads(run: dict, scenario: str, rank: int, world_size: int, rows: list[int]) -> str:
+    """Whether k.grad and v.grad hold only this rank's own queries' share (the gradients never travelled)."""
+    data = make_inputs(scenario, CHUNK * world_size)
+    q, k, v = (data[name].clone().requires_grad_(True) for name in ("q", "k", "v"))
+    only_mine = torch.zeros_like(data["g"])
+    only_mine[:, :, rows] = data["g"][:, :, rows]
+    (attention(q, k, v, scenario == "causal") * only_mine).sum().backward()
+    if _close(run["grads"]["k"], _chunk(k.grad, rows)) and _close(run["grads"]["v"], _chunk(v.grad, rows)):
+        return ("; k.grad and v.grad hold only the share of this rank's own queries: the other ranks' shares of "
+                "the gradients of this rank's block never came back to it")
+    return ""
+
+
+def _grads_problem(run: dict, want: dict, rows: list[int]) -> tuple[str, object] | None:
+    if not run.get("backward_ran"):
+        return "output", ("no backward could be run: the output is not a tensor of q's shape that requires grad "
+                          f"(it is {_describe(run.get('output'))})")
+    for name in ("q", "k", "v"):
+        got = run["grads"][name]
+        if got is None:
+            return name, f"{name}.grad is None after backward: the output does not depend on {name} through autograd"
+        found = _compare(got, _chunk(want[name], rows), want[name], f"{name}.grad")
+        if found is not None:
+            return name, found
+    return None
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return str(value)
+
+
+def check_gradients(g, observations: list[dict], expected: dict, world_size: int) -> None:
+    for check_id, scenario, what in (("grads-match", "plain", "non-causal"),
+                                     ("causal-grads-match", "causal", "causal=True")):
+        for rank, obs in enumerate(observations):
+            rows = positions(rank, world_size)
+            run = obs[scenario]
+            problem = _grads_problem(run, expected[scenario], rows)
+            if problem is not None:
+                name, found = problem
+                why = explain_grads(run, scenario, rank, world_size, rows) if name in ("k", "v") else ""
+                g.record(check_id, False,
+                         f"world size {world_size}, rank {rank} ({what}): after backward of sum(output * G), "
+                         f"{found}, against this rank's chunk of single-process attention's gradient{why}",
+                         rank=rank, world_size=world_size)
+                break
+        else:
+            g.record(check_id, True)
+
+
+def check_stable(g, observations: list[dict], want: dict, world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        run = obs.get("large")
+        rows = positions(rank, world_size)
+        failed = _failed_run(run)
+        if failed is None:
+            found = _compare(run["output"], _chunk(want["output"], rows), want["output"], "output")
+            problem = None if found is None else f"the output: {found}"
+            if problem is None:
+                grads = _grads_problem(run, want, rows)
+                problem = None if grads is None else f"the gradients: {grads[1]}"
+            if problem is None:
+                continue
+            bad = [name for name, t in [("output", run["output"]), *run["grads"].items()]
+                   if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all())]
+            failed = problem + (f" ({', '.join(bad)} hold inf or NaN)" if bad else "")
+        g.record("stable-large-logits", False,
+                 f"world size {world_size}, rank {rank}: with the queries multiplied by {LARGE:g} (logits of about "
+                 f"{LARGE:g}, exp of which overflows), {failed}", rank=rank, world_size=world_size)
+        return
+    g.record("stable-large-logits", True)
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+def ring_peers(rank: int, members: list[int]) -> set[int]:
+    """The global ranks of this rank's two neighbours in the ring of ``members`` (global ranks, in order)."""
+    if len(members) < 2:
+        return set()
+    i = members.index(rank)
+    return {members[(i + 1) % len(members)], members[(i - 1) % len(members)]}
+
+
+def _stray_message(events: list[dict], rank: int, members: list[int]) -> str | None:
+    """The first message to or from a rank that is not a ring neighbour, or collective of K/V-sized data."""
+    peers = ring_peers(rank, members)
+    for e in events:
+        if e["op"] in probes.POINT_TO_POINT:
+            if e["peer"] not in peers:
+                to = "to" if e["op"] in ("send", "isend") else "from"
+                near = ", ".join(map(str, sorted(peers))) or "none (a ring of one rank)"
+                return (f"dist.{e['op']} of {e['bytes']} bytes {to} rank {e['peer']}, not a ring neighbour "
+                        f"(rank {rank}'s are {near})")
+        elif e["op"] in probes.COLLECTIVES and e["bytes"] > SMALL_MESSAGE:
+            return (f"dist.{e['op']} of {e['bytes']} bytes: a collective talks to every rank, and this one "
+                    f"carries more than the {SMALL_MESSAGE} bytes of a few numbers")
+    return None
+
+
+def check_neighbours(g, observations: list[dict], world_size: int) -> None:
+    everyone = list(range(world_size))
+    for scenario, what in (("plain", "non-causal"), ("causal", "causal=True")):
+        for rank, obs in enumerate(observations):
+            run = obs[scenario]
+            for phase in ("forward", "backward"):
+                stray = _stray_message(run[f"{phase}_events"], rank, everyone)
+                if stray is not None:
+                    g.record("ring-neighbours", False,
+                             f"world size {world_size}, rank {rank}, {what} {phase}: {stray}",
+                             rank=rank, world_size=world_size)
+                    return
+    g.record("ring-neighbours", True)
+
+
+def _big(events: list[dict], ops: tuple[str, ...]) -> list[dict]:
+    return [e for e in events if e["op"] in ops and e["bytes"] > SMALL_MESSAGE]
+
+
+def check_hops(g, observations: list[dict], world_size: int) -> None:
+    """Per forward, each rank sends and receives K and V blocks for W - 1 hops: 2 (W - 1) blocks' bytes
+    (exactly without causal; at most with it, where a block nobody needs may stay home)."""
+    block = BATCH * HEADS * CHUNK * HEAD_DIM * torch.finfo(DTYPE).bits // 8
+    want = 2 * (world_size - 1) * block
+    for scenario, exact in (("plain", True), ("causal", False)):
+        for rank, obs in enumerate(observations):
+            events = obs[scenario]["forward_events"]
+            for ops, verb in ((("send", "isend"), "sent"), (("recv", "irecv"), "received")):
+                moved = _big(events, ops)
+                total = sum(e["bytes"] for e in moved)
+                if total == want or (not exact and total < want):
+                    continue
+                what = "non-causal" if exact else "causal=True"
+                g.record("ring-hops", False,
+                         f"world size {world_size}, rank {rank}, {what} forward: it {verb} {total} bytes in "
+                         f"{len(moved)} message(s) ({_blocks(total, block)}); K and V making {world_size - 1} "
+                         f"hop(s) each are 2 x {world_size - 1} blocks of {BATCH}x{HEADS}x{CHUNK}x{HEAD_DIM} "
+                         f"float64 = {want} bytes", rank=rank, world_size=world_size)
+                return
+    g.record("ring-hops", True)
+
+
+def _blocks(total: int, block: int) -> str:
+    count = total / block
+    return f"{count:g} block(s)" if count == int(count) else f"{count:.2f} blocks"
+
+
+# --- work and memory ---------------------------------------------------------------------------
+
+
+def check_causal_work(g, observations: list[dict], world_size: int) -> None:
+    unit = block_macs()
+    for rank, obs in enumerate(observations):
+        run = obs["causal"]
+        for phase, per_block in (("forward", FORWARD_PER_BLOCK), ("backward", BACKWARD_PER_BLOCK)):
+            if phase == "backward" and not run["backward_ran"]:
+                continue
+            done = run[f"{phase}_macs"] / unit
+            allowed = per_block * (rank + 1)
+            if done > allowed + 1e-9:
+                future = world_size - rank - 1
+                g.record("causal-skips-future", False,
+                         f"world size {world_size}, rank {rank}, causal=True {phase}: its matrix products came to "
+                         f"{done:g} block products (one block product: {CHUNK} queries against {CHUNK} keys, "
+                         f"head_dim {HEAD_DIM}, {BATCH} x {HEADS} batch and heads, {unit} multiply-adds); rank "
+                         f"{rank} needs the blocks of ranks 0 to {rank} only, {rank + 1} block(s) at {per_block} "
+                         f"products each at most: {allowed:g}. The {future} block(s) of later ranks are wholly in "
+                         "its future", rank=rank, world_size=world_size)
+                return
+    g.record("causal-skips-future", True)
+
+
+def check_held(g, observations: list[dict], world_size: int) -> None:
+    for scenario, what in (("plain", "non-causal"), ("causal", "causal=True")):
+        for rank, obs in enumerate(observations):
+            held = obs[scenario].get("held") or {}
+            most = held.get("most", [])
+            if len(most) > MOST_HELD:
+                g.record("two-blocks-held", False,
+                         f"world size {world_size}, rank {rank}, {what}: {held['where']}, the K/V blocks of "
+                         f"{len(most)} other ranks were in its memory at once (ranks "
+                         f"{', '.join(map(str, most))}, found byte for byte in its variables, its autograd graph "
+                         f"and what autograd saved for backward); at most {MOST_HELD} may be",
+                         rank=rank, world_size=world_size)
+                return
+    g.record("two-blocks-held", True)
+
+
+# --- groups, zigzag, uneven ---------------------------------------------------------------------
+
+
+def check_group(g, observations: list[dict], expected: dict, world_size: int) -> None:
+    for rank, obs in enumerate(observations):
+        run = obs.get("group")
+        if run is None:
+            zigzag_failed = (obs.get("zigzag") or {}).get("error")
+            g.not_checked("uses-group", "zigzag-matches" if zigzag_failed else "stable-large-logits",
+                          "not run: the scenario before it failed", world_size=world_size)
+            return
+        members = run["members"]
+        said = (f"world size {world_size}, rank {rank} in group={members} (ring_attention(q, k, v, group=...), "
+                f"each of {groups_of(world_size)} running a ring of its own)")
+        if run.get("error"):
+            g.record("uses-group", False, f"{said}: it raised {run['error']}", rank=rank, world_size=world_size)
+            return
+        want = expected[len(members)]
+        rows = positions(members.index(rank), len(members))
+        found = _compare(run["output"], _chunk(want["output"], rows), want["output"], "output")
+        problem = None if found is None else f"the output: {found}"
+        if problem is None:
+            grads = _grads_problem(run, want, rows)
+            problem = None if grads is None else f"the gradients: {grads[1]}"
+        if problem is None:
+            stray = _stray_message(run["forward_events"] + run["backward_events"], rank, members)
+            problem = None if stray is None else stray + " in the group's ring"
+        if problem is not None:
+            g.record("uses-group", False, f"{said}: {problem}. The sequence is the group's: rank {rank} is rank "
+                     f"{members.index(rank)} of {len(members)} there", rank=rank, world_size=world_size)
+            return
+    g.record("uses-group", True)
+
+
+def check_zigzag(g, observations: list[dict], want: dict, world_size: int) -> str:
+    """Records both zigzag checks; returns "absent" when there is no zigzag to grade, else "graded"."""
+    runs = [obs.get("zigzag") for obs in observations]
+    if any(run is None for run in runs):
+        for check_id in ("zigzag-matches", "zigzag-balanced"):
+            g.not_checked(check_id, "stable-large-logits", "not run: the scenario before it failed",
+                          world_size=world_size)
+        return "graded"
+    if all(run is not None and (run.get("absent") or run.get("not_implemented")) for run in runs):
+        return "absent"
+    for rank, run in enumerate(runs):
+        failed = _failed_run(run, "zigzag_ring_attention") or ("it raised NotImplementedError on this rank only"
+                                      if run.get("not_implemented") or run.get("absent") else None)
+        rows = positions(rank, world_size, zigzag=True)
+        if failed is None:
+            found = _compare(run["output"], _chunk(want["output"], rows), want["output"], "output")
+            failed = None if found is None else f"the output: {found}"
+        if failed is None:
+            grads = _grads_problem(run, want, rows)
+            failed = None if grads is None else f"the gradients: {grads[1]}"
+        if failed is not None:
+            half = CHUNK // 2
+            g.record("zigzag-matches", False,
+                     f"world size {world_size}, rank {rank} holding positions {rows[:half]} and {rows[half:]} "
+                     f"(chunks {rank} and {2 * world_size - 1 - rank} of {2 * world_size}): {failed}, against "
+                     "causal single-process attention", rank=rank, world_size=world_size)
+            g.not_checked("zigzag-balanced", "zigzag-matches", "the zigzag results are wrong",
+                          world_size=world_size)
+            return "graded"
+    g.record("zigzag-matches", True)
+    unit = block_macs()
+    for rank, run in enumerate(runs):
+        for phase, per_block in (("forward", FORWARD_PER_BLOCK), ("backward", BACKWARD_PER_BLOCK)):
+            done = run[f"{phase}_macs"] / unit
+            allowed = per_block * (world_size + 1) / 2
+            if done > allowed + 1e-9:
+                g.record("zigzag-balanced", False,
+                         f"world size {world_size}, rank {rank}, zigzag {phase}: its matrix products came to "
+                         f"{done:g} block products ({CHUNK} queries against {CHUNK} keys each); a balanced zigzag "
+                         f"multiplies its own block and half a block of each of the {world_size - 1} other ranks, "
+                         f"at {per_block} products per block at most: {allowed:g}", rank=rank, world_size=world_size)
+                return "graded"
+    g.record("zigzag-balanced", True)
+    return "graded"
+
+
+def check_uneven(g, outcome, world_size: int) -> None:
+    """Chunks of different lengths: every rank refuses (ValueError or assert), or every rank's result is right."""
+    lengths = [len(rows) for rows in uneven_positions(world_size)]
+    said = (f"world size {world_size}, chunks of lengths {lengths} (a sequence of {sum(lengths)} cut by "
+            "tensor_split)")
+    results = outcome.results()
+    for rank, r in enumerate(outcome.ranks):
+        if r.status != "ok":
+            err = r.error or {}
+            how = (f"raised {err.get('type')}: {str(err.get('message'))[:200]}" if err else
+                   f"ended without a result (exit code {r.exitcode}){_last_line(r.output)}")
+            g.record("uneven-refused", False, f"{said}: rank {rank}'s process {how}. Refuse such chunks with a "
+                     "ValueError on every rank, before the ring starts", rank=rank, world_size=world_size)
+            return
+    raised = [(rank, res) for rank, res in enumerate(results) if res["raised"]]
+    if raised:
+        accident = next(((rank, res) for rank, res in raised if res["raised"] not in REFUSALS), None)
+        if accident is not None:
+            rank, res = accident
+            g.record("uneven-refused", False, f"{said}: rank {rank} raised {res['raised']}: {res['message']!r}, "
+                     "an accident of the lengths rather than a refusal; raise ValueError saying the lengths, on "
+                     "every rank, before the ring starts", rank=rank, world_size=world_size)
+            return
+        if len(raised) < world_size:
+            went_on = next(rank for rank, res in enumerate(results) if not res["raised"])
+            g.record("uneven-refused", False, f"{said}: rank {raised[0][0]} raised {raised[0][1]['raised']} but "
+                     f"rank {went_on} returned an output: the ranks must refuse together (compare every rank's "
+                     "length, not only a neighbour's)", rank=went_on, world_size=world_size)
+            return
+        g.record("uneven-refused", True)
+        return
+    # Every rank returned: then every result must be right.
+    data = make_inputs("uneven", sum(lengths))
+    want = reference("uneven", sum(lengths), False)
+    del data
+    for rank, res in enumerate(results):
+        rows = uneven_positions(world_size)[rank]
+        found = _compare(res["output"], _chunk(want["output"], rows), want["output"], "output")
+        if found is None and res.get("grads") is not None:
+            for name in ("q", "k", "v"):
+                found = _compare(res["grads"][name], _chunk(want[name], rows), want[name], f"{name}.grad")
+                if found is not None:
+                    break
+        elif found is None:
+            found = f"backward failed: {res.get('backward_error')}"
+        if found is not None:
+            g.record("uneven-refused", False, f"{said}: no rank refused, and rank {rank}'s result is wrong: {found}. "
+                     "Raise ValueError on every rank when the lengths differ", rank=rank, world_size=world_size)
+            return
+    g.record("uneven-refused", True)
+
+
+def _last_line(output: str) -> str:
+    lines = [line for line in (output or "").splitlines() if line.strip()]
+    return f"; its last output: {lines[-1].strip()[:200]}" if lines else ""
+
+
+# --- the report's section -----------------------------------------------------------------------
+
+
+def describe_ring(observations: list[dict], world_size: int) -> str:
+    """One line per world size: what each rank sent in forward, its block products, the most blocks held."""
+    unit = block_macs()
+    block = BATCH * HEADS * CHUNK * HEAD_DIM * 8
+
+    def per_rank(values) -> str:
+        return "/".join(f"{v:g}" for v in values)
+
+    sent = [sum(e["bytes"] for e in _big(obs["plain"]["forward_events"], ("send", "isend"))) / block
+            for obs in observations]
+    forward = [obs["causal"]["forward_macs"] / unit for obs in observations]
+    backward = [obs["causal"]["backward_macs"] / unit for obs in observations]
+    line = (f"{world_size} ranks (rank 0/1/...): blocks sent per forward {per_rank(sent)}; causal block products "
+            f"forward {per_rank(forward)}, backward {per_rank(backward)}")
+    if world_size > MOST_HELD + 1:
+        held = [len((obs["plain"].get("held") or {}).get("most", [])) for obs in observations]
+        line += f"; most other ranks' K/V held at once {per_rank(held)}"
+    return line
