@@ -7,12 +7,13 @@ import functools
 import torch
 
 from grader import catalog
+from grader.checks import ex16_rank
 from grader.checks import ex16_ring_attention as ex
 from grader.grading import Grading, Plan
 from grader.harness import RankOutcome, WorldOutcome
 
-BLOCK = ex.BATCH * ex.HEADS * ex.CHUNK * ex.HEAD_DIM * 8  # bytes of one K or V block, float64
-UNIT = ex.block_macs()
+BLOCK = ex16_rank.BATCH * ex16_rank.HEADS * ex16_rank.CHUNK * ex16_rank.HEAD_DIM * 8  # bytes of one K or V block, float64
+UNIT = ex16_rank.block_macs()
 
 
 def grading(world_size: int = 2) -> Grading:
@@ -55,7 +56,7 @@ def right_run(want: dict, rows: list[int], rank: int, members: list[int], blocks
         "forward_events": [lengths] + ring_events(rank, members, size - 1),
         # Backward: K and V make W - 1 hops, their gradients W.
         "backward_events": ring_events(rank, members, size - 1) + ring_events(rank, members, size),
-        "forward_macs": ex.FORWARD_PER_BLOCK * blocks_computed * UNIT,
+        "forward_macs": ex16_rank.FORWARD_PER_BLOCK * blocks_computed * UNIT,
         "backward_macs": 5 * blocks_computed * UNIT,
         "held": {"most": [], "where": "", "probes": 0},
     }
@@ -66,18 +67,18 @@ def right_observations(world_size: int) -> list[dict]:
     everyone = list(range(world_size))
     observations = []
     for rank in range(world_size):
-        rows = ex.positions(rank, world_size)
+        rows = ex16_rank.positions(rank, world_size)
         obs = {
             "plain": right_run(want["plain"], rows, rank, everyone, world_size),
             "causal": right_run(want["causal"], rows, rank, everyone, rank + 1),
             "large": right_run(want["large"], rows, rank, everyone, world_size),
-            "zigzag": right_run(want["zigzag"], ex.positions(rank, world_size, zigzag=True), rank, everyone,
+            "zigzag": right_run(want["zigzag"], ex16_rank.positions(rank, world_size, zigzag=True), rank, everyone,
                                 (world_size + 1) / 2),
         }
-        if world_size > ex.MOST_HELD + 1:
+        if world_size > ex16_rank.MOST_HELD + 1:
             obs["plain"]["held"]["most"] = [r for r in ((rank - 1) % world_size, (rank - 2) % world_size)]
-        members = next(m for m in ex.groups_of(world_size) if rank in m)
-        obs["group"] = right_run(want["group"][len(members)], ex.positions(members.index(rank), len(members)),
+        members = next(m for m in ex16_rank.groups_of(world_size) if rank in m)
+        obs["group"] = right_run(want["group"][len(members)], ex16_rank.positions(members.index(rank), len(members)),
                                  rank, members, len(members))
         obs["group"]["members"] = members
         observations.append(obs)
@@ -113,7 +114,7 @@ def outcome(world_size: int, results: list | None = None, statuses: dict | None 
 
 
 def refusals(world_size: int, raised: str = "ValueError") -> WorldOutcome:
-    lengths = [len(rows) for rows in ex.uneven_positions(world_size)]
+    lengths = [len(rows) for rows in ex16_rank.uneven_positions(world_size)]
     return outcome(world_size, [{"raised": raised, "message": f"lengths {lengths}", "length": n} for n in lengths])
 
 
@@ -127,24 +128,24 @@ def test_a_right_record_passes_every_check_at_each_world_size():
 def test_the_chunks_and_the_zigzag_halves_cover_the_sequence_once():
     for world_size in (1, 2, 3, 4):
         for zigzag in (False, True):
-            held = sorted(p for r in range(world_size) for p in ex.positions(r, world_size, zigzag))
-            assert held == list(range(ex.CHUNK * world_size))
-    assert ex.positions(0, 2, zigzag=True) == [0, 1, 6, 7] and ex.positions(1, 2, zigzag=True) == [2, 3, 4, 5]
-    assert [len(rows) for rows in ex.uneven_positions(3)] == [5, 4, 4]
-    assert ex.groups_of(4) == [[0, 2, 3], [1]] and ex.groups_of(3) == [[0, 2], [1]] and ex.groups_of(2) == [[0], [1]]
+            held = sorted(p for r in range(world_size) for p in ex16_rank.positions(r, world_size, zigzag))
+            assert held == list(range(ex16_rank.CHUNK * world_size))
+    assert ex16_rank.positions(0, 2, zigzag=True) == [0, 1, 6, 7] and ex16_rank.positions(1, 2, zigzag=True) == [2, 3, 4, 5]
+    assert [len(rows) for rows in ex16_rank.uneven_positions(3)] == [5, 4, 4]
+    assert ex16_rank.groups_of(4) == [[0, 2, 3], [1]] and ex16_rank.groups_of(3) == [[0, 2], [1]] and ex16_rank.groups_of(2) == [[0], [1]]
 
 
 def test_an_output_without_the_scale_or_the_other_blocks_is_named():
     observations = right_observations(3)
-    data = ex.make_inputs("plain", 3 * ex.CHUNK)
-    rows = ex.positions(1, 3)
+    data = ex16_rank.make_inputs("plain", 3 * ex16_rank.CHUNK)
+    rows = ex16_rank.positions(1, 3)
     observations[1]["plain"]["output"] = ex._chunk(ex.attention(data["q"], data["k"], data["v"], scale=False), rows)
     status, message = grade_all(observations, 3)["matches-attention"]
     assert status == "fail" and message.startswith("world size 3, rank 1 (non-causal, positions 4-7 of 12)")
     assert "without the 1/sqrt(head_dim) scale" in message
     observations = right_observations(2)
-    own = [ex._chunk(data2, ex.positions(0, 2)) for data2 in
-           (ex.make_inputs("plain", 8)[name] for name in ("q", "k", "v"))]
+    own = [ex._chunk(data2, ex16_rank.positions(0, 2)) for data2 in
+           (ex16_rank.make_inputs("plain", 8)[name] for name in ("q", "k", "v"))]
     observations[0]["plain"]["output"] = ex.attention(*own)
     status, message = grade_all(observations, 2)["matches-attention"]
     assert status == "fail" and "this rank's own chunk alone" in message
@@ -153,7 +154,7 @@ def test_an_output_without_the_scale_or_the_other_blocks_is_named():
 def test_a_causal_output_without_the_mask_or_with_the_own_block_unmasked_is_named():
     observations = right_observations(2)
     observations[1]["causal"]["output"] = observations[1]["plain"]["output"]  # another seed: no match
-    data = ex.make_inputs("causal", 8)
+    data = ex16_rank.make_inputs("causal", 8)
     observations[1]["causal"]["output"] = ex._chunk(ex.attention(data["q"], data["k"], data["v"]), [4, 5, 6, 7])
     got = grade_all(observations, 2)
     assert got["causal-matches"][0] == "fail" and "no mask was applied" in got["causal-matches"][1]
@@ -169,7 +170,7 @@ def test_a_causal_output_without_the_mask_or_with_the_own_block_unmasked_is_name
 
 def test_gradients_that_never_came_home_are_named():
     observations = right_observations(2)
-    data = ex.make_inputs("plain", 8)
+    data = ex16_rank.make_inputs("plain", 8)
     q, k, v = (data[name].clone().requires_grad_(True) for name in ("q", "k", "v"))
     mine = torch.zeros_like(data["g"])
     mine[:, :, 4:] = data["g"][:, :, 4:]
@@ -216,7 +217,7 @@ def test_messages_to_non_neighbours_and_large_collectives_fail_small_ones_pass()
     status, message = grade_all(observations, 3)["ring-neighbours"]
     assert status == "fail" and "dist.all_gather of 3072 bytes" in message
     observations = right_observations(3)
-    observations[1]["plain"]["forward_events"].append({"op": "all_gather", "bytes": ex.SMALL_MESSAGE, "peer": None,
+    observations[1]["plain"]["forward_events"].append({"op": "all_gather", "bytes": ex16_rank.SMALL_MESSAGE, "peer": None,
                                                        "async_op": False})
     assert grade_all(observations, 3)["ring-neighbours"][0] == "pass"
 
@@ -326,9 +327,9 @@ def test_uneven_chunks_refused_everywhere_pass_anything_else_fails():
 
 
 def test_uneven_chunks_computed_right_everywhere_pass():
-    want = ex.reference("uneven", 3 * ex.CHUNK + 1, False)
+    want = ex.reference("uneven", 3 * ex16_rank.CHUNK + 1, False)
     results = []
-    for rows in ex.uneven_positions(3):
+    for rows in ex16_rank.uneven_positions(3):
         results.append({"raised": None, "length": len(rows), "output": ex._chunk(want["output"], rows),
                         "grads": {name: ex._chunk(want[name], rows) for name in ("q", "k", "v")}})
     g = grading(3)
@@ -343,7 +344,7 @@ def test_uneven_chunks_computed_right_everywhere_pass():
 
 def test_matrix_products_are_counted_in_multiply_adds_whatever_wrote_them():
     calls = []
-    watch = ex._watch_class()(lambda: calls.append(1))
+    watch = ex16_rank._watch_class()(lambda: calls.append(1))
     a, b = torch.randn(2, 3, 4, 5, dtype=torch.float64), torch.randn(2, 3, 5, 6, dtype=torch.float64)
     with watch:
         a @ b
@@ -352,7 +353,7 @@ def test_matrix_products_are_counted_in_multiply_adds_whatever_wrote_them():
         a + 1
     assert watch.macs == 2 * (2 * 3 * 4 * 5 * 6) + 3 * 4 * 2 and len(calls) == 3
     q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
-    watch = ex._watch_class()(lambda: None)
+    watch = ex16_rank._watch_class()(lambda: None)
     with watch:
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert watch.macs == 2 * (2 * 4 * 4 * 8)
@@ -363,15 +364,15 @@ def test_another_ranks_block_is_found_in_memory_and_copies_leave_nothing_behind(
 
     module = types.ModuleType("learner_like")
     block = torch.randn(2, 3, dtype=torch.float64)
-    fingerprint = ex._block_bytes(block.clone())
+    fingerprint = ex16_rank._block_bytes(block.clone())
     module.cache = [block]
-    held = ex.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
+    held = ex16_rank.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
     held.probe("in forward")
     assert held.record() == {"most": [5], "where": "in forward", "probes": 1}
     module.cache = [torch.zeros(2, 3, dtype=torch.float64)]
-    held = ex.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
+    held = ex16_rank.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
     held.probe("in forward")
     assert held.record()["most"] == []
     copy = torch.randn(4, dtype=torch.float64)
-    raw = ex._block_bytes(copy)
+    raw = ex16_rank._block_bytes(copy)
     assert len(raw) == 32 and not copy.any()

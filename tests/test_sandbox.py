@@ -30,13 +30,13 @@ TOOLS = [pytest.param(name, marks=pytest.mark.skipif(sandbox._tool(name) is None
 def grade(path: Path, tool: str | None, *extra: str, **env) -> subprocess.CompletedProcess:
     """Grade ``path`` (sandboxed by ``tool`` unless None); the test's own variables in ``env`` are handed
     in on purpose (DDP_GRADE_SANDBOX_PASS), as course staff would hand one in."""
-    args = [sys.executable, "-m", "grader", str(path), "-q", "--no-server", "--world-size", "2", "--timeout", "30",
+    args = [sys.executable, "-m", "grader", str(path), "-q", "--no-server", "--world-size", "2", "--timeout", "90",
             *extra]
     full_env = {**os.environ, **env, sandbox.PASS_ENV: ",".join(env)}
     if tool:
         args.append("--sandbox")
         full_env[sandbox.TOOL_ENV] = tool
-    return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, env=full_env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -125,7 +125,7 @@ def test_batch_grades_each_submission_in_a_sandbox_of_its_own(tool, tmp_path, mo
     secret.mkdir()
     try:
         (secret / "secret").write_text("hunter2")
-        result = CliRunner().invoke(main, ["batch", str(learners), "--world-size", "2", "--timeout", "30",
+        result = CliRunner().invoke(main, ["batch", str(learners), "--world-size", "2", "--timeout", "90",
                                            "--format", "json", "-q"])
     finally:
         shutil.rmtree(secret, ignore_errors=True)
@@ -148,8 +148,8 @@ def test_a_kit_kept_under_tmp_grades_in_the_sandbox(tool):
         env = {**os.environ, "PYTHONPATH": str(kit), sandbox.TOOL_ENV: tool}
         # From the kit's own folder, so that `-m grader` is the copy under /tmp.
         done = subprocess.run([sys.executable, "-m", "grader", "solutions/01_setup.py", "-q", "--no-server",
-                               "--world-size", "2", "--timeout", "30", "--sandbox"], cwd=kit, env=env,
-                              capture_output=True, text=True, timeout=120)
+                               "--world-size", "2", "--timeout", "90", "--sandbox"], cwd=kit, env=env,
+                              capture_output=True, text=True, timeout=300)
     finally:
         shutil.rmtree(kit, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
@@ -226,7 +226,7 @@ def test_a_batch_submission_cannot_have_the_grading_server_run_it(tool, running_
     monkeypatch.setenv(sandbox.TOOL_ENV, tool)
     monkeypatch.setenv(sandbox.PASS_ENV, "DDP_GRADE_TEST_STATE")
     monkeypatch.setenv("DDP_GRADE_TEST_STATE", str(running_server["state"]))
-    result = CliRunner().invoke(main, ["batch", str(tmp_path / "class"), "--world-size", "2", "--timeout", "30",
+    result = CliRunner().invoke(main, ["batch", str(tmp_path / "class"), "--world-size", "2", "--timeout", "90",
                                        "--format", "json", "-q"])
     data = json.loads(result.output)
     assert [r["status"] for r in data["reports"]] == ["passed"], result.output[-3000:]
@@ -263,11 +263,11 @@ def test_tmp_in_the_sandbox_has_a_size_and_a_full_one_is_reported_as_such(tool):
 def test_the_graders_environment_does_not_reach_a_sandboxed_submission(tool):
     env = {**os.environ, "SECRET_ENV": "hunter2", "DDP_GRADE_API_SECRET": "hunter2"}
     args = [sys.executable, "-m", "grader", str(FILES / "01_reads_environment.py"), "-q", "--no-server",
-            "--world-size", "2", "--timeout", "30"]
-    outside = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+            "--world-size", "2", "--timeout", "90"]
+    outside = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert outside.returncode == 1 and "hunter2" in outside.stdout  # the file does look
     inside = subprocess.run(args + ["--sandbox"], env={**env, sandbox.TOOL_ENV: tool}, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=300)
     assert inside.returncode == 0, inside.stdout[-2000:] + inside.stderr[-1000:]
 
 
