@@ -180,3 +180,11 @@ def test_the_grading_object_has_every_member_the_checks_interface_names():
             theirs = inspect.signature(getattr(Grader, name))
             ours = inspect.signature(getattr(Grading, name))
             assert list(theirs.parameters) == list(ours.parameters), (name, theirs, ours)
+
+
+def test_no_module_of_the_grader_is_longer_than_600_lines():
+    """A module a newcomer can read: past 600 lines, the rank side or the verdicts go to a module of
+    their own (CONTRIBUTING.md, "The checks module")."""
+    long = {str(path.relative_to(ROOT)): n for path in (ROOT / "grader").rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600}
+    assert long == {}
