@@ -1,0 +1,74 @@
+"""Exercise 31, broken: casts the model to bfloat16 before sharding it, "to compute in bf16". The
+sharded parameters the optimizer steps are then bfloat16, and so is the checkpoint."""
+# expect-fail: mixed-precision full-state-dict
+# expect-cause: full-state-dict mixed-precision
+# expect-cause: global-clip mixed-precision
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention, then an MLP, each added to its input."""
+
+    def __init__(self, dim: int, n_heads: int, hidden: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.attention_norm = nn.RMSNorm(dim)
+        self.wqkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = nn.RMSNorm(dim)
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        qkv = self.wqkv(self.attention_norm(x)).view(batch, seq, 3, self.n_heads, dim // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(attention.transpose(1, 2).reshape(batch, seq, dim))
+        return x + self.w2(F.gelu(self.w1(self.ffn_norm(x))))
+
+
+class Transformer(nn.Module):
+    """Token embeddings, a list of blocks, a final norm and the output head (no weight tying)."""
+
+    def __init__(self, vocab: int = 96, dim: int = 32, n_layers: int = 3, n_heads: int = 4, hidden: int = 96):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, n_heads, hidden) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, averaged over this rank's tokens, computed in float32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    model = model.to(torch.bfloat16)
+    mp_policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    return model
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, max_norm: float) -> float:
+    tokens, targets = batch
+    loss = loss_fn(model(tokens), targets)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
