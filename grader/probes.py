@@ -265,6 +265,9 @@ COLLECTIVES = (
     "all_gather_single", "reduce_scatter_single",  # torch 2.13's names (the *_tensor ones call them)
 )
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+# The names of the collectives that gather and that reduce-scatter, as the events call them.
+ALL_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base")
+REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
 # torch.distributed._functional_collectives runs collectives without calling the functions above
 # (its autograd-aware forms too). Each is recorded under the name of the collective it runs; the
 # bytes are those of its input.
@@ -296,7 +299,7 @@ def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
     """Record every collective and point-to-point call made through ``torch.distributed``
     (and its functional collectives).
 
-    Each event: ``{"op", "bytes", "peer", "async_op"}`` (``peer`` for send/recv,
+    Each event: ``{"op", "bytes", "peer", "dtype", "itemsize", "async_op"}`` (``peer`` for send/recv,
     a global rank). Only the outermost call is recorded (torch's ``send`` is
     built on ``isend``, for instance). Calls pass through unchanged. Names in
     ``forbid`` are recorded and then refused with a RuntimeError, so a
@@ -368,5 +371,15 @@ def _describe_call(name: str, signature, args, kwargs) -> dict:
                 if key.startswith("group_") and bound.get("group") is not None:
                     peer = int(c10d.get_global_rank(bound["group"], peer))
                 break
-    return {"op": name, "bytes": _nbytes(tensor), "peer": peer,
+    first = next((v for v in tensor if isinstance(v, torch.Tensor)), None) if isinstance(tensor, (list, tuple)) \
+        else tensor
+    return {"op": name, "bytes": _nbytes(tensor), "peer": peer, "dtype": _dtype_name(tensor),
+            "itemsize": first.element_size() if isinstance(first, torch.Tensor) else None,
             "async_op": bool(bound.get("async_op", False)) or name in ("isend", "irecv")}
+
+
+def _dtype_name(value) -> str | None:
+    """"float32", "bfloat16", ... of the tensor a collective sends (the first one's, for a list), or None."""
+    if isinstance(value, (list, tuple)):
+        value = next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return str(value.dtype).removeprefix("torch.") if isinstance(value, torch.Tensor) else None

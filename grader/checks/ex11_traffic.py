@@ -7,8 +7,7 @@ import math
 
 from grader import probes
 
-ALL_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base")
-REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
+ALL_GATHERS, REDUCE_SCATTERS = probes.ALL_GATHERS, probes.REDUCE_SCATTERS
 HARMLESS = ("barrier",)
 
 

@@ -5,8 +5,7 @@ model, the same seed on every rank), calls the learner's shard_model on a 1-D De
 all the ranks, and records each parameter as it then is (DTensor or not, placements, mesh,
 local shape, dtype) and its local values. Then three steps of train_step with the grader's
 SGD on each rank's own batch, recording after each: every collective of the step (the probe's
-events, each all-gather and reduce-scatter with its dtype, a mark where the model's forward
-returned), the returned loss and the local values of every parameter. Last, the full state
+events, each with the dtype it sent, and a mark where the model's forward returned), the returned loss and the local values of every parameter. Last, the full state
 dict from torch.distributed.checkpoint (full_state_dict=True, cpu_offload=True: on rank 0).
 An exception in train_step or in the state dict is recorded, under a short collective
 timeout, so that what was seen before it can still be judged.
@@ -19,7 +18,6 @@ SGD), compared with every rank's shards after each step; the rest from the recor
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from datetime import timedelta
 
@@ -39,8 +37,6 @@ LR = 0.5
 MAX_NORM = 0.25  # the gradients' global norm is 0.6 to 0.95 at every step: clipping always acts
 SEED = 3100
 STALL_TIMEOUT_S = 10.0  # once the model is sharded: a rank that failed must not leave the others waiting
-ALL_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base")
-REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
 
 
 # --- the model: the stub's, kept here so that the learner's file cannot change it -----------------
@@ -108,38 +104,6 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-def _first_tensor(args: tuple, kwargs: dict):
-    for value in (*args, kwargs.get("output"), kwargs.get("output_tensor"), kwargs.get("tensor_list")):
-        if isinstance(value, (list, tuple)) and value:
-            value = value[0]
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
-
-
-@contextlib.contextmanager
-def _with_dtypes(events: list):
-    """Add its dtype to each all-gather and reduce-scatter the probe records (the probe gives bytes)."""
-
-    def wrap(original):
-        def annotated(*args, **kwargs):
-            first = len(events)
-            tensor = _first_tensor(args, kwargs)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if tensor is not None and len(events) > first:
-                    events[first].update(dtype=str(tensor.dtype).removeprefix("torch."),
-                                         itemsize=tensor.element_size())
-        return annotated
-
-    with contextlib.ExitStack() as stack:
-        for name in ALL_GATHERS + REDUCE_SCATTERS:
-            if hasattr(dist, name):
-                stack.enter_context(probes.patched(dist, name, wrap(getattr(dist, name))))
-        yield events
-
-
 def _describe(module: nn.Module) -> list[dict]:
     from torch.distributed.tensor import DTensor
 
@@ -189,7 +153,7 @@ def rank_main(ctx: RankContext) -> dict:
 
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []
-    with ctx.group(), probes.watch_collectives(events), _with_dtypes(events):
+    with ctx.group(), probes.watch_collectives(events):
         shard_model, train_step = ctx.function("shard_model"), ctx.function("train_step")
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
         sharded = shard_model(build_model().to(ctx.device), mesh)

@@ -13,11 +13,11 @@ import math
 
 import torch
 
+from grader import probes
 from grader.checks.interface import Grader
 from grader.compare import tensor_difference
 
-ALL_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base")
-REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
+ALL_GATHERS, REDUCE_SCATTERS = probes.ALL_GATHERS, probes.REDUCE_SCATTERS
 UPDATE_TOLERANCE = 0.03  # of the largest change of a parameter: bfloat16 compute, sums in another order
 CLIP_TOLERANCE = 2e-3  # relative, on the norm of a step's update (float32 arithmetic)
 LOSS_TOLERANCE = 0.02  # relative
