@@ -295,6 +295,10 @@ def _serve_connection(conn: socket.socket, key: str, version: str, sessions, Gra
             try:
                 if why is not None:
                     _log(f"refused a connection: {why}")
+                    # read the request first (never used): a peer closed with the request unread can
+                    # leave the client unable to send it, and it would never see why it was refused
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.readline(1 << 16)
                     _send(stream, {"type": "refused", "why": why})
                     return True
                 return _answer(stream, conn, key, version, sessions, GradeOptions, served)

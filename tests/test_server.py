@@ -182,6 +182,7 @@ def test_a_client_in_another_namespace_is_refused_even_with_the_key(server_env):
                              str(server.socket_path()), key], capture_output=True, text=True, timeout=60)
     if inside.returncode != 0 and "unshare failed" in inside.stderr:
         pytest.skip(f"unshare does not work here: {inside.stderr.strip()}")
+    assert inside.returncode == 0, inside.stderr
     answer = json.loads(inside.stdout)
     assert answer["type"] == "refused" and "namespace" in answer["why"], answer
     outside = subprocess.run([sys.executable, "-c", client, str(server.socket_path()), key],
