@@ -355,6 +355,83 @@ def watch_collectives(events: list, *, forbid: tuple[str, ...] = ()):
             setattr(funcol, name, original)
 
 
+def group_ranks(group) -> list[int] | None:
+    """The global ranks of a collective's ``group`` argument, in any form torch takes: None (the
+    world), a ProcessGroup, a group name, a DeviceMesh, (DeviceMesh, dim) or a list of ranks."""
+    import torch.distributed._functional_collectives as funcol
+
+    try:
+        if group is None:
+            return list(range(dist.get_world_size()))
+        if isinstance(group, (list, tuple)) and all(isinstance(r, int) for r in group):
+            return sorted(group)
+        resolved = funcol._resolve_group(group)
+        if isinstance(resolved, str):
+            resolved = c10d._resolve_process_group(resolved)
+        return sorted(dist.get_process_group_ranks(resolved))
+    except Exception:
+        return None
+
+
+def _first_tensor(value):
+    if isinstance(value, (list, tuple)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+@contextlib.contextmanager
+def watch_groups(events: list):
+    """Record every collective made through torch.distributed, its functional collectives (DTensor's
+    redistributions) and DTensor's scatters and broadcasts of parameters: ``{"op", "via" ("c10d" or
+    "functional"), "bytes", "dtype", "group"}``, ``group`` the global ranks it ran among. Only the
+    outermost call is recorded; calls pass through unchanged. (watch_collectives records the same calls
+    without their groups, and point-to-point ones with their peers.)"""
+    import inspect
+    import threading
+
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.tensor._collective_utils as dtensor_collectives
+
+    depth = threading.local()
+
+    def wrap(name: str, via: str, original):
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
+        def observed(*args, **kwargs):
+            if getattr(depth, "value", 0) == 0:
+                try:
+                    bound = dict(signature.bind_partial(*args, **kwargs).arguments) if signature else dict(kwargs)
+                except TypeError:
+                    bound = dict(kwargs)
+                first = _first_tensor(next((bound[k] for k in ("self", "tensor", "input", "output", "tensor_list",
+                                                               "input_tensor", "output_tensor") if k in bound),
+                                           args[0] if args else None))
+                events.append({"op": name, "via": via, "group": group_ranks(bound.get("group")),
+                               "bytes": first.numel() * first.element_size() if first is not None else 0,
+                               "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None})
+            depth.value = getattr(depth, "value", 0) + 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                depth.value -= 1
+
+        observed.__name__ = name
+        observed.__wrapped__ = original
+        return observed
+
+    owners = [(c10d, n, n, "c10d") for n in COLLECTIVES if hasattr(c10d, n)]
+    owners += [(dist, n, n, "c10d") for n in COLLECTIVES if hasattr(dist, n)]
+    owners += [(funcol, n, op, "functional") for n, op in FUNCTIONAL_COLLECTIVES.items() if hasattr(funcol, n)]
+    owners += [(dtensor_collectives, n, n, "c10d") for n in ("scatter", "broadcast") if hasattr(dtensor_collectives, n)]
+    with contextlib.ExitStack() as stack:
+        for owner, name, op, via in owners:
+            stack.enter_context(patched(owner, name, wrap(op, via, getattr(owner, name))))
+        yield events
+
+
 def _describe_call(name: str, signature, args, kwargs) -> dict:
     bound = {}
     if signature is not None:

@@ -68,6 +68,7 @@ TOPICS: dict[str, str] = {
     "comm-hooks": "DDP communication hooks: compression, PowerSGD, the GradBucket contract",
     "dcp": "Distributed checkpoints: torch.distributed.checkpoint and resharding",
     "fsdp": "FSDP: fully_shard, resharding, sharding strategies, DeviceMesh, HSDP",
+    "dtensor": "DeviceMesh and DTensor: 2-D meshes, placements, parallel styles, FSDP2 over tensor parallelism",
     "fsdp2": "FSDP2 in production: MixedPrecisionPolicy, reshard_after_forward, CPU offload, clipping DTensors",
     "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
     "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",

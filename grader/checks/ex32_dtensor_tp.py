@@ -1,0 +1,74 @@
+"""Exercise 32: parallelize (a 2-D DeviceMesh ("dp", "tp"), a tensor-parallel plan with sequence-parallel
+norms applied with parallelize_module, then fully_shard over "dp").
+
+Rank side (ex32_rank): one run per world size (4 = dp 2 x tp 2, then 2 = dp 1 x tp 2). Every rank builds
+the grader's Transformer on its device, calls the learner's parallelize, and records the mesh, each
+parameter's placements, what each norm received, the first forward's logits, and the local values of
+every parameter after each of three SGD steps (each rank on its data-parallel group's batch), with the
+global ranks of every collective's group from parallelize on.
+
+Grader side: the dense model trained in one process on every group's batch at once (float32, SGD by
+hand); each rank's logits and parameters compared with its part of the dense ones, as its placements
+say; the rest from the records (ex32_verdicts holds the verdicts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grader.checks import ex32_verdicts as verdicts
+from grader.checks.ex32_rank import BATCH, LR, SEQ, STEPS, build_model, loss_fn, make_batch, tp_size_for
+from grader.checks.ex32_rank import rank_main  # noqa: F401  (the driver g.run("rank_main") finds in this module)
+from grader.checks.interface import Grader
+
+
+def reference_run(world_size: int, tp_size: int) -> dict:
+    """The dense model in one process: each step on every data-parallel group's batch at once (the mean
+    loss over all their tokens), plain SGD. Returns the first step's logits of each group's batch, the
+    initial parameters and the parameters after each step."""
+    model = build_model()
+    groups = world_size // tp_size
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    states, logits = [], []
+    for step in range(STEPS):
+        batches = [make_batch(step, group) for group in range(groups)]
+        tokens = torch.cat([t for t, _ in batches])
+        targets = torch.cat([t for _, t in batches])
+        model.zero_grad()
+        out = model(tokens)
+        loss_fn(out, targets).backward()
+        if step == 0:
+            logits = [chunk.detach().clone() for chunk in out.split(BATCH)]
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+        states.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    return {"logits": logits, "initial": initial, "states": states}
+
+
+def grade(g: Grader) -> None:
+    model = build_model()
+    shapes = {name: list(p.shape) for name, p in model.named_parameters()}
+    names = list(shapes)
+    for world_size in g.world_sizes:
+        tp_size = tp_size_for(world_size)
+        observations = g.run("rank_main", world_size, kwargs={"tp_size": tp_size}).results()
+        returned = next((o["returned"] for o in observations if o.get("returned")), None)
+        if returned is not None:
+            g.stop(f"parallelize returned a {returned}, not (model, mesh): return the module parallelize_module and "
+                   "fully_shard changed in place, and the DeviceMesh", world_size=world_size)
+        done = verdicts.check_parallelize(g, observations, world_size)
+        if done is None:
+            rank, error = next((r, o["parallelize_error"]) for r, o in enumerate(observations)
+                               if o.get("parallelize_error"))
+            g.stop(f"parallelize raised {error['error']}" + (f" ({error['line']})" if error.get("line") else ""),
+                   world_size=world_size, rank=rank)
+        if not done:
+            continue
+        verdicts.check_mesh(g, observations, world_size, tp_size)
+        verdicts.check_tp_placements(g, observations, world_size, tp_size, names)
+        verdicts.check_dp_shards(g, observations, world_size, tp_size, shapes)
+        verdicts.check_sequence_parallel(g, observations, world_size, tp_size, SEQ, names)
+        verdicts.check_subgroups(g, observations, world_size, tp_size)
+        if verdicts.check_training_error(g, observations, world_size):
+            verdicts.check_matches_dense(g, observations, reference_run(world_size, tp_size), world_size, tp_size)

@@ -1,0 +1,260 @@
+"""Exercise 32, rank side: the model every rank builds, the batches, what a rank records of the learner's
+parallelize and of three training steps, and a watch on the process group of every collective.
+
+Each rank builds the grader's Transformer (the stub's, the same seed everywhere) on its device, calls
+the learner's parallelize(model, world_size, tp_size), and records: the mesh returned (dims, names,
+which global rank sits where), every parameter as it then is (placements, the mesh it lives on and this
+rank's coordinate in it, global and local shape, its local values), what each norm received in the first
+forward (a DTensor or not, its placements, its local shape), the first forward's output (local values and
+placements), and after each of three SGD steps on its data-parallel group's batch the local values of
+every parameter. Every collective from parallelize on is recorded with the global ranks of the group it
+ran in (``watch_groups``). An exception in parallelize is recorded with the torch API it came from (the
+mesh, parallelize_module, fully_shard) and the line of the learner's file; one in training with its step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed.distributed_c10d as c10d
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from grader import probes
+from grader.child import RankContext
+
+VOCAB, DIM, LAYERS, HEADS, HIDDEN = 96, 32, 3, 4, 96  # exercise 31's transformer
+BATCH, SEQ = 2, 16  # per data-parallel group
+STEPS = 3
+LR = 0.5
+SEED = 3200
+STALL_TIMEOUT_S = 10.0  # once the model is built: a rank that failed must not leave the others waiting
+
+
+def tp_size_for(world_size: int) -> int:
+    """The tensor-parallel size graded at ``world_size``: 2 where it divides the world, else 1."""
+    return 2 if world_size % 2 == 0 else 1
+
+
+# --- the model: the stub's, kept here so that the learner's file cannot change it -----------------
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int):
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.wq(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, n_heads: int, hidden: int):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(dim)
+        self.attention = Attention(dim, n_heads)
+        self.ffn_norm = nn.RMSNorm(dim)
+        self.feed_forward = FeedForward(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab: int = VOCAB, dim: int = DIM, n_layers: int = LAYERS, n_heads: int = HEADS,
+                 hidden: int = HIDDEN):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, n_heads, hidden) for _ in range(n_layers))
+        self.norm = nn.RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+# --- shared by ranks and grader -------------------------------------------------------------------
+
+
+def build_model() -> Transformer:
+    torch.manual_seed(SEED)
+    return Transformer()
+
+
+def make_batch(step: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Data-parallel group ``group``'s (tokens, targets) at ``step``: next-token prediction."""
+    generator = torch.Generator().manual_seed(32_000 + 100 * step + group)
+    sequence = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator)
+    return sequence[:, :-1].contiguous(), sequence[:, 1:].contiguous()
+
+
+# --- what a rank records -----------------------------------------------------------------------------
+
+
+def _placements(value) -> list[str]:
+    return [repr(p) for p in value.placements]
+
+
+def describe_mesh(mesh) -> dict:
+    out = {"type": type(mesh).__name__}
+    if type(mesh).__name__ != "DeviceMesh":
+        return out
+    out.update(device_type=mesh.device_type, shape=list(mesh.shape), names=list(mesh.mesh_dim_names or []),
+               layout=mesh.mesh.tolist())
+    return out
+
+
+def describe_tensor(value) -> dict:
+    """A parameter or an output as it is on this rank: a DTensor with its placements, the mesh it lives
+    on and this rank's coordinate there, or a plain tensor."""
+    out = {"kind": type(value).__name__, "dtensor": isinstance(value, DTensor), "shape": list(value.shape),
+           "dtype": str(value.dtype).removeprefix("torch.")}
+    if out["dtensor"]:
+        mesh = value.device_mesh
+        out.update(placements=_placements(value), mesh_names=list(mesh.mesh_dim_names or []),
+                   mesh_shape=list(mesh.shape), coord=mesh.get_coordinate(), layout=mesh.mesh.tolist(),
+                   local_shape=list(value.to_local().shape))
+    else:
+        out["local_shape"] = list(value.shape)
+    return out
+
+
+def local_values(module: nn.Module) -> dict:
+    return {name: (p.to_local() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
+            for name, p in module.named_parameters()}
+
+
+def describe_error(exc: BaseException, learner_path: str) -> dict:
+    """The exception, the torch API it came from (the innermost of device_mesh, parallelize_module,
+    fully_shard on its stack) and the learner's line that called it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    stage, line = None, None
+    for frame in frames:
+        path = frame.filename.replace("\\", "/")
+        if frame.filename == learner_path:
+            line = f"line {frame.lineno}: {(frame.line or '').strip()}"
+        elif "/distributed/tensor/parallel/" in path and stage in (None, "device_mesh"):
+            stage = "parallelize_module"
+        elif "/distributed/fsdp/" in path and stage in (None, "device_mesh"):
+            stage = "fully_shard"
+        elif path.endswith("/distributed/device_mesh.py") and stage is None:
+            stage = "device_mesh"
+    return {"error": f"{type(exc).__name__}: {exc}"[:600], "stage": stage, "line": line}
+
+
+def _norm_recorder(seen: dict, name: str):
+    def hook(module, args):
+        if name not in seen and args and isinstance(args[0], torch.Tensor):
+            seen[name] = describe_tensor(args[0])
+    return hook
+
+
+def _shorten_timeouts(mesh) -> None:
+    """From here on a failure is an observation: a peer left waiting raises instead of hanging."""
+    groups = [None]
+    for name in getattr(mesh, "mesh_dim_names", None) or []:
+        with contextlib.suppress(Exception):
+            groups.append(mesh.get_group(name))
+    for group in groups:
+        with contextlib.suppress(Exception):
+            c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S), group)
+
+
+def _loss_value(loss) -> float:
+    if isinstance(loss, DTensor):
+        loss = loss.to_local() if all(p.is_replicate() for p in loss.placements) else loss.full_tensor()
+    return float(loss.detach())
+
+
+def train_step(model: nn.Module, optimizer, tokens: torch.Tensor, targets: torch.Tensor):
+    """One step as the statement says: logits, loss_fn (under loss_parallel when the logits are a
+    DTensor), backward, SGD, gradients cleared. Returns the logits and the loss."""
+    logits = model(tokens)
+    if isinstance(logits, DTensor):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            loss = loss_fn(logits, targets)
+            loss.backward()
+    else:
+        loss = loss_fn(logits, targets)
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return logits, loss
+
+
+def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    tp_size = ctx.kwargs["tp_size"]
+    events: list = []
+    with ctx.group(), probes.watch_groups(events):
+        parallelize = ctx.function("parallelize")
+        obs = {"returned": None, "parallelize_error": None, "device_type": ctx.device.type}
+        try:
+            returned = parallelize(build_model().to(ctx.device), ctx.world_size, tp_size)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            obs["parallelize_error"] = describe_error(exc, ctx.learner_path)
+            return obs
+        if not (isinstance(returned, tuple) and len(returned) == 2 and isinstance(returned[0], nn.Module)):
+            obs["returned"] = type(returned).__name__ + (f" of {len(returned)}" if isinstance(returned, tuple) else "")
+            return obs
+        model, mesh = returned
+        obs.update(mesh=describe_mesh(mesh), setup_events=[dict(e) for e in events], error=None, steps=[],
+                   params={name: describe_tensor(p) for name, p in model.named_parameters()},
+                   initial=local_values(model), norms={}, output=None)
+        hooks = [m.register_forward_pre_hook(_norm_recorder(obs["norms"], name))
+                 for name, m in model.named_modules() if isinstance(m, nn.RMSNorm)]
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        _shorten_timeouts(mesh)
+        try:
+            for step in range(STEPS):
+                tokens, targets = (t.to(ctx.device) for t in make_batch(step, ctx.rank // tp_size))
+                first = len(events)
+                logits, loss = train_step(model, optimizer, tokens, targets)
+                record = {"events": [dict(e) for e in events[first:]], "loss": _loss_value(loss),
+                          "locals": local_values(model)}
+                if step == 0:
+                    for hook in hooks:
+                        hook.remove()
+                    local = logits.to_local() if isinstance(logits, DTensor) else logits
+                    obs["output"] = {**describe_tensor(logits), "local": local.detach().to("cpu", copy=True)}
+                obs["steps"].append(record)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            obs["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        return obs
