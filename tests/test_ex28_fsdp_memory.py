@@ -14,6 +14,7 @@ from conftest import ROOT
 from torch.utils.data import DataLoader, DistributedSampler
 
 from grader.checks import ex28_fsdp_memory as ex
+from grader.checks.shared import fsdp_job
 
 PARAMS = list(ex.build_model().named_parameters())
 
@@ -44,8 +45,13 @@ def trace(forward_gathers: int, steps: int = 3, backward_gathers: int = 2) -> li
     return out
 
 
+SCRIPTS = [f"{folder}/debug/{name}" for folder in ("exercises", "solutions")
+           for name in ("28_fsdp_memory.py", "29_reshard_resume.py")]
+
+
 def test_the_graders_model_and_data_are_the_scripts():
-    for path in ("exercises/debug/28_fsdp_memory.py", "solutions/debug/28_fsdp_memory.py"):
+    """Of every script of the FSDP2 family (28 and 29), as shipped and fixed."""
+    for path in SCRIPTS:
         script = _script(path)
         torch.manual_seed(0)
         theirs = script.Net()
@@ -54,15 +60,15 @@ def test_the_graders_model_and_data_are_the_scripts():
             assert a == b and torch.equal(x, y)
         tokens = ex.make_data()["train_x"][:2]
         assert torch.equal(theirs(tokens), ours(tokens))
-        assert (script.BATCH_SIZE, script.LR, script.MOMENTUM) == (ex.BATCH_SIZE, ex.LR, ex.MOMENTUM)
+        assert (script.BATCH_SIZE, script.LR, script.MOMENTUM) == (fsdp_job.BATCH_SIZE, fsdp_job.LR, fsdp_job.MOMENTUM)
 
 
 def test_the_replays_batches_are_what_the_scripts_loader_hands_each_rank():
     for world_size in (2, 3):
-        per_rank = ex.sampler_batches(world_size, ex.EPOCHS)
+        per_rank = fsdp_job.sampler_batches(world_size, range(ex.EPOCHS))
         for rank in range(world_size):
-            sampler = DistributedSampler(range(ex.N_TRAIN), num_replicas=world_size, rank=rank, shuffle=True)
-            loader = DataLoader(range(ex.N_TRAIN), batch_size=ex.BATCH_SIZE, sampler=sampler)
+            sampler = DistributedSampler(range(fsdp_job.N_TRAIN), num_replicas=world_size, rank=rank, shuffle=True)
+            loader = DataLoader(range(fsdp_job.N_TRAIN), batch_size=fsdp_job.BATCH_SIZE, sampler=sampler)
             seen = []
             for epoch in range(ex.EPOCHS):
                 sampler.set_epoch(epoch)
@@ -70,7 +76,7 @@ def test_the_replays_batches_are_what_the_scripts_loader_hands_each_rank():
             assert per_rank[rank] == seen
         # every sample once per epoch, the ranks' batches disjoint
         first_epoch = [i for r in per_rank for step in r[:len(r) // ex.EPOCHS] for i in step[0]]
-        assert sorted(first_epoch) == list(range(ex.N_TRAIN))
+        assert sorted(first_epoch) == list(range(fsdp_job.N_TRAIN))
 
 
 def test_a_rank_holding_its_shards_passes_the_memory_check():

@@ -13,64 +13,22 @@ saves equals a replay in one process on the same global batches (SGD with moment
 from __future__ import annotations
 
 import math
-import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from grader import probes
 from grader.checks.interface import Grader, RankContext
-from grader.checks.shared import debug_job
-from grader.checks.shared.debug_replay import load_into, replay
+from grader.checks.shared import debug_job, fsdp_job
+from grader.checks.shared.fsdp_job import LAYERS, build_model
 
-VOCAB, DIM, HIDDEN, LAYERS, SEQ = 256, 32, 64, 2, 8
-BATCH_SIZE = 4
-LR, MOMENTUM = 0.05, 0.9
 EPOCHS = 3
-N_TRAIN = 48  # 2 ranks: 6 steps an epoch; 3 ranks: 4
 SLACK = 1.05  # of the largest dim-0 shards' bytes: the ranks hold exactly those, give or take a step counter
-TOLERANCE = 2e-5  # float32, gradients averaged by a reduce-scatter instead of in one process
 OTHER_CHECKS = ("sharded-memory", "block-units", "matches-replay")
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(DIM)
-        self.fc1 = nn.Linear(DIM, HIDDEN)
-        self.fc2 = nn.Linear(HIDDEN, DIM)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(DIM)
-        self.output = nn.Linear(DIM, VOCAB)
-
-    def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.output(self.norm(h).flatten(0, 1))
-
-
-def build_model() -> Net:
-    torch.manual_seed(0)
-    return Net()
-
-
 def make_data() -> dict:
-    g = torch.Generator().manual_seed(28)
-    tokens = torch.randint(0, VOCAB, (N_TRAIN, SEQ + 1), generator=g)
-    return {"train_x": tokens[:, :-1].contiguous(), "train_y": tokens[:, 1:].contiguous()}
+    return fsdp_job.make_data(seed=28)
 
 
 # --- in each rank ---------------------------------------------------------------------
@@ -204,53 +162,17 @@ def units_verdict(records: list[dict], world_size: int) -> tuple[bool, str]:
     return True, ""
 
 
-def sampler_batches(world_size: int, epochs: int) -> list[list[list[list[int]]]]:
-    """per_rank[r][s]: rank r's batch (sample ids, one micro-batch) at step s, as DistributedSampler
-    (shuffle, seed 0, set_epoch) and a DataLoader of BATCH_SIZE hand them out."""
-    from torch.utils.data import DistributedSampler
-
-    per_rank: list[list] = [[] for _ in range(world_size)]
-    for rank in range(world_size):
-        sampler = DistributedSampler(range(N_TRAIN), num_replicas=world_size, rank=rank, shuffle=True, seed=0)
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            ids = list(sampler)
-            per_rank[rank] += [[ids[i:i + BATCH_SIZE]] for i in range(0, len(ids), BATCH_SIZE)]
-    return per_rank
-
-
-def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
-    return F.cross_entropy(model(x), y.flatten())
-
-
 def check_saved_model(g: Grader, job: debug_job.Job, data: dict) -> None:
     """The model rank 0 saved to --out/model.pt equals one process training on the same global batches."""
-    from grader.compare import largest_difference
-
-    path = os.path.join(job.run_dir, "out", "model.pt")
-    if not os.path.exists(path):
-        g.record("matches-replay", False, "rank 0 saved no model.pt in --out after training",
-                 rank=0, world_size=job.world_size)
+    saved, why = fsdp_job.saved_model(job.run_dir)
+    if saved is None:
+        g.record("matches-replay", False, why, rank=0, world_size=job.world_size)
         return
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a file the script wrote: anything may be wrong with it
-        g.record("matches-replay", False, f"the model.pt rank 0 saved does not load: {type(exc).__name__}: {exc}",
-                 rank=0, world_size=job.world_size)
-        return
-    model = build_model()
-    misfit = load_into(model, {k: v for k, v in saved.items()} if isinstance(saved, dict) else {})
-    if misfit:
-        g.record("matches-replay", False, f"the model.pt rank 0 saved is not the script's model: {misfit}",
-                 rank=0, world_size=job.world_size)
-        return
-    model = build_model()
-    per_rank = sampler_batches(job.world_size, EPOCHS)
-    replay(model, per_rank, data["train_x"], data["train_y"], lr=LR, loss_fn=loss_fn, momentum=MOMENTUM)
-    found = largest_difference(saved, {k: v.detach() for k, v in model.state_dict().items()})
-    if found is None or found.max_abs <= TOLERANCE:
+    found = fsdp_job.replay_difference(saved, data, [(job.world_size, range(EPOCHS))])
+    if found is None:
         g.record("matches-replay", True)
         return
-    g.record("matches-replay", False, f"after {len(per_rank[0])} steps, the model rank 0 saved differs from one "
-             f"process training on the same global batches: {found} (tolerance {TOLERANCE:g})",
+    steps = len(fsdp_job.sampler_batches(job.world_size, range(EPOCHS))[0])
+    g.record("matches-replay", False, f"after {steps} steps, the model rank 0 saved differs from one process "
+             f"training on the same global batches: {found} (tolerance {fsdp_job.TOLERANCE:g})",
              rank=0, world_size=job.world_size)
