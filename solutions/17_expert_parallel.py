@@ -1,0 +1,150 @@
+"""Exercise 17: expert parallelism by hand: a mixture of experts over all-to-all.
+
+A mixture-of-experts (MoE) layer replaces one MLP with E of them, the experts, and a
+router that sends each token to a few of them (Shazeer et al., 2017; GShard; the Switch
+Transformer). The experts hold most of the parameters, and each token uses only top_k
+of them. With expert parallelism each of W ranks keeps E / W experts; every rank routes
+its own tokens, sends each one to the ranks of its experts with an all-to-all, runs its
+own experts on what arrives, and sends the results back with a second all-to-all. How
+many rows go from each rank to each other rank changes every step, so the ranks first
+exchange their counts (an all-to-all of a few integers) and then use uneven split sizes.
+
+    ExpertParallelMoE(router, experts, top_k, capacity_factor, group=None) -> nn.Module
+        router: nn.Linear(d, E), the same on every rank (replicated, not sharded).
+        experts: a list of E modules, each [n, d] -> [n, d] row by row, the same on every
+        rank. Rank r (its rank in `group`, the default group when None) owns experts
+        r * E / W ... (r + 1) * E / W - 1: keep those modules themselves (not copies: the
+        grader reads their .grad) and no reference to the others. E not divisible by W:
+        raise ValueError, on every rank, before any message.
+
+    forward(x) -> (y, aux_loss)
+        x: [tokens, d], this rank's tokens (different on every rank); anything else (not
+        2-D, or not d columns): raise ValueError. y: [tokens, d], aux_loss: a scalar.
+        1. Route: probs = softmax(router(x)) over the E experts; each token's top_k
+           experts, best first; their probabilities renormalised to sum to one: the gates.
+        2. Capacity: each expert accepts at most C = ceil(capacity_factor * tokens * top_k / E)
+           assignments from each sending rank (tokens: this rank's count): first every
+           token's first choice, in token order, then every token's second choice, in token
+           order, and so on; the assignments past C are dropped. A dropped assignment
+           contributes zero (the token's other gates keep their values).
+        3. y[t] = sum over t's kept assignments (t, e) of gate(t, e) * expert_e(x[t]).
+        4. aux_loss = E * sum_i f_i * P_i, the Switch Transformer's load-balancing loss over
+           this rank's tokens: f_i the fraction of this rank's tokens * top_k choices that
+           picked expert i (before any is dropped), P_i the mean of probs[:, i]. It needs no
+           message.
+        - Messages: the counts first (integers: how many rows each rank receives); then
+          exactly two all-to-alls of floating-point data per forward, with uneven split
+          sizes (dist.all_to_all_single's input_split_sizes and output_split_sizes): one row
+          of x for each kept assignment, to its expert's rank, and the expert's output row
+          back. Rows for this rank's own experts may stay home. Nothing else of x's size
+          travels: no all-gather or broadcast of the batch, and the gates stay home (apply
+          them when the results come back).
+        - Backward: both all-to-alls carry gradients back (two all-to-alls per backward),
+          so x.grad, the router's gradients (from this rank's tokens alone) and each
+          expert's gradients on its owner (summed over every rank's tokens) equal those of
+          the same layer computed in one process. dist.all_to_all_single is not
+          differentiable: write a torch.autograd.Function whose backward is the all-to-all
+          with the split sizes swapped (or use torch.distributed.nn.functional.all_to_all_single).
+
+The grader starts the ranks and their process group (gloo on CPU), builds the same router
+and E = 12 experts on every rank (float64), gives each rank its own tokens, runs forward
+and backward of sum(y * G) + 0.5 * aux_loss, compares with the same layer computed in one
+process, and measures what each rank holds and sends: a random router, one with a tight
+capacity, one biased so that one expert gets most tokens, and bad input.
+
+Grade it with:  ddp-grade exercises/17_expert_parallel.py      (stuck? ddp-grade hint 17)
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class AllToAll(torch.autograd.Function):
+    """dist.all_to_all_single with autograd: rows go out by send_splits, arrive by recv_splits; backward
+    sends the gradients of what arrived back where it came from, the same all-to-all reversed."""
+
+    @staticmethod
+    def forward(ctx, rows, send_splits, recv_splits, group):
+        ctx.send_splits, ctx.recv_splits, ctx.group = send_splits, recv_splits, group
+        received = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
+        dist.all_to_all_single(received, rows.contiguous(), output_split_sizes=recv_splits,
+                               input_split_sizes=send_splits, group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, grad_received):
+        grad_rows = AllToAll.apply(grad_received.contiguous(), ctx.recv_splits, ctx.send_splits, ctx.group)
+        return grad_rows, None, None, None
+
+
+class ExpertParallelMoE(nn.Module):
+    def __init__(self, router, experts, top_k, capacity_factor, group=None):
+        super().__init__()
+        world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+        num_experts = len(experts)
+        if num_experts % world_size != 0:
+            raise ValueError(f"{num_experts} experts do not split evenly over {world_size} ranks")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be between 1 and the number of experts ({num_experts}), not {top_k}")
+        self.router = router
+        self.num_experts, self.top_k, self.capacity_factor, self.group = num_experts, top_k, capacity_factor, group
+        self.per_rank = num_experts // world_size
+        first = rank * self.per_rank
+        # Only this rank's experts are kept: the list passed in is not stored.
+        self.experts = nn.ModuleList(experts[first:first + self.per_rank])
+
+    def forward(self, x):
+        d = self.router.in_features
+        if x.dim() != 2 or x.shape[1] != d:
+            raise ValueError(f"x must be [tokens, {d}], got {list(x.shape)}")
+        world_size = dist.get_world_size(self.group)
+        tokens, num_experts, top_k = x.shape[0], self.num_experts, self.top_k
+
+        # 1. route: each token's top_k experts, best first, with gates that sum to one
+        probs = torch.softmax(self.router(x), dim=-1)
+        top_probs, top_experts = probs.topk(top_k, dim=-1)
+        gates = top_probs / top_probs.sum(dim=-1, keepdim=True)
+
+        # 2. the load-balancing loss, from this rank's choices before any is dropped
+        chosen = torch.bincount(top_experts.flatten(), minlength=num_experts)
+        fraction = chosen.to(probs.dtype) / (tokens * top_k)
+        aux_loss = num_experts * (fraction * probs.mean(dim=0)).sum()
+
+        # 3. capacity: walk the assignments choice by choice (all first choices, then all second
+        # ones), each in token order; an assignment's place in its expert's queue decides.
+        capacity = math.ceil(self.capacity_factor * tokens * top_k / num_experts)
+        expert_of = top_experts.t().reshape(-1)
+        token_of = torch.arange(tokens, device=x.device).repeat(top_k)
+        gate_of = gates.t().reshape(-1)
+        queued = F.one_hot(expert_of, num_experts)
+        place = (queued.cumsum(dim=0) * queued).sum(dim=1) - 1
+        kept = place < capacity
+        expert_of, token_of, gate_of = expert_of[kept], token_of[kept], gate_of[kept]
+
+        # 4. sort the kept assignments by expert: the experts of rank 0 come first, then rank 1's...
+        order = torch.argsort(expert_of, stable=True)
+        expert_of, token_of, gate_of = expert_of[order], token_of[order], gate_of[order]
+
+        # 5. the counts: how many rows each rank sends to each expert
+        send_counts = torch.bincount(expert_of, minlength=num_experts)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        send_splits = send_counts.view(world_size, self.per_rank).sum(dim=1).tolist()
+        recv_counts = recv_counts.view(world_size, self.per_rank)  # [source rank, local expert]
+        recv_splits = recv_counts.sum(dim=1).tolist()
+
+        # 6. dispatch, compute, combine
+        received = AllToAll.apply(x[token_of], send_splits, recv_splits, self.group)
+        local_expert = torch.repeat_interleave(
+            torch.arange(self.per_rank, device=x.device).repeat(world_size), recv_counts.flatten())
+        outputs = torch.zeros_like(received)
+        for i, expert in enumerate(self.experts):
+            rows = local_expert == i
+            outputs[rows] = expert(received[rows])
+        returned = AllToAll.apply(outputs, recv_splits, send_splits, self.group)
+        y = torch.zeros_like(x).index_add(0, token_of, returned * gate_of[:, None])
+        return y, aux_loss
