@@ -16,6 +16,7 @@ from grader import catalog
 from grader.checks import ex32_dtensor_tp as ex
 from grader.checks import ex32_rank as rank_side
 from grader.checks import ex32_verdicts as v
+from grader.checks.shared import dtensors
 from grader.grading import Grading, Plan
 
 WORLD, TP = 4, 2
@@ -165,18 +166,18 @@ def test_a_strided_shard_is_read_as_fsdp_lays_it_over_a_tensor_parallel_split():
         for t in range(2):
             placed = {"dtensor": True, "placements": ["_StridedShard(dim=0, sf=2)", "Shard(dim=0)"],
                       "mesh_shape": [2, 2], "coord": [d, t]}
-            assert v.expected_local(full, placed).tolist() == [t * 4 + d * 2, t * 4 + d * 2 + 1]
+            assert dtensors.expected_local(full, placed).tolist() == [t * 4 + d * 2, t * 4 + d * 2 + 1]
     replicated = {"dtensor": True, "placements": ["Shard(dim=0)", "Replicate()"], "mesh_shape": [2, 2], "coord": [1, 0]}
-    assert v.expected_local(full, replicated).tolist() == [4, 5, 6, 7]
+    assert dtensors.expected_local(full, replicated).tolist() == [4, 5, 6, 7]
     partial = {"dtensor": True, "placements": ["Partial(sum)"], "mesh_shape": [2], "coord": [0]}
-    assert v.expected_local(full, partial) is None
+    assert dtensors.expected_local(full, partial) is None
 
 
 def test_placements_parse():
-    assert v.parse("Shard(dim=1)") == ("shard", 1)
-    assert v.parse("_StridedShard(dim=0, sf=2)") == ("strided", 0, 2)
-    assert v.parse("Replicate()") == ("replicate",)
-    assert v.parse("Partial(sum)")[0] == "other"
+    assert dtensors.parse("Shard(dim=1)") == ("shard", 1)
+    assert dtensors.parse("_StridedShard(dim=0, sf=2)") == ("strided", 0, 2)
+    assert dtensors.parse("Replicate()") == ("replicate",)
+    assert dtensors.parse("Partial(sum)")[0] == "other"
 
 
 # --- each verdict, right and wrong -------------------------------------------------------------------------

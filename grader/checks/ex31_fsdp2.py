@@ -29,6 +29,7 @@ from torch import nn
 from grader import probes
 from grader.checks import ex31_verdicts as verdicts
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared.dtensors import local_values
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 96, 32, 3, 4, 96
 BATCH, SEQ = 2, 16  # per rank
@@ -118,12 +119,6 @@ def _describe(module: nn.Module) -> list[dict]:
     return out
 
 
-def _local(module: nn.Module) -> dict:
-    """Each parameter's values on this rank: a DTensor's local shard, a plain tensor whole."""
-    from torch.distributed.tensor import DTensor
-
-    return {name: (p.to_local() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
-            for name, p in module.named_parameters()}
 
 
 def _loss(value) -> dict:
@@ -159,7 +154,7 @@ def rank_main(ctx: RankContext) -> dict:
         sharded = shard_model(build_model().to(ctx.device), mesh)
         if not isinstance(sharded, nn.Module):
             return {"returned": type(sharded).__name__}
-        obs = {"returned": None, "params": _describe(sharded), "initial": _local(sharded), "steps": [],
+        obs = {"returned": None, "params": _describe(sharded), "initial": local_values(sharded), "steps": [],
                "error": None, "state": None}
         sharded.register_forward_hook(lambda *_: events.append({"op": "mark", "what": "forward-returned"}))
         optimizer = torch.optim.SGD(sharded.parameters(), lr=LR)
@@ -171,7 +166,7 @@ def rank_main(ctx: RankContext) -> dict:
                 first = len(events)
                 loss = train_step(sharded, optimizer, (tokens, targets), MAX_NORM)
                 obs["steps"].append({"events": [dict(e) for e in events[first:]], "loss": _loss(loss),
-                                     "shards": _local(sharded)})
+                                     "shards": local_values(sharded)})
         except NotImplementedError:
             raise
         except Exception as exc:

@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from grader import probes
+from grader.checks.shared.dtensors import describe, local_values
 from grader.child import RankContext
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 96, 32, 3, 4, 96  # exercise 31's transformer
@@ -122,8 +123,6 @@ def make_batch(step: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
 # --- what a rank records -----------------------------------------------------------------------------
 
 
-def _placements(value) -> list[str]:
-    return [repr(p) for p in value.placements]
 
 
 def describe_mesh(mesh) -> dict:
@@ -135,24 +134,8 @@ def describe_mesh(mesh) -> dict:
     return out
 
 
-def describe_tensor(value) -> dict:
-    """A parameter or an output as it is on this rank: a DTensor with its placements, the mesh it lives
-    on and this rank's coordinate there, or a plain tensor."""
-    out = {"kind": type(value).__name__, "dtensor": isinstance(value, DTensor), "shape": list(value.shape),
-           "dtype": str(value.dtype).removeprefix("torch.")}
-    if out["dtensor"]:
-        mesh = value.device_mesh
-        out.update(placements=_placements(value), mesh_names=list(mesh.mesh_dim_names or []),
-                   mesh_shape=list(mesh.shape), coord=mesh.get_coordinate(), layout=mesh.mesh.tolist(),
-                   local_shape=list(value.to_local().shape))
-    else:
-        out["local_shape"] = list(value.shape)
-    return out
 
 
-def local_values(module: nn.Module) -> dict:
-    return {name: (p.to_local() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
-            for name, p in module.named_parameters()}
 
 
 def describe_error(exc: BaseException, learner_path: str) -> dict:
@@ -176,7 +159,7 @@ def describe_error(exc: BaseException, learner_path: str) -> dict:
 def _norm_recorder(seen: dict, name: str):
     def hook(module, args):
         if name not in seen and args and isinstance(args[0], torch.Tensor):
-            seen[name] = describe_tensor(args[0])
+            seen[name] = describe(args[0])
     return hook
 
 
@@ -234,7 +217,7 @@ def rank_main(ctx: RankContext) -> dict:
             return obs
         model, mesh = returned
         obs.update(mesh=describe_mesh(mesh), setup_events=[dict(e) for e in events], error=None, steps=[],
-                   params={name: describe_tensor(p) for name, p in model.named_parameters()},
+                   params={name: describe(p) for name, p in model.named_parameters()},
                    initial=local_values(model), norms={}, output=None)
         hooks = [m.register_forward_pre_hook(_norm_recorder(obs["norms"], name))
                  for name, m in model.named_modules() if isinstance(m, nn.RMSNorm)]
@@ -251,7 +234,7 @@ def rank_main(ctx: RankContext) -> dict:
                     for hook in hooks:
                         hook.remove()
                     local = logits.to_local() if isinstance(logits, DTensor) else logits
-                    obs["output"] = {**describe_tensor(logits), "local": local.detach().to("cpu", copy=True)}
+                    obs["output"] = {**describe(logits), "local": local.detach().to("cpu", copy=True)}
                 obs["steps"].append(record)
         except NotImplementedError:
             raise

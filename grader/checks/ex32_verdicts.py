@@ -9,19 +9,17 @@ step's ``locals`` (local values), ``norms`` (what each norm received in the firs
 (the first forward's logits, local values and placements), ``setup_events`` and each step's ``events``
 (collectives with the global ranks of their group), ``error``, ``parallelize_error``.
 
-Placements are read as DTensor defines them: mesh dims in order, each Shard(d) taking its coordinate's
-torch.chunk along d of what the dims before it left; a _StridedShard(d, sf) (FSDP's on "dp" when tensor
-parallelism already split d) first cuts d in sf pieces and takes its chunk of each.
+Placements are read by grader/checks/shared/dtensors.py (parse, expected_local).
 """
 
 from __future__ import annotations
-
-import re
 
 import torch
 
 from grader import probes
 from grader.checks.interface import Grader
+from grader.checks.shared.dtensors import expected_local, parse
+from grader.checks.shared.dtensors import find as _find
 from grader.compare import tensor_difference
 
 COLWISE = ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight", "feed_forward.w1.weight",
@@ -35,11 +33,6 @@ LOGITS_TOLERANCE = 1e-4  # absolute, float32 logits of size ~1 summed in another
 UPDATE_TOLERANCE = 1e-3  # of the largest change of a parameter over the steps so far
 
 
-def _find(named: dict, key: str):
-    """``named[key]``, or the entry whose name ends with ``.key`` (a wrapper's prefix still finds it)."""
-    if key in named:
-        return named[key]
-    return next((v for k, v in named.items() if k.endswith("." + key)), None)
 
 
 def _placed(entry: dict) -> str:
@@ -52,40 +45,10 @@ def _placed(entry: dict) -> str:
 # --- placements ---------------------------------------------------------------------------------------
 
 
-def parse(text: str) -> tuple:
-    """("shard", dim), ("strided", dim, split_factor), ("replicate",) or ("other", text)."""
-    if match := re.fullmatch(r"Shard\(dim=(-?\d+)\)", text):
-        return ("shard", int(match.group(1)))
-    if match := re.fullmatch(r"_StridedShard\(dim=(-?\d+), sf=(\d+)\)", text):
-        return ("strided", int(match.group(1)), int(match.group(2)))
-    if text == "Replicate()":
-        return ("replicate",)
-    return ("other", text)
 
 
-def _chunk(x: torch.Tensor, n: int, dim: int, index: int) -> torch.Tensor:
-    chunks = torch.chunk(x, n, dim=dim)
-    if index < len(chunks):
-        return chunks[index]
-    shape = list(x.shape)
-    shape[dim] = 0
-    return x.new_empty(shape)
 
 
-def expected_local(full: torch.Tensor, entry: dict) -> torch.Tensor | None:
-    """What a rank holds of ``full`` when placed as ``entry`` says (None for a placement like Partial)."""
-    if not entry.get("dtensor"):
-        return full
-    x = full
-    for placement, size, coord in zip(entry["placements"], entry["mesh_shape"], entry["coord"]):
-        kind = parse(placement)
-        if kind[0] in ("shard", "strided"):
-            dim = kind[1] % full.dim()
-            pieces = torch.chunk(x, kind[2], dim=dim) if kind[0] == "strided" else (x,)
-            x = torch.cat([_chunk(piece, size, dim, coord) for piece in pieces], dim=dim)
-        elif kind[0] != "replicate":
-            return None
-    return x
 
 
 def groups_of(rank: int, world_size: int, tp_size: int) -> tuple[list[int], list[int]]:

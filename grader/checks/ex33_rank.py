@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from grader import memory, probes, wire
 from grader.checks.interface import RankContext
+from grader.checks.shared.dtensors import local
 
 D_IN, DIM, HIDDEN, BLOCKS, D_OUT = 16, 48, 96, 2, 12
 GLOBAL_BATCH = 12
@@ -142,14 +143,10 @@ def new_job(ctx: RankContext, mesh):
 # --- what one rank holds ---------------------------------------------------------------------------------
 
 
-def _local(value: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (a plain tensor whole), on the CPU."""
-    local = value.to_local() if hasattr(value, "to_local") else value
-    return local.detach().to("cpu", copy=True)
 
 
 def params_of(model: nn.Module) -> dict:
-    return {name: _local(p) for name, p in model.named_parameters()}
+    return {name: local(p) for name, p in model.named_parameters()}
 
 
 def optimizer_of(model: nn.Module, optimizer) -> dict:
@@ -157,7 +154,7 @@ def optimizer_of(model: nn.Module, optimizer) -> dict:
     out = {}
     for name, p in model.named_parameters():
         state = optimizer.state.get(p, {})
-        out[name] = {key: (_local(v) if v.dim() else float(v)) if isinstance(v, torch.Tensor) else v
+        out[name] = {key: (local(v) if v.dim() else float(v)) if isinstance(v, torch.Tensor) else v
                      for key, v in state.items() if isinstance(v, (torch.Tensor, int, float))}
     return out
 
@@ -169,7 +166,7 @@ def fingerprints(model: nn.Module, world_size: int, gather) -> dict[str, bytes]:
         if p.numel() * p.element_size() < FINGERPRINT_BYTES:
             continue
         parts: list = [None] * world_size
-        gather(parts, memory.tensor_bytes(_local(p)))
+        gather(parts, memory.tensor_bytes(local(p)))
         out[name] = b"".join(parts)
     return out
 
