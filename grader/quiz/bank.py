@@ -58,6 +58,7 @@ TOPICS: dict[str, str] = {
     "debugging": "Debugging hangs, timeouts and errors",
     "beyond": "Beyond DDP: DataParallel, FSDP/ZeRO, SyncBatchNorm",
     "tensor-parallel": "Tensor parallelism: column and row splits, Megatron's f and g, sequence parallelism",
+    "parallel-groups": "Process groups by hand: new_group on every rank, subgroups, 2-D data x tensor layouts",
     "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
     "context-parallel": "Context parallelism: ring attention, the online softmax, causal load balancing",
     "expert-parallel": "Expert parallelism: top-k routing, capacity and dropped tokens, all-to-all, load balancing",
