@@ -1,0 +1,69 @@
+"""Exercise 34: build_pipeline and train_step with torch.distributed.pipelining (PipelineStage,
+ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B).
+
+Rank side (ex34_rank): one run per world size W; for each schedule, what each rank holds after
+build_pipeline (measured from the storages alive), which stages it built, and over three steps of
+train_step every message, every forward and backward of each stage, the micro-batches' activations
+alive at once, the loss and the parameters.
+
+Grader side: the same model trained in one process on the same micro-batches, their gradients
+accumulated (each micro-batch's mean loss divided by their number), SGD, compared with every rank's
+parameters after each step; the rest decided from the records (ex34_verdicts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grader.checks import ex34_verdicts as verdicts
+from grader.checks.ex34_rank import LR, SCHEDULES, STEPS, build_model, loss_fn, make_batch, n_microbatches
+from grader.checks.ex34_rank import rank_main  # noqa: F401  (the driver g.run("rank_main") finds in this module)
+from grader.checks.interface import Grader
+
+
+# --- in the grader: one process, the same micro-batches -------------------------------------------
+
+
+def reference_run(schedule: str, world_size: int) -> dict:
+    """The whole model in one process: each step, every micro-batch's loss divided by their number,
+    backward (the gradients add up), then SGD. Returns the initial parameters, those after each step
+    and each step's mean loss, by the model's parameter names."""
+    model = build_model(schedule, world_size)
+    m = n_microbatches(world_size)
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    states, losses = [], []
+    for step in range(STEPS):
+        tokens, targets = make_batch(schedule, world_size, step)
+        model.zero_grad(set_to_none=True)
+        total = 0.0
+        for x, y in zip(tokens.chunk(m), targets.chunk(m)):
+            loss = loss_fn(model(x), y)
+            (loss / m).backward()
+            total += loss.item()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+        states.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        losses.append(total / m)
+    return {"initial": initial, "states": states, "losses": losses}
+
+
+def grade(g: Grader) -> None:
+    sizes = [w for w in g.world_sizes if w >= 2]
+    if not sizes:
+        g.stop("a pipeline of one stage has nothing to schedule: grade with --world-size 2 or more")
+    runs = []
+    for world_size in sizes:
+        observations = g.run("rank_main", world_size).results()
+        for schedule in SCHEDULES:
+            per_rank = [o.get(schedule) for o in observations]
+            if any(obs is None for obs in per_rank):
+                verdicts.not_run(g, schedule, world_size)
+                continue
+            verdicts.check_schedule(g, schedule, per_rank, world_size, reference_run(schedule, world_size))
+            runs.append((schedule, world_size, per_rank))
+    for schedule, world_size, per_rank in runs:
+        if world_size == sizes[-1] and all(obs.get("steps") for obs in per_rank):
+            g.section(f"the {schedule} schedule as each rank ran it", verdicts.order_text(per_rank, world_size),
+                      {"schedule": schedule, "world_size": world_size,
+                       "order": [verdicts.labels(obs["steps"][-1]) for obs in per_rank]})
