@@ -62,6 +62,7 @@ TOPICS: dict[str, str] = {
     "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
     "context-parallel": "Context parallelism: ring attention, the online softmax, causal load balancing",
     "expert-parallel": "Expert parallelism: top-k routing, capacity and dropped tokens, all-to-all, load balancing",
+    "sequence-parallel": "Sequence parallelism: norms on chunks, all-gather and reduce-scatter, replicated gradients",
     "sharding": "ZeRO stage 3 by hand: slices, padding, gathers, freeing memory",
     "mixed-precision": "Mixed precision with DDP: autocast, GradScaler, bf16 vs fp16",
     "elastic": "torchrun and process groups: rendezvous, restarts, object collectives",

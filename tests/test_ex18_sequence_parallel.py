@@ -1,0 +1,285 @@
+"""Exercise 18's measures and verdicts, from hand-made records (no processes started)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from grader import catalog
+from grader.checks import ex18_rank as rk
+from grader.checks import ex18_sequence_parallel as ex
+from grader.grading import Grading, Plan
+from grader.harness import RankOutcome, WorldOutcome
+
+NAMES = {"norm.weight": "norm.weight", "norm.bias": "norm.bias", "fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias",
+         "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}
+
+
+def grading(world_size: int = 2) -> Grading:
+    return Grading(catalog.by_id("18"), "solutions/18_sequence_parallel.py", None, Plan("gloo", [world_size]))
+
+
+def verdicts(g: Grading) -> dict:
+    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+
+
+@functools.cache
+def want() -> dict:
+    return ex.expected_main(2)  # the same block for 2, 3 and 4 ranks (rk.sizes)
+
+
+def chunk_bytes(world_size: int) -> int:
+    return rk.chunk_elements(world_size) * 8
+
+
+def event(op: str, nbytes: int) -> dict:
+    return {"op": op, "bytes": nbytes, "peer": None, "async_op": False}
+
+
+def right_events(world_size: int) -> tuple[list[dict], list[dict]]:
+    """What the reference records: a small all-reduce of the lengths, then the two collectives; in backward
+    the two conjugates and the three replicated gradients' all-reduces."""
+    chunk, whole = chunk_bytes(world_size), chunk_bytes(world_size) * world_size
+    forward = [event("all_reduce", 16), event("all_gather_single", whole), event("reduce_scatter_single", chunk)]
+    backward = [event("all_gather_single", whole), event("reduce_scatter_single", chunk)] + \
+        [event("all_reduce", rk.D_MODEL * 8)] * 3
+    return forward, backward
+
+
+def saved_entry(tensor: torch.Tensor) -> dict:
+    return {"bytes": tensor.numel() * tensor.element_size(), "views": [{"shape": list(tensor.shape), "values": tensor}]}
+
+
+def right_saved(rank: int, world_size: int) -> list[dict]:
+    """What a rank saves: its chunk of x and the norm's statistics, then the parallel region's tensors."""
+    rows = rk.chunk_rows(rank, world_size)
+    x = rk.build("main")["x"][rows]
+    stats = torch.randn(x.shape[0], rk.BATCH, 1, dtype=torch.float64)
+    return [saved_entry(x), saved_entry(stats), saved_entry(stats + 1),
+            *[saved_entry(t) for t in ex.inside_tensors(want(), rank, world_size)]]
+
+
+def right_params(rank: int, world_size: int) -> list[dict]:
+    return [{"name": name, "value": ex.share_of(want(), name, rank, world_size).clone(),
+             "grad": ex.share_of(want(), name, rank, world_size, "grads").clone()} for name in NAMES]
+
+
+def right_run(rank: int, world_size: int) -> dict:
+    rows = rk.chunk_rows(rank, world_size)
+    forward, backward = right_events(world_size)
+    return {"output": want()["output"][rows].clone(), "input_grad": want()["x_grad"][rows].clone(),
+            "backward_ran": True, "forward_events": forward, "backward_events": backward,
+            "saved": right_saved(rank, world_size), "params": right_params(rank, world_size)}
+
+
+def right_group_run(rank: int, world_size: int) -> dict:
+    groups = rk.groups_of(world_size)
+    mine = next(i for i, members in enumerate(groups) if rank in members)
+    members = groups[mine]
+    dense = ex.reference("group", len(members), salt=mine)
+    place, size = members.index(rank), len(members)
+    rows = rk.chunk_rows(place, size)
+    return {"output": dense["output"][rows], "input_grad": dense["x_grad"][rows], "backward_ran": True,
+            "members": members, "params": [{"name": name, "value": ex.share_of(dense, name, place, size),
+                                            "grad": ex.share_of(dense, name, place, size, "grads")} for name in NAMES]}
+
+
+def held_share(world_size: int) -> int:
+    sizes = {name: t.numel() * 8 for name, t in want()["values"].items()}
+    return sum(sizes[n] for n in ex.REPLICATED) + sum(sizes[n] for n in ex.SPLIT) // world_size
+
+
+def right_observations(world_size: int) -> list[dict]:
+    refused = {"raised": "ValueError", "message": "not divisible"}
+    return [{"main": right_run(rank, world_size), "held_bytes": held_share(world_size),
+             "group": right_group_run(rank, world_size), "hidden": dict(refused),
+             "shape": {**refused, "built": True}} for rank in range(world_size)]
+
+
+def outcome(world_size: int, results: list | None = None, statuses: dict | None = None) -> WorldOutcome:
+    ranks = []
+    for rank in range(world_size):
+        status = (statuses or {}).get(rank, "ok")
+        ranks.append(RankOutcome(rank, status, result=None if results is None else results[rank],
+                                 exitcode=-6 if status == "exited" else 0))
+    return WorldOutcome(world_size, ranks)
+
+
+def refusals(world_size: int, raised: str | None = "ValueError") -> WorldOutcome:
+    return outcome(world_size, [{"raised": raised, "message": "lengths differ", "length": n}
+                                for n in rk.uneven_lengths(world_size)])
+
+
+def grade_all(observations: list[dict], world_size: int, uneven: WorldOutcome | None = None) -> dict:
+    g = grading(world_size)
+    main_ok = all([ex.check_output(g, observations, want(), world_size),
+                   ex.check_input_grad(g, observations, want(), world_size),
+                   ex.check_slices(g, observations, want(), world_size),
+                   ex.check_replicated(g, observations, want(), world_size)])
+    ex.check_collectives(g, observations, world_size)
+    ex.check_saved(g, observations, want(), world_size)
+    ex.check_held(g, observations, want(), world_size)
+    ex.check_hidden(g, observations, world_size)
+    ex.check_shape(g, observations, world_size)
+    ex.check_group(g, observations, world_size, main_ok)
+    ex.check_uneven(g, uneven or refusals(world_size), world_size)
+    return verdicts(g)
+
+
+def test_a_right_record_passes_every_check_at_each_world_size():
+    for world_size in (2, 3, 4):
+        got = grade_all(right_observations(world_size), world_size)
+        assert {status for status, _ in got.values()} == {"pass"}, got
+        assert set(got) == {c.id for c in catalog.by_id("18").checks}
+
+
+def test_the_dense_reference_saves_its_whole_input_and_statistics_outside_the_region():
+    rk_x = rk.SEQ * rk.BATCH * rk.D_MODEL * 8
+    assert ex.outside_bytes_dense(want()) == rk_x + 2 * rk.SEQ * rk.BATCH * 8
+    assert [rk.chunk_rows(r, 3) for r in range(3)] == [slice(0, 4), slice(4, 8), slice(8, 12)]
+    assert rk.uneven_lengths(4) == [4, 3, 3, 3] and rk.uneven_hidden(2) % 2
+    assert rk.groups_of(4) == [[0, 2], [1, 3]] and rk.groups_of(3) == [[0, 2], [1]]
+    assert rk.sizes(2) == rk.sizes(3) == rk.sizes(4) == (rk.SEQ, rk.HIDDEN)
+    assert rk.sizes(5) == (15, 60) and rk.uneven_lengths(5) == [4, 3, 3, 3, 3]
+    assert ex.expected_main(5)["output"].shape == (15, rk.BATCH, rk.D_MODEL)
+
+
+def test_a_bias_added_on_every_rank_is_named():
+    observations = right_observations(3)
+    rows = rk.chunk_rows(1, 3)
+    observations[1]["main"]["output"] = want()["output"][rows] + 2 * want()["values"]["fc2.bias"]
+    got = grade_all(observations, 3)
+    status, message = got["output-matches"]
+    assert status == "fail" and message.startswith("world size 3, rank 1 (positions 4-7 of 12)")
+    assert "counted 3 times, not once" in message
+    assert got["uses-group"] == ("pass", "")
+
+
+def test_an_input_gradient_of_the_own_hidden_block_alone_is_named():
+    observations = right_observations(2)
+    own = ex._own_term(0, 2)["x_grad"][rk.chunk_rows(0, 2)]
+    observations[0]["main"]["input_grad"] = own
+    status, message = grade_all(observations, 2)["input-grad-matches"]
+    assert status == "fail" and "own hidden block's term" in message and "reduce-scatter" in message
+
+
+def test_parameters_are_found_by_value_even_transposed_and_strided_blocks_are_not():
+    observations = right_observations(2)
+    for p in observations[1]["main"]["params"]:
+        if p["name"] == "fc1.weight":
+            p["name"], p["value"], p["grad"] = "w_in", p["value"].T.contiguous(), p["grad"].T.contiguous()
+    assert grade_all(observations, 2)["slice-grads-match"] == ("pass", "")
+    observations = right_observations(2)
+    strided = want()["values"]["fc1.weight"][1::2]
+    observations[1]["main"]["params"][2] = {"name": "fc1_weight", "value": strided, "grad": strided}
+    status, message = grade_all(observations, 2)["slice-grads-match"]
+    assert status == "fail" and "no parameter of the block holds rows 24-47 of fc1.weight" in message
+    assert "fc1_weight [24, 16]" in message
+
+
+def test_replicated_gradients_that_differ_fail_agreement_and_averaged_ones_fail_the_match_only():
+    observations = right_observations(3)
+    observations[2]["main"]["params"][0]["grad"] = observations[2]["main"]["params"][0]["grad"] * 0.5
+    got = grade_all(observations, 3)
+    assert got["replicated-grads-agree"][0] == "fail" and "differs from rank 0's" in got["replicated-grads-agree"][1]
+    assert got["replicated-grads-match"][0] == "fail"
+    assert got["uses-group"][0] == "pass"
+    observations = right_observations(2)
+    for obs in observations:
+        for p in obs["main"]["params"]:
+            if p["name"] in ex.REPLICATED:
+                p["grad"] = p["grad"] / 2
+    got = grade_all(observations, 2)
+    assert got["replicated-grads-agree"] == ("pass", "")
+    assert got["replicated-grads-match"][0] == "fail" and "averaged, not summed" in got["replicated-grads-match"][1]
+
+
+def test_an_all_reduce_of_an_activation_fails_and_torch_nn_scatters_count_as_one_reduce_scatter():
+    observations = right_observations(2)
+    whole = chunk_bytes(2) * 2
+    observations[0]["main"]["forward_events"] = [event("all_gather_into_tensor", whole), event("all_reduce", whole)]
+    got = grade_all(observations, 2)
+    status, message = got["forward-gather-scatter"]
+    assert status == "fail" and "0 reduce-scatter(s) and 1 other" in message and "all-reduce of 3072 bytes" in message
+    assert got["backward-gather-scatter"] == ("pass", "")
+    observations = right_observations(3)
+    for obs in observations:  # torch.distributed.nn.functional.all_gather's backward on gloo: W scatters
+        obs["main"]["backward_events"] = [event("all_gather", chunk_bytes(3))] + \
+            [event("scatter", chunk_bytes(3))] * 3 + [event("all_reduce", 128)]
+    assert grade_all(observations, 3)["backward-gather-scatter"] == ("pass", "")
+    observations[0]["main"]["backward_events"] = observations[0]["main"]["backward_events"][:-2]
+    assert grade_all(observations, 3)["backward-gather-scatter"][0] == "fail"
+    observations = right_observations(4)
+    observations[3]["main"]["backward_events"] = [event("all_gather_into_tensor", chunk_bytes(4) * 4)]
+    status, message = grade_all(observations, 4)["backward-gather-scatter"]
+    assert status == "fail" and "rank 3" in message and "1 all-gather(s), 0 reduce-scatter(s)" in message
+
+
+def test_a_norm_on_the_whole_sequence_fails_the_saved_check_and_chunk_sized_saves_pass():
+    observations = right_observations(2)
+    whole_x = rk.build("main")["x"]
+    observations[0]["main"]["saved"][0] = saved_entry(whole_x)
+    status, message = grade_all(observations, 2)["saved-activations-sharded"]
+    assert status == "fail" and "384 elements" in message and "dense block keeps 3456" in message
+    observations = right_observations(4)
+    x = observations[1]["main"]["saved"][0]["views"][0]["values"]
+    # A LayerNorm written by hand keeps several chunk-sized tensors (x - mean, the normalised x): fine.
+    observations[1]["main"]["saved"] += [saved_entry(x - 1), saved_entry(x * 2)]
+    # The parallel region's tensors in another layout (batch-first, flattened) are still recognised.
+    normed = want()["normed"].transpose(0, 1).reshape(-1, rk.D_MODEL).clone()
+    observations[1]["main"]["saved"][3] = saved_entry(normed)
+    assert grade_all(observations, 4)["saved-activations-sharded"] == ("pass", "")
+
+
+def test_weights_held_beyond_the_share_or_missing_fail():
+    observations = right_observations(2)
+    observations[1]["held_bytes"] += want()["values"]["fc1.weight"].numel() * 8 // 2
+    status, message = grade_all(observations, 2)["weights-sharded"]
+    assert status == "fail" and "rank 1" in message and ".clone()" in message
+    observations = right_observations(2)
+    for obs in observations:
+        obs["held_bytes"] = held_share(2) // 2
+    status, message = grade_all(observations, 2)["weights-sharded"]
+    assert status == "fail" and "some weights are on no rank" in message
+
+
+def test_bad_input_must_be_refused_on_every_rank_with_value_error_or_assert():
+    observations = right_observations(2)
+    observations[1]["hidden"] = {"raised": None}
+    status, message = grade_all(observations, 2)["hidden-not-divisible-refused"]
+    assert status == "fail" and "9 hidden features for 2 ranks" in message and "rank 1 went on" in message
+    observations = right_observations(2)
+    for obs in observations:
+        obs["shape"] = {"raised": "RuntimeError", "message": "Given normalized_shape=[16]", "built": True}
+    status, message = grade_all(observations, 2)["wrong-shape-refused"]
+    assert status == "fail" and "raised RuntimeError" in message
+    for obs in observations:
+        obs["shape"] = {"raised": "AssertionError", "message": "expected 16", "built": True}
+        obs["hidden"] = {"raised": "AssertionError", "message": "9 % 2"}
+    got = grade_all(observations, 2)
+    assert got["wrong-shape-refused"] == got["hidden-not-divisible-refused"] == ("pass", "")
+
+
+def test_uneven_chunks_must_be_refused_by_every_rank():
+    assert grade_all(right_observations(4), 4, refusals(4, "AssertionError"))["uneven-sequence-refused"][0] == "pass"
+    status, message = grade_all(right_observations(4), 4, outcome(4, statuses={1: "exited"}))["uneven-sequence-refused"]
+    assert status == "fail" and "lengths [4, 3, 3, 3]" in message and "exit code -6" in message
+    results = [{"raised": "ValueError", "message": "lengths", "length": 4}] + \
+        [{"raised": None, "length": 3, "output": None}] * 3
+    status, message = grade_all(right_observations(4), 4, outcome(4, results))["uneven-sequence-refused"]
+    assert status == "fail" and "rank 1 went on without an error" in message
+
+
+def test_a_block_that_ignores_its_group_fails_uses_group_with_the_group_advice():
+    observations = right_observations(4)
+    observations[2]["group"]["output"] = observations[2]["group"]["output"] + 0.1
+    status, message = grade_all(observations, 4)["uses-group"]
+    assert status == "fail" and "rank 2, in group [0, 2]" in message and "dist.get_rank(group)" in message
+    observations[0]["main"]["output"] = observations[0]["main"]["output"] + 0.1  # wrong without group= too
+    status, message = grade_all(observations, 4)["uses-group"]
+    assert status == "fail" and "as without group=" in message
+    observations = right_observations(4)
+    observations[3]["group"] = {"error": "ValueError: Global rank 1 is not part of group", "members": [1, 3]}
+    status, message = grade_all(observations, 4)["uses-group"]
+    assert status == "fail" and "Global rank 1" in message
