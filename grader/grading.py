@@ -125,6 +125,7 @@ class Grading:
             self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
             backend=backend or self.backend, kwargs=kwargs, env=env,
         )
+        self.deadline += outcome.start_s  # starting the ranks is the grader's time
         self._stop_on_problems(outcome, expect_ok)
         return outcome
 
@@ -145,6 +146,7 @@ class Grading:
         outcomes = self.session.run_many([World(self._ref(r.driver), r.world_size, r.kwargs, r.env) for r in runs],
                                          learner_path=self.path, timeout_s=self.remaining(), backend=self.backend,
                                          last_read_on_failure=[r.expect_ok for r in runs])
+        self.deadline += outcomes[0].start_s if outcomes else 0.0  # one start for them all: the grader's time
         for r, outcome in zip(runs, outcomes):
             self._stop_on_problems(outcome, r.expect_ok)
             yield outcome
@@ -389,8 +391,10 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.seconds = time.monotonic() - started
         return report
     report.backend, report.world_sizes = settled.backend, list(settled.world_sizes)
-    g = Grading(exercise, path, session, settled, timeout_s=deadline_s(exercise, options), on_event=on_event)
+    # The checks' module first: importing it (torch, in a cold process) is the grader's time, and the
+    # deadline starts with the Grading.
     module = importlib.import_module(exercise.module)
+    g = Grading(exercise, path, session, settled, timeout_s=deadline_s(exercise, options), on_event=on_event)
     _one_compute_thread()
     not_run = None
     try:

@@ -158,6 +158,7 @@ class Session:
         from torch.distributed import TCPStore
 
         started = time.monotonic()
+        start_s = 0.0
         stores, run_dirs, groups = [], [], []
         try:
             for world in worlds:
@@ -173,7 +174,11 @@ class Session:
                     spec = self._spec(world.driver, rank, world.world_size, learner_path, run_dir, timeout_s,
                                       backend, world.kwargs, _rendezvous_env(store.port, world.env))
                     ranks.append(self._start(spec))
-            timed_out = _wait_all(groups, started + timeout_s, grace_s, self.limits, last_read_on_failure)
+            # The deadline counts from here: starting the ranks (on a cold pool, waiting for it to
+            # import torch and the checks) is the grader's time, not the submission's.
+            start_s = time.monotonic() - started
+            timed_out = _wait_all(groups, started + start_s + timeout_s, grace_s, self.limits,
+                                  last_read_on_failure)
         finally:
             _stop([r for ranks in groups for r in ranks])
             stores.clear()
@@ -181,7 +186,7 @@ class Session:
         seconds = time.monotonic() - started
         self._fork_spares(sum(world.world_size for world in worlds))
         return [WorldOutcome(world.world_size, _blame([_outcome(r, run_dir, self.limits) for r in ranks]),
-                             late, seconds, run_dir, strays)
+                             late, seconds, run_dir, strays, start_s)
                 for world, ranks, run_dir, late in zip(worlds, groups, run_dirs, timed_out)]
 
     def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,

@@ -36,6 +36,9 @@ class WorldOutcome:
     seconds: float = 0.0
     run_dir: str = ""
     stray_processes: int = 0  # processes the submission left behind that had to be killed
+    # Seconds spent starting the ranks (a cold warm pool importing torch and the checks included):
+    # the grader's time, not the submission's, so the deadline counts from after it.
+    start_s: float = 0.0
 
     @property
     def ok(self) -> bool:

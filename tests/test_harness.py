@@ -329,3 +329,57 @@ def test_a_session_without_spares_forks_nothing_ahead():
         outcome = session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
         time.sleep(0.5)
         assert outcome.ok and session.spare_pids() == []
+
+
+
+def test_the_deadline_of_a_run_counts_from_after_its_ranks_are_started(monkeypatch):
+    """Starting the ranks (on a cold pool, waiting for it to import torch) is the grader's time: the
+    deadline a run waits under begins once every rank is started, and the outcome says how long that took."""
+    original_start, original_wait = harness.Session._start, harness._wait_all
+    seen = {}
+
+    def slow_start(self, spec):
+        time.sleep(0.5)
+        rank = original_start(self, spec)
+        seen["started_by"] = time.monotonic()
+        return rank
+
+    def wait_all(groups, deadline, *args, **kwargs):
+        seen["deadline"] = deadline
+        return original_wait(groups, deadline, *args, **kwargs)
+
+    monkeypatch.setattr(harness.Session, "_start", slow_start)
+    monkeypatch.setattr(harness, "_wait_all", wait_all)
+    with harness.Session() as session:
+        (outcome,) = session.run_many([_world("sleeps_then_answers_main", 2)], learner_path=__file__, timeout_s=60)
+    assert outcome.ok and outcome.start_s >= 1.0
+    assert seen["deadline"] >= seen["started_by"] + 60
+
+
+def test_a_gradings_deadline_starts_after_its_checks_are_imported(session, monkeypatch):
+    """Importing the exercise's checks (torch, in a cold process) is the grader's time too."""
+    import importlib
+
+    from grader import grading
+    from grader.grading import GradeOptions, grade_file
+
+    original_import, original_init = importlib.import_module, grading.Grading.__init__
+    seen = {}
+
+    def slow_import(name, *args, **kwargs):
+        module = original_import(name, *args, **kwargs)
+        if name == "grader.checks.ex01_setup":
+            time.sleep(0.5)
+            seen["imported_by"] = time.monotonic()
+        return module
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        seen["deadline"] = self.deadline
+
+    monkeypatch.setattr(grading.importlib, "import_module", slow_import)
+    monkeypatch.setattr(grading.Grading, "__init__", init)
+    report = grade_file(os.path.join(os.path.dirname(__file__), "..", "solutions", "01_setup.py"), session,
+                        GradeOptions(timeout_s=60))
+    assert report.status == "passed"
+    assert seen["deadline"] >= seen["imported_by"] + 60
