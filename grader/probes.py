@@ -8,6 +8,7 @@ hang). Drivers return the records to the parent, where the checks decide.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 
@@ -266,6 +267,7 @@ COLLECTIVES = (
 )
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 # The names of the collectives that gather and that reduce-scatter, as the events call them.
+DISPATCHED_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
 ALL_GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single", "_all_gather_base")
 REDUCE_SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "_reduce_scatter_base")
 # torch.distributed._functional_collectives runs collectives without calling the functions above
@@ -430,6 +432,35 @@ def watch_groups(events: list):
         for owner, name, op, via in owners:
             stack.enter_context(patched(owner, name, wrap(op, via, getattr(owner, name))))
         yield events
+
+
+@functools.cache
+def _dispatch_watch_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CollectiveOps(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # nothing here is compiled: without this, the first use imports torch._dynamo
+
+        def __init__(self, record):
+            super().__init__()
+            self.record = record
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace in DISPATCHED_NAMESPACES:
+                self.record(func, args)
+            return func(*args, **(kwargs or {}))
+
+    return CollectiveOps
+
+
+def watch_dispatched_collectives(record):
+    """A context (a TorchDispatchMode) that calls ``record(func, args)`` for every collective op
+    dispatched while it is on: torch.distributed's, the functional collectives' and their autograd
+    forms, including the backwards autograd runs from C++, which no Python wrapper (and so neither
+    :func:`watch_collectives`) sees. ``func.name()`` is e.g. ``"_c10d_functional::all_gather_into_tensor"``."""
+    return _dispatch_watch_class()(record)
 
 
 def _describe_call(name: str, signature, args, kwargs) -> dict:

@@ -4,7 +4,6 @@ and the verdicts)."""
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from datetime import timedelta
@@ -119,29 +118,25 @@ def describe_message(func, args, rank: int, world_size: int) -> dict:
     return event
 
 
-@functools.cache
-def _watch_class():
-    """A dispatch mode that records every c10d op (the collectives of torch.distributed, its functional
-    collectives and their autograd backwards alike), defined on first use."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+class _Messages:
+    """Every c10d op dispatched while on (probes.watch_dispatched_collectives), described as a message."""
 
-    class Messages(TorchDispatchMode):
-        @classmethod
-        def _should_skip_dynamo(cls) -> bool:
-            return False  # see ex16_rank: without this, the first use imports torch._dynamo
+    def __init__(self, rank: int, world_size: int):
+        self.events: list[dict] = []
+        self.rank, self.world_size = rank, world_size
+        self._mode = probes.watch_dispatched_collectives(self._record)
 
-        def __init__(self, rank: int, world_size: int):
-            super().__init__()
-            self.events: list[dict] = []
-            self.rank, self.world_size = rank, world_size
+    def _record(self, func, args) -> None:
+        if func.namespace in ("c10d", "_c10d_functional") and \
+                func.name().split("::")[-1].split(".")[0] not in NOT_MESSAGES:
+            self.events.append(describe_message(func, args, self.rank, self.world_size))
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace in ("c10d", "_c10d_functional") and \
-                    func.name().split("::")[-1].split(".")[0] not in NOT_MESSAGES:
-                self.events.append(describe_message(func, args, self.rank, self.world_size))
-            return func(*args, **(kwargs or {}))
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
 
-    return Messages
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
 
 
 def _plain(value):
@@ -192,7 +187,7 @@ def _run_case(ctx: RankContext, cls, learner, scenario: str, measure: bool) -> d
     prints = _fingerprints(experts) if measure else {}
     if measure:
         run["held"] = _held(module, learner, prints)
-    watch = _watch_class()(rank, world_size)
+    watch = _Messages(rank, world_size)
     with watch:
         result = module(x)
     run["forward_events"] = watch.events
@@ -204,7 +199,7 @@ def _run_case(ctx: RankContext, cls, learner, scenario: str, measure: bool) -> d
         and isinstance(aux, torch.Tensor) and aux.numel() == 1
     if not _agree(ok, ctx):
         return run
-    watch = _watch_class()(rank, world_size)
+    watch = _Messages(rank, world_size)
     with watch:
         loss = (y * g).sum() + AUX_WEIGHT * aux.reshape(())
         loss.backward()

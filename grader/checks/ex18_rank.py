@@ -4,7 +4,6 @@ exercise and the verdicts)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from datetime import timedelta
@@ -166,33 +165,20 @@ def _in_recorded_funcol_call() -> bool:
     return False
 
 
-@functools.cache
-def _functional_watch_class():
-    """A dispatch mode that records the functional collectives autograd runs from C++ (the backward of
-    all_gather_tensor_autograd is a reduce_scatter_tensor no Python wrapper sees), defined on first use."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+def _functional_watch(events: list):
+    """The functional collectives autograd runs from C++ (the backward of all_gather_tensor_autograd is a
+    reduce_scatter_tensor no Python wrapper sees), recorded into ``events`` (probes.watch_dispatched_collectives)."""
 
-    class FunctionalCollectives(TorchDispatchMode):
-        @classmethod
-        def _should_skip_dynamo(cls) -> bool:
-            return False  # nothing here is compiled: do not import torch._dynamo in every rank
+    def record(func, args) -> None:
+        name = str(func)
+        if name.startswith(FUNCTIONAL_NAMESPACES) and "wait_tensor" not in name and not _in_recorded_funcol_call():
+            first = args[0] if args else None
+            first = first[0] if isinstance(first, (list, tuple)) and first else first
+            nbytes = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
+            events.append({"op": name.split(".")[1], "bytes": nbytes, "peer": None, "via": "dispatch",
+                           "dtype": str(first.dtype).removeprefix("torch.") if nbytes else None})
 
-        def __init__(self, events: list):
-            super().__init__()
-            self.events = events
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = str(func)
-            if name.startswith(FUNCTIONAL_NAMESPACES) and "wait_tensor" not in name and not _in_recorded_funcol_call():
-                op = name.split(".")[1]
-                first = args[0] if args else None
-                first = first[0] if isinstance(first, (list, tuple)) and first else first
-                nbytes = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
-                self.events.append({"op": op, "bytes": nbytes, "peer": None, "via": "dispatch",
-                                    "dtype": str(first.dtype).removeprefix("torch.") if nbytes else None})
-            return func(*args, **(kwargs or {}))
-
-    return FunctionalCollectives
+    return probes.watch_dispatched_collectives(record)
 
 
 def _run(ctx: RankContext, block, data: dict, rows: slice, events: list, group=None, measure: bool = False) -> dict:
@@ -202,7 +188,7 @@ def _run(ctx: RankContext, block, data: dict, rows: slice, events: list, group=N
     g = data["g"][rows].clone().to(ctx.device)
     saved = SavedTensors(list(block.parameters()))
     first = len(events)
-    with _functional_watch_class()(events):
+    with _functional_watch(events):
         if measure:
             with saved.hooks():
                 y = block(x)
@@ -215,7 +201,7 @@ def _run(ctx: RankContext, block, data: dict, rows: slice, events: list, group=N
         run["params"] = _parameters(block)
         return run
     first = len(events)
-    with _functional_watch_class()(events):
+    with _functional_watch(events):
         (y * g).sum().backward()
     run["backward_events"] = [dict(e) for e in events[first:]]
     run["backward_ran"] = True
