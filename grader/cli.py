@@ -14,7 +14,8 @@ kit files not found, a copy that cannot be kept); `server status` and `server st
 `interview` exits 0 when the exercise passed at the end, 1 when not, 130 on Ctrl-C;
 `batch` and `batch merge` exit with the worst result of the submissions (2 > 3 > 1 > 0; merge: 2 when
 it refuses its parts); `gradescope run` exits 0 whenever it wrote results.json, 2 when the bundle
-cannot be used.
+cannot be used; `plan` exits 0 when the cost model answered, 1 while 41 and 42 have not both passed,
+2 for a plan or option it cannot use.
 """
 
 from __future__ import annotations
@@ -539,7 +540,9 @@ def _server_line(found: dict) -> str:
 from grader.quiz.command import quiz  # noqa: E402
 from grader.batch import batch  # noqa: E402
 from grader.gradescope import gradescope  # noqa: E402
+from grader.commands.plan import plan_command  # noqa: E402
 
 main.add_command(quiz)
 main.add_command(batch)
 main.add_command(gradescope)
+main.add_command(plan_command)

@@ -1,0 +1,165 @@
+"""What exercises 41-43 share: the small configurations trained for real, the worker that calls the
+learner's pure functions, the measurements (run once per grading process) and the wording of an
+estimate beside what was measured.
+
+Rank side: ``serve_main`` (a worker answering ``call``: the learner's function on each case, the
+answer read back as plain data, the learner's exceptions as data). Grader side: ``measured`` (each
+configuration's rank 0 record, from ``measure_main`` in :mod:`.capacity_run`), ``compare_line``.
+"""
+
+from __future__ import annotations
+
+from grader import capacity
+from grader.checks.interface import Grader, RankContext
+
+# The transformer every small configuration trains (41's Transformer): small enough for a CPU.
+SMALL = capacity.ModelSpec(layers=4, hidden=32, heads=4, vocab=64, seq_len=16)
+
+# name -> plan; each runs on dp * tp * pp processes. Together they cover every dimension alone and
+# in pairs, both precisions, every ZeRO stage (dp = 3 pads the flat buffer), every recomputation,
+# both schedules with more and fewer micro-batches than stages.
+CONFIGS = {
+    "dp2 zero0 fp32": capacity.Plan(dp=2, zero=0, micro_batch=2, micro_batches=2, precision="fp32"),
+    "dp2 zero1": capacity.Plan(dp=2, zero=1, micro_batch=2, micro_batches=2),
+    "dp3 zero2": capacity.Plan(dp=3, zero=2, micro_batch=1, micro_batches=2),
+    "dp3 zero3 selective": capacity.Plan(dp=3, zero=3, micro_batch=1, micro_batches=2, recompute="selective"),
+    "tp2": capacity.Plan(tp=2, micro_batch=2),
+    "tp2 selective": capacity.Plan(tp=2, micro_batch=2, recompute="selective"),
+    "tp2 full fp32": capacity.Plan(tp=2, micro_batch=2, recompute="full", precision="fp32"),
+    "pp2 gpipe": capacity.Plan(pp=2, micro_batches=4, schedule="gpipe"),
+    "pp2 1f1b": capacity.Plan(pp=2, micro_batches=4, schedule="1f1b"),
+    "pp4 1f1b m2": capacity.Plan(pp=4, micro_batches=2, schedule="1f1b"),
+    "dp2 tp2 zero1": capacity.Plan(dp=2, tp=2, zero=1, micro_batch=2),
+    "dp2 pp2 zero1 full": capacity.Plan(dp=2, pp=2, zero=1, micro_batches=3, recompute="full"),
+    "tp2 pp2 gpipe selective": capacity.Plan(tp=2, pp=2, micro_batches=3, schedule="gpipe", recompute="selective"),
+}
+SEED = 41
+
+# Tolerances: params, grads, optimizer, traffic and FLOPs are exact; the activations' formula
+# leaves out LayerNorm's saved mean and rstd (2 x 4 bytes a token a norm), a fraction of a percent.
+ACTIVATIONS_TOLERANCE = 0.05
+EXACT = 0.5  # bytes: a float estimate rounds to the measured integer
+
+
+def plain(model: capacity.ModelSpec, plan: capacity.Plan) -> dict:
+    return {"model": capacity.to_dict(model), "plan": capacity.to_dict(plan)}
+
+
+def describe(plan: capacity.Plan | dict) -> str:
+    p = plan if isinstance(plan, dict) else capacity.to_dict(plan)
+    default = capacity.to_dict(capacity.Plan())
+    said = [f"{k}={v}" for k, v in p.items() if v != default[k]]
+    return "Plan(" + ", ".join(said) + ")"
+
+
+# --- in the worker ----------------------------------------------------------------------------------
+
+
+def serve_main(ctx: RankContext) -> dict:
+    ctx.serve({"estimates": estimates})
+    return {}
+
+
+def estimates(ctx: RankContext, function: str, cases: list) -> list:
+    """``function`` of the learner's file on each case (``{"model", "plan", "cluster"?, "tokens"?}``),
+    built from the learner's own dataclasses; each answer as ``{"value": plain data}`` or
+    ``{"error": "ExceptionName: message", "value_error": bool}``."""
+    learner = ctx.function(function)
+    answers = []
+    for case in cases:
+        try:
+            args = [_build(ctx, "ModelSpec", case["model"])]
+            if "plan" in case:
+                args.append(_build(ctx, "Plan", case["plan"]))
+            if "cluster" in case:
+                args.append(_build(ctx, "Cluster", case["cluster"]))
+            if "tokens" in case:
+                args.append(case["tokens"])
+            answers.append({"value": _plain(learner(*args))})
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # the learner's error is an answer: some cases must raise
+            answers.append({"error": f"{type(exc).__name__}: {exc}"[:300], "value_error": isinstance(exc, ValueError)})
+    return answers
+
+
+def _build(ctx: RankContext, name: str, values: dict):
+    try:
+        cls = ctx.function(name)
+    except Exception:
+        raise TypeError(f"the file defines no {name} (keep the stub's dataclasses)") from None
+    return cls(**values)
+
+
+FIELDS = ("params", "grads", "optimizer", "activations", "total",
+          "dp", "tp", "pp",
+          "flops", "compute_s", "dp_s", "tp_s", "pp_s", "bubble_s", "exposed_dp_s", "total_s",
+          "zero", "micro_batch", "micro_batches", "schedule", "precision", "recompute")
+
+
+def _plain(value):
+    """An answer as plain data: the fields 41-43 define, read as attributes or keys."""
+    if isinstance(value, (int, float, str)) or value is None:
+        return value if not isinstance(value, bool) else int(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    out = {}
+    for name in FIELDS:
+        if hasattr(value, name):
+            out[name] = _plain(getattr(value, name))
+    if not out:
+        raise TypeError(f"returned a {type(value).__name__}, not the stub's dataclass")
+    return out
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+# --- in the grader ------------------------------------------------------------------------------------
+
+_MEASURED: dict = {}  # config name -> every rank's record; the kit's own runs, the same every grading
+
+
+def measured(g: Grader, names: list[str] | None = None) -> dict:
+    """Each configuration's records (one per rank, rank order), measured once per grading process."""
+    for name in names or list(CONFIGS):
+        if name not in _MEASURED:
+            plan = CONFIGS[name]
+            outcome = g.run("measure_main", plan.world_size, kwargs={**plain(SMALL, plan), "seed": SEED},
+                            label=f"measure {name}")
+            _MEASURED[name] = outcome.results()
+    return {name: _MEASURED[name] for name in names or list(CONFIGS)}
+
+
+def ask(g: Grader, worker, function: str, cases: list) -> list:
+    """The learner's answers to ``cases`` (see ``estimates``), numbers as floats."""
+    answers = g.call(worker, "estimates", function=function, cases=cases)
+    for answer in answers:
+        if isinstance(answer.get("value"), dict):
+            answer["value"] = {k: (v if isinstance(v, dict) else _number(v)) for k, v in answer["value"].items()}
+    return answers
+
+
+def relative(estimate: float, truth: float) -> float:
+    if truth == 0:
+        return 0.0 if estimate == 0 else float("inf")
+    return (estimate - truth) / truth
+
+
+def compare_line(term: str, estimate, truth: float, unit: str = "bytes") -> str:
+    if not isinstance(estimate, (int, float)):
+        return f"{term}: {estimate!r} estimated, {truth:,.0f} {unit} measured"
+    return f"{term}: {estimate:,.0f} {unit} estimated, {truth:,.0f} measured ({relative(estimate, truth):+.1%})"
+
+
+def error_of(answer: dict) -> str | None:
+    """What went wrong with an answer that should have been a value, or None."""
+    if "error" in answer:
+        return f"raised {answer['error']}"
+    if not isinstance(answer.get("value"), dict):
+        return f"returned {answer.get('value')!r}, not the stub's dataclass"
+    return None
