@@ -215,6 +215,7 @@ def test_validator_accepts_sources_with_methods_line_ranges_and_urls(tmp_path):
                    'source = "torch/utils/data/distributed.py::DistributedSampler.set_epoch"',
                    'source = "torch/distributed/constants.py::default_pg_timeout"',
                    'source = "https://docs.pytorch.org/docs/stable/notes/ddp.html#internal-design"',
+                   'source = "https://ar5iv.labs.arxiv.org/html/1910.02054#S3.SS1"',  # a paper's section
                    'source = ["torch/nn/modules/utils.py::consume_prefix_in_state_dict_if_present", '
                    '"https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md#allreduce"]'):
         assert small_bank_problems(tmp_path, source=source) == [], source

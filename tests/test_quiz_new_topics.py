@@ -1,5 +1,5 @@
 """The quiz topics on current practice (mixed precision, compile, NCCL, comm hooks, DCP, FSDP,
-elastic launch, memory): what the bank's validator does not check on its own.
+elastic launch, memory) and on capacity planning: what the bank's validator does not check on its own.
 
 The validator (tests/test_quiz_bank.py runs it on the packaged bank) checks each question, its
 sources and demos, and the giveaway figures of the whole bank. Here: each of these topics has
@@ -25,9 +25,9 @@ from grader.quiz.giveaways import (
     reason_elimination_score,
 )
 
-NEW_TOPICS = ("mixed-precision", "compile", "nccl", "comm-hooks", "dcp", "fsdp", "elastic", "memory")
+NEW_TOPICS = ("mixed-precision", "compile", "nccl", "comm-hooks", "dcp", "fsdp", "elastic", "memory", "capacity")
 MIN_QUESTIONS = {"mixed-precision": 8, "compile": 6, "nccl": 8, "comm-hooks": 6, "dcp": 6, "fsdp": 8,
-                 "elastic": 8, "memory": 6}
+                 "elastic": 8, "memory": 6, "capacity": 12}
 CHECKED = "2.13.0"
 
 QUESTIONS = [q for q in load_bank() if q.topic in NEW_TOPICS]

@@ -11,7 +11,7 @@ One file per topic, ``<topic>.toml``::
     choices = ["...", "...", "..."]  # 3 to 5, in the order the letters below refer to
     answer = "b"                     # one letter: single choice; a list ["a", "c"]: choose all that apply
     explanation = "..."              # never refers to a choice by position or letter (choices are shuffled)
-    source = "torch/utils/data/distributed.py::DistributedSampler.__iter__"   # or a docs URL with #anchor (or a list)
+    source = "torch/utils/data/distributed.py::DistributedSampler.__iter__"   # or a docs/paper URL with #anchor (or a list)
     demo = "tests/quiz_demos/test_sampler.py::test_padding"   # where the claim runs on CPU (or a list)
     checked = "2.13.0"               # the torch version the question was checked against
 
@@ -74,6 +74,7 @@ TOPICS: dict[str, str] = {
     "dtensor": "DeviceMesh and DTensor: 2-D meshes, placements, parallel styles, FSDP2 over tensor parallelism",
     "fsdp2": "FSDP2 in production: MixedPrecisionPolicy, reshard_after_forward, CPU offload, clipping DTensors",
     "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
+    "capacity": "Capacity planning: bytes per rank (ZeRO, activations), traffic, FLOPs, step time, plans",
     "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -84,8 +85,9 @@ MULTI_MARK = "choose all that apply"
 MIN_EXPLANATION_CHARS = 80
 VERSION_PATTERN = re.compile(r"^\d+\.\d+\.\d+$")
 
-#: Hosts a source URL may point to: PyTorch's docs and tutorials, and GitHub (e.g. nccl-tests' notes).
-SOURCE_HOSTS = ("docs.pytorch.org", "pytorch.org", "github.com")
+#: Hosts a source URL may point to: PyTorch's docs and tutorials, GitHub (e.g. nccl-tests' notes), and
+#: ar5iv's HTML of arXiv papers, whose anchors name a section (``#S3.SS1``) or an appendix (``#A1``).
+SOURCE_HOSTS = ("docs.pytorch.org", "pytorch.org", "github.com", "ar5iv.labs.arxiv.org")
 #: ``torch/<path>.py::Name.attr`` with an optional ``#L10-L40`` line range.
 SOURCE_PATH = re.compile(r"^(?P<path>torch/[\w/.-]+\.py)::(?P<name>[A-Za-z_][\w.]*)(?:#L(?P<first>\d+)-L(?P<last>\d+))?$")
 SOURCE_URL = re.compile(r"^https://(?P<host>[\w.-]+)/\S*#(?P<anchor>\S+)$")

@@ -1,0 +1,39 @@
+"""What the tests of exercises 41-43's verdicts share: a Grading to record into, answers and rank 0's
+records as a faithful run of the kit's model gives them (no processes started)."""
+
+from __future__ import annotations
+
+from grader import capacity, catalog
+from grader.checks.shared import capacity_cases as cases
+from grader.grading import Grading, Plan
+
+
+def grading(exercise: str) -> Grading:
+    return Grading(catalog.by_id(exercise), f"solutions/{exercise}.py", None, Plan("gloo", [2]))
+
+
+def verdicts(g: Grading) -> dict:
+    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+
+
+def answer(value) -> dict:
+    return {"value": {k: (v if isinstance(v, (dict, str)) else float(v)) for k, v in capacity.to_dict(value).items()}}
+
+
+def record_for(name: str) -> dict:
+    """Rank 0's record as a faithful run of the kit's model would measure it."""
+    plan = cases.CONFIGS[name]
+    memory = capacity.training_memory(cases.SMALL, plan)
+    collectives = []
+    for (dimension, op), (calls, size) in capacity.collectives(cases.SMALL, plan).items():
+        collectives += [[dimension, op, size]] * calls
+    return {"params_bytes": memory.params, "grads_bytes": memory.grads, "optimizer_bytes": memory.optimizer,
+            "activations_bytes": memory.activations, "collectives": collectives,
+            "flops": capacity.flops(cases.SMALL, plan)}
+
+
+RECORDS = {name: [record_for(name)] for name in cases.CONFIGS}
+
+
+def model_answers(function) -> dict:
+    return {name: answer(function(cases.SMALL, plan)) for name, plan in cases.CONFIGS.items()}

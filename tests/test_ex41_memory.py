@@ -1,0 +1,80 @@
+"""Exercise 41's verdicts from hand-made records and answers, and the cost model against the papers it cites."""
+
+from __future__ import annotations
+
+import pytest
+
+from capacity_records import RECORDS, answer, grading, model_answers, verdicts
+from grader import capacity
+from grader.checks import ex41_memory as ex41
+
+
+def test_estimates_equal_to_the_measurement_pass_every_term():
+    g = grading("41")
+    ex41.check_measured(g, model_answers(capacity.training_memory), RECORDS)
+    got = verdicts(g)
+    assert all(got[check][0] == "pass" for check in ex41.TERMS.values()), got
+
+
+def test_a_wrong_term_in_one_configuration_fails_that_term_only_and_names_it():
+    g = grading("41")
+    answers = model_answers(capacity.training_memory)
+    answers["dp2 zero1"]["value"]["grads"] /= 2  # gradients counted as sharded under ZeRO 1
+    ex41.check_measured(g, answers, RECORDS)
+    got = verdicts(g)
+    assert got["grads-measured"][0] == "fail" and "dp2 zero1" in got["grads-measured"][1]
+    assert "grads" in got["grads-measured"][1] and "-50.0%" in got["grads-measured"][1]
+    assert got["params-measured"][0] == got["optimizer-measured"][0] == got["activations-measured"][0] == "pass"
+
+
+@pytest.mark.parametrize("off, status", [(1.04, "pass"), (1.06, "fail")])
+def test_activations_are_held_within_five_percent(off, status):
+    g = grading("41")
+    answers = model_answers(capacity.training_memory)
+    for a in answers.values():
+        a["value"]["activations"] *= off
+    ex41.check_measured(g, answers, RECORDS)
+    assert verdicts(g)["activations-measured"][0] == status
+
+
+def test_an_answer_that_raised_fails_every_measured_term_with_the_error():
+    g = grading("41")
+    answers = model_answers(capacity.training_memory)
+    answers["tp2"] = {"error": "KeyError: 'tp'", "value_error": False}
+    ex41.check_measured(g, answers, RECORDS)
+    got = verdicts(g)
+    assert all(got[c][0] == "fail" and "KeyError" in got[c][1] for c in ex41.TERMS.values())
+
+
+def test_the_zero_paper_figures_come_from_the_model_and_a_missing_master_copy_fails_them():
+    plans = [capacity.Plan(dp=64, zero=z) for z in ex41.ZERO_FIGURE_GB]
+    right = [answer(capacity.training_memory(ex41.ZERO_MODEL, p)) for p in plans]
+    g = grading("41")
+    ex41.check_zero_paper(g, right)
+    assert verdicts(g)["zero-paper"][0] == "pass"
+    wrong = [answer(capacity.training_memory(ex41.ZERO_MODEL, p)) for p in plans]
+    for a, p in zip(wrong, plans):
+        a["value"]["optimizer"] *= 8 / 12  # 2 + 2 + 8 bytes
+    g = grading("41")
+    ex41.check_zero_paper(g, wrong)
+    status, message = verdicts(g)["zero-paper"]
+    assert status == "fail" and "120.0 GB" in message
+
+
+def test_korthikantis_table_is_the_model_at_sixteen_bits():
+    for t in (1, 2, 8):
+        for recompute in capacity.RECOMPUTES:
+            got = capacity.training_memory(ex41.KORTHIKANTI_MODEL, capacity.Plan(tp=t, recompute=recompute)).activations
+            assert got == ex41.korthikanti(t, recompute), (t, recompute)
+    s, b, h, a = 2048, 1, 12288, 96
+    assert ex41.korthikanti(1, "none") == s * b * h * (34 + 5 * a * s / h)
+
+
+def test_a_refusal_must_be_a_value_error():
+    g = grading("41")
+    ex41.check_refusals(g, {"pp=3": {"value_error": True, "error": "ValueError: no"},
+                            "tp=3": {"value_error": False, "error": "ZeroDivisionError: x"}})
+    status, message = verdicts(g)["bad-plans-refused"]
+    assert status == "fail" and "tp=3" in message and "ZeroDivisionError" in message
+
+
