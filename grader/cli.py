@@ -132,7 +132,8 @@ def _grade_here(path, options, exercise_id, progress, quiet):
     """Grade in this process, with a pool started for this command alone."""
     from grader import grading, harness
 
-    grading.warm_up(dynamo=_preload_dynamo(path, exercise_id))
+    exercise = _exercise_of(path, exercise_id)
+    grading.warm_up(dynamo=exercise is None or exercise.preload_dynamo, exercise=exercise)
     with harness.Session(limits=options.limits) as session:
         return grade_and_record(path, session, options, exercise_id, progress, quiet)
 
@@ -203,11 +204,11 @@ def _require_readable(path: str) -> None:
         _fail(str(exc))
 
 
-def _preload_dynamo(path: str, exercise_id: str | None) -> bool:
+def _exercise_of(path: str, exercise_id: str | None):
+    """The exercise a file is graded as, or None when its name does not say (the grading will)."""
     from grader import catalog
 
-    exercise = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
-    return exercise is None or exercise.preload_dynamo
+    return catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
 
 
 def _color() -> bool:
@@ -327,7 +328,7 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     if exercise_id:
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     tty = _color()
-    grading.warm_up(dynamo=ex.preload_dynamo if ex else True)
+    grading.warm_up(dynamo=ex.preload_dynamo if ex else True, exercise=ex)
 
     with harness.Session(limits=options.limits, spares=True) as session:
         def once(n: int) -> None:
@@ -457,7 +458,7 @@ def interview(exercise_id, minutes, n_questions, seed, track, options):
 
     questions = iv.pick_questions(ex, n_questions, seed if seed is not None else iv.default_seed(),
                                   clean_progress(quiz_state.load()))
-    grading.warm_up(dynamo=ex.preload_dynamo)
+    grading.warm_up(dynamo=ex.preload_dynamo, exercise=ex)
 
     def read_line(prompt: str) -> str:
         click.echo(prompt, nl=False)

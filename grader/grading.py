@@ -17,14 +17,15 @@ from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_
                             CheckResult, Report, RunProblem, overall_status)
 
 
-DRIVER_MODULES = ["grader.checks"]  # imported once in the warm pool, so no rank imports them itself
+DRIVER_MODULES = ["grader.checks.preload"]  # every exercise's drivers, imported once in the warm pool
 
 
-def warm_up(dynamo: bool = True) -> None:
-    """Start the warm pool with torch and every exercise's drivers imported (see harness.warm_up)."""
+def warm_up(dynamo: bool = True, exercise: catalog.Exercise | None = None) -> None:
+    """Start the warm pool with torch and the drivers imported (see harness.warm_up): ``exercise``'s
+    alone when a command grades that one only, every exercise's otherwise."""
     from grader import harness
 
-    harness.warm_up(dynamo=dynamo, modules=DRIVER_MODULES)
+    harness.warm_up(dynamo=dynamo, modules=[exercise.module] if exercise else DRIVER_MODULES)
 
 
 class Abort(BaseException):

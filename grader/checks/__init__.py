@@ -1,15 +1,6 @@
 """One module per exercise: drivers that run in each rank, and checks that decide in the grader.
 
-Importing this package imports them all, so the warm process pool has them ready.
+Importing this package imports none of them: a grading imports its exercise's module alone, and
+the warm process pool imports :mod:`grader.checks.preload` (every module) once, so that no rank
+imports one itself.
 """
-
-import importlib
-
-from grader import catalog
-
-for _exercise in catalog.exercises():
-    try:
-        importlib.import_module(_exercise.module)
-    except ModuleNotFoundError as _exc:  # an exercise listed before its checks exist
-        if _exc.name != _exercise.module:
-            raise
