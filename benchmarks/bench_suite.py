@@ -1,13 +1,14 @@
 """Wall and CPU time of the test suite at two commits, side by side on this machine, one after the other.
 
-    python benchmarks/bench_suite.py [--base COMMIT] [--head COMMIT] [--quick-only]
+    python benchmarks/bench_suite.py [--base COMMIT] [--head COMMIT] [--quick-only] [--keep FOLDER]
 
 Absolute minutes vary too much from run to run to be a target; the ratio of two runs on the same
 machine, one right after the other, is the figure (the target: the head at most 1.2 times the
 base). Each commit is checked out into a temporary worktree that uses this checkout's virtual
 environment (the kit itself is put first on the path), and its suite runs as `python -m pytest -q`
 in a fresh process. CPU time is the children's (user + system), from ``os.wait4``. The slowest
-test files of each run are listed from pytest's durations, so a regression can be found.
+test files of each run are listed from pytest's durations, so a regression can be found; --keep saves
+each run's whole pytest output (every test's duration) as FOLDER/<commit>.txt.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--base", default="HEAD~1", help="the commit to compare with (default: HEAD~1)")
     parser.add_argument("--head", default="HEAD", help="the commit measured (default: HEAD)")
     parser.add_argument("--quick-only", action="store_true", help="time only the quick subset")
+    parser.add_argument("--keep", type=Path, help="a folder to save each run's pytest output in")
     args = parser.parse_args()
 
     selection = ["-m", "not slow"] if args.quick_only else ["--durations=0"]
@@ -75,6 +77,9 @@ def main() -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
             shutil.rmtree(tree, ignore_errors=True)
         summary = output.strip().splitlines()[-1] if output.strip() else ""
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            (args.keep / f"{name.replace('/', '_')}.txt").write_text(output)
         rows.append((name, wall, cpu, summary))
         slowest[name] = by_file(output)[:8]
 
