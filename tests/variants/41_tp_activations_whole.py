@@ -57,17 +57,22 @@ class Layer(nn.Module):
         self.fc1 = nn.Linear(h, 4 * h)
         self.fc2 = nn.Linear(4 * h, h)
 
+    def drop(self, x):
+        # native_dropout keeps a 1-byte mask for backward (F.dropout on a CPU keeps its input and an
+        # e-byte mask instead): the masks Korthikanti et al. count.
+        return torch.native_dropout(x, self.dropout, self.training)[0]
+
     def attention(self, q, k, v):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        probs = F.dropout(scores.softmax(dim=-1), self.dropout, self.training)
+        probs = self.drop(scores.softmax(dim=-1))
         return probs @ v
 
     def forward(self, x):                      # x: [b, s, h]
         b, s, h = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         context = self.attention(q, k, v).transpose(1, 2).reshape(b, s, h)
-        x = x + F.dropout(self.out(context), self.dropout, self.training)
-        x = x + F.dropout(self.fc2(F.gelu(self.fc1(self.norm2(x)))), self.dropout, self.training)
+        x = x + self.drop(self.out(context))
+        x = x + self.drop(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
         return x
 
 
