@@ -122,7 +122,9 @@ def _number(value):
 
 # --- in the grader ------------------------------------------------------------------------------------
 
-_MEASURED: dict = {}  # config name -> every rank's record; the kit's own runs, the same every grading
+# config name -> every rank's record. The runs are the kit's own (measure_main never imports the
+# learner's file) and the same every grading, so a grading process measures once and reuses them.
+_MEASURED: dict = {}
 
 
 def measured(g: Grader, names: list[str] | None = None) -> dict:
