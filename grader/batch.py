@@ -124,11 +124,11 @@ class WorkerProcess:
     """
 
     def __init__(self, settings: dict, sandbox: str | None = None, visible: tuple[str, ...] = (),
-                 dynamo: bool = True):
+                 dynamo: bool = True, exercises: tuple = ()):
         self.options = GradeOptions.from_dict(settings)
         self.marker = uuid.uuid4().hex
         argv = [sys.executable, "-m", "grader.worker"]
-        extra = {protocol.DYNAMO_ENV: "1" if dynamo else "0"}
+        extra = {protocol.DYNAMO_ENV: "1" if dynamo else "0", **protocol.exercise_env(exercises)}
         if sandbox:
             from grader import sandbox as sb
 
@@ -258,9 +258,12 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
         except queue.Empty:
             return None
 
+    every = tuple(_exercise(submissions[i]) for i in list(todo.queue))  # what an unsandboxed worker may grade
+
     def start(i: int) -> WorkerProcess:
         worker = WorkerProcess(settings, sandbox, (submissions[i].path,),
-                               dynamo=_needs_dynamo(submissions[i]) if sandbox else True)
+                               dynamo=_needs_dynamo(submissions[i]) if sandbox else True,
+                               exercises=(_exercise(submissions[i]),) if sandbox else every)
         with lock:
             workers.append(worker)
         return worker
@@ -321,11 +324,16 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
     return outcomes
 
 
-def _needs_dynamo(submission: Submission) -> bool:
-    """Whether the submission's exercise builds a DDP or a torch optimizer (unknown: assume so)."""
+def _exercise(submission: Submission):
+    """The submission's catalog entry, or None when its name does not say."""
     from grader import catalog
 
-    ex = catalog.by_id(submission.exercise) if submission.exercise else catalog.from_filename(submission.path)
+    return catalog.by_id(submission.exercise) if submission.exercise else catalog.from_filename(submission.path)
+
+
+def _needs_dynamo(submission: Submission) -> bool:
+    """Whether the submission's exercise builds a DDP or a torch optimizer (unknown: assume so)."""
+    ex = _exercise(submission)
     return ex is None or ex.preload_dynamo
 
 

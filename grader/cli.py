@@ -133,7 +133,7 @@ def _grade_here(path, options, exercise_id, progress, quiet):
     from grader import grading, harness
 
     exercise = _exercise_of(path, exercise_id)
-    grading.warm_up(dynamo=exercise is None or exercise.preload_dynamo, exercise=exercise)
+    grading.warm_up(dynamo=exercise is None or exercise.preload_dynamo, exercises=[exercise])
     with harness.Session(limits=options.limits) as session:
         return grade_and_record(path, session, options, exercise_id, progress, quiet)
 
@@ -328,7 +328,7 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     if exercise_id:
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     tty = _color()
-    grading.warm_up(dynamo=ex.preload_dynamo if ex else True, exercise=ex)
+    grading.warm_up(dynamo=ex.preload_dynamo if ex else True, exercises=[ex])
 
     with harness.Session(limits=options.limits, spares=True) as session:
         def once(n: int) -> None:
@@ -458,7 +458,7 @@ def interview(exercise_id, minutes, n_questions, seed, track, options):
 
     questions = iv.pick_questions(ex, n_questions, seed if seed is not None else iv.default_seed(),
                                   clean_progress(quiz_state.load()))
-    grading.warm_up(dynamo=ex.preload_dynamo, exercise=ex)
+    grading.warm_up(dynamo=ex.preload_dynamo, exercises=[ex])
 
     def read_line(prompt: str) -> str:
         click.echo(prompt, nl=False)

@@ -20,12 +20,20 @@ from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_
 DRIVER_MODULES = ["grader.checks.preload"]  # every exercise's drivers, imported once in the warm pool
 
 
-def warm_up(dynamo: bool = True, exercise: catalog.Exercise | None = None) -> None:
-    """Start the warm pool with torch and the drivers imported (see harness.warm_up): ``exercise``'s
-    alone when a command grades that one only, every exercise's otherwise."""
+def warm_up(dynamo: bool = True, exercises: list | None = None) -> None:
+    """Start the warm pool with torch and the drivers imported (see harness.warm_up): those of
+    ``exercises`` (catalog entries) when a command knows it grades those only, every exercise's
+    otherwise. A rank of another exercise imports its module itself: slower, never wrong."""
     from grader import harness
 
-    harness.warm_up(dynamo=dynamo, modules=[exercise.module] if exercise else DRIVER_MODULES)
+    harness.warm_up(dynamo=dynamo, modules=driver_modules(exercises))
+
+
+def driver_modules(exercises: list | None) -> list[str]:
+    """The modules a pool preloads for ``exercises`` (any None, or none given: every exercise's)."""
+    if not exercises or None in exercises:
+        return DRIVER_MODULES
+    return sorted({e.module for e in exercises})
 
 
 class Abort(BaseException):

@@ -35,6 +35,7 @@ from grader.results import Report, report_from_dict
 
 START_MARGIN_S = 60.0  # beyond a grading's own deadline: a fresh interpreter, torch and a pool (in a sandbox too)
 DYNAMO_ENV = "DDP_GRADE_WORKER_DYNAMO"  # "0": the worker's pool skips torch._dynamo (no exercise it grades needs it)
+EXERCISES_ENV = "DDP_GRADE_WORKER_EXERCISES"  # "01 02": the exercises it will grade, whose drivers its pool preloads
 
 
 class Failed(Exception):
@@ -101,8 +102,12 @@ def grade_in_sandbox(path: str, exercise_id: str | None, options: GradeOptions, 
     alone; Failed when it gives no report in :func:`wait_s`."""
     from grader import sandbox
 
+    from grader import catalog
+
     size = options.limits["tmp_bytes"]
-    env = sandbox.environment({"DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0"}, size)
+    exercise = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
+    env = sandbox.environment({"DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0",
+                               **exercise_env([exercise])}, size)
     argv = sandbox.wrap([sys.executable, "-m", "grader.worker"], [path], tool, tmp_bytes=size)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             start_new_session=True)
@@ -170,11 +175,28 @@ class Sessions:
         self._sessions.clear()
 
 
+def exercise_env(exercises) -> dict:
+    """What tells a worker which exercises it will grade (catalog entries; any None: it cannot know)."""
+    exercises = list(exercises)
+    if not exercises or None in exercises:
+        return {}
+    return {EXERCISES_ENV: " ".join(sorted({e.id for e in exercises}))}
+
+
+def announced_exercises() -> list | None:
+    """The exercises this worker was told it will grade, or None (then every exercise's drivers)."""
+    from grader import catalog
+
+    ids = os.environ.get(EXERCISES_ENV, "").split()
+    found = [catalog.by_id(i) for i in ids]
+    return found if found and None not in found else None
+
+
 def serve(requests: Iterable[str], out) -> None:
     """The worker's loop: answer each request line on ``out`` (a text stream), with warm sessions."""
     from grader import grading
 
-    grading.warm_up(dynamo=os.environ.get(DYNAMO_ENV, "1") != "0")
+    grading.warm_up(dynamo=os.environ.get(DYNAMO_ENV, "1") != "0", exercises=announced_exercises())
     sessions = Sessions()
 
     def send(message: dict) -> None:

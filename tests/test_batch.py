@@ -135,7 +135,10 @@ def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, m
 @pytest.mark.slow
 def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path):
     tag = uuid.uuid4().hex  # every process the batch starts inherits it
-    env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path / "state"), "BATCH_TEST_TAG": tag}
+    # The tag is handed into the sandbox on purpose: without it the worker and its ranks, sandboxed by
+    # default, carry no tag, this test waits its whole minute for them, and cannot see them left behind.
+    env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path / "state"), "BATCH_TEST_TAG": tag,
+           "DDP_GRADE_SANDBOX_PASS": "BATCH_TEST_TAG"}
     proc = subprocess.Popen([sys.executable, "-c", "from grader.cli import main; main()", "batch",
                              str(HOSTILE / "01_endless_loop.py"), "--timeout", "60", "-q"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -99,3 +99,18 @@ def test_the_same_file_gets_the_same_report_through_every_way_out_of_process(tmp
         batch_worker.stop()
     for way, report in reports.items():
         assert _essence(report) == _essence(here), way
+
+
+def test_a_worker_told_its_exercises_preloads_their_drivers_alone(monkeypatch):
+    from grader import catalog, grading
+
+    one, two = catalog.by_id("01"), catalog.by_id("41")
+    assert protocol.exercise_env([one, two, one]) == {protocol.EXERCISES_ENV: "01 41"}
+    assert protocol.exercise_env([one, None]) == {}  # a file whose exercise is unknown: every driver
+    monkeypatch.setenv(protocol.EXERCISES_ENV, "41 01")
+    assert grading.driver_modules(protocol.announced_exercises()) == [one.module, two.module]
+    monkeypatch.setenv(protocol.EXERCISES_ENV, "01 77")  # an id the catalog lacks: every driver
+    assert protocol.announced_exercises() is None
+    assert grading.driver_modules(None) == grading.DRIVER_MODULES == ["grader.checks.preload"]
+    monkeypatch.delenv(protocol.EXERCISES_ENV)
+    assert protocol.announced_exercises() is None
