@@ -331,7 +331,9 @@ def step_time(model: ModelSpec, plan: Plan, cluster: Cluster) -> StepTime:
 
 
 def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of ``n`` in order (a square root's worth of trials: any --layers answers at once)."""
+    small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
 
 
 MICRO_BATCHES = (1, 2, 4, 8)
