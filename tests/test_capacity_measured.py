@@ -25,7 +25,7 @@ ACTIVATIONS_TOLERANCE = 0.05
 # 55,552 parameters on one stage: not a multiple of 3, so dp = 3 pads the flat buffer by 2 elements
 # (SMALL is this model too; the cases below add dp = 3 under ZeRO 0 and 1, fp32 and GPipe).
 PADDED = ModelSpec(layers=4, hidden=32, heads=4, vocab=65, seq_len=16)
-assert capacity.total_params(PADDED) % 3 == 2
+assert -capacity.total_params(PADDED) % 3 == 2  # elements of padding
 
 CASES = {name: (SMALL, plan) for name, plan in CONFIGS.items()}  # what 41 and 42 grade against
 CASES.update({
