@@ -24,6 +24,7 @@ Sources: Rajbhandari et al. 2020 (ZeRO, section 3 and figure 1), Korthikanti et 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import asdict, dataclass, field, fields
 
@@ -366,6 +367,7 @@ def fits(model: ModelSpec, plan: Plan, cluster: Cluster) -> bool:
     return training_memory(model, plan).total <= cluster.memory_bytes
 
 
+@functools.lru_cache(maxsize=64)  # the arguments are frozen dataclasses: 43's report and checks ask twice
 def best_plan(model: ModelSpec, cluster: Cluster, global_batch_tokens: int) -> Plan | None:
     """The fastest plan that fits, by exhaustive search (ties: fewer bytes, then the first found)."""
     best, key = None, None

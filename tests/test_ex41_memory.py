@@ -7,6 +7,7 @@ import pytest
 from capacity_records import RECORDS, answer, grading, model_answers, verdicts
 from grader import capacity
 from grader.checks import ex41_memory as ex41
+from grader.checks.shared import capacity_cases as cases
 
 
 def test_estimates_equal_to_the_measurement_pass_every_term():
@@ -72,9 +73,14 @@ def test_korthikantis_table_is_the_model_at_sixteen_bits():
 
 def test_a_refusal_must_be_a_value_error():
     g = grading("41")
-    ex41.check_refusals(g, {"pp=3": {"value_error": True, "error": "ValueError: no"},
-                            "tp=3": {"value_error": False, "error": "ZeroDivisionError: x"}})
+    cases.check_refusals(g, "training_memory", {"pp=3": {"value_error": True, "error": "ValueError: no"},
+                                                "tp=3": {"value_error": False, "error": "ZeroDivisionError: x"},
+                                                "zero=4": {"value": {"total": 1.0}}})
     status, message = verdicts(g)["bad-plans-refused"]
     assert status == "fail" and "tp=3" in message and "ZeroDivisionError" in message
+    g = grading("41")
+    cases.check_refusals(g, "training_memory", {"zero=4": {"value": {"total": 1.0}}})
+    status, message = verdicts(g)["bad-plans-refused"]
+    assert status == "fail" and "zero=4: training_memory returned an answer, not ValueError" in message
 
 

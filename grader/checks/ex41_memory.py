@@ -32,12 +32,12 @@ def korthikanti(t: int, recompute: str) -> float:
 
 
 BAD_PLANS = {
-    "3 pipeline stages for 4 layers": capacity.Plan(pp=3),
-    "tp 3 for 4 heads": capacity.Plan(tp=3),
-    "ZeRO 3 with 2 pipeline stages": capacity.Plan(dp=2, pp=2, zero=3),
-    "schedule 'zero-bubble'": capacity.Plan(schedule="zero-bubble"),
-    "recompute 'half'": capacity.Plan(recompute="half"),
-    "0 micro-batches": capacity.Plan(micro_batches=0),
+    "a plan with 3 pipeline stages for 4 layers": capacity.Plan(pp=3),
+    "a plan with tp 3 for 4 heads": capacity.Plan(tp=3),
+    "a plan with ZeRO 3 and 2 pipeline stages": capacity.Plan(dp=2, pp=2, zero=3),
+    "a plan with schedule 'zero-bubble'": capacity.Plan(schedule="zero-bubble"),
+    "a plan with recompute 'half'": capacity.Plan(recompute="half"),
+    "a plan with 0 micro-batches": capacity.Plan(micro_batches=0),
 }
 
 
@@ -58,7 +58,7 @@ def grade(g: Grader) -> None:
     check_total(g, small + zero + paper)
     check_zero_paper(g, zero)
     check_korthikanti(g, dict(zip(paper_plans, paper)))
-    check_refusals(g, dict(zip(BAD_PLANS, bad)))
+    cases.check_refusals(g, "training_memory", dict(zip(BAD_PLANS, bad)))
 
 
 def measured_terms(record: dict) -> dict:
@@ -141,12 +141,3 @@ def check_korthikanti(g: Grader, answers: dict) -> None:
             return
     g.record("activations-paper", True, "s b h (10 + 24/t + 5 a s / (h t)) bytes a layer, 34 + 5 a s / h at t = 1, "
                                         "the attention term gone under selective recomputation, 2 s b h under full")
-
-
-def check_refusals(g: Grader, answers: dict) -> None:
-    for what, answer in answers.items():
-        if not answer.get("value_error"):
-            got = f"raised {answer['error']}" if "error" in answer else "returned an estimate"
-            g.record("bad-plans-refused", False, f"a plan with {what}: training_memory {got}, not ValueError")
-            return
-    g.record("bad-plans-refused", True, f"ValueError for each of: {', '.join(answers)}")

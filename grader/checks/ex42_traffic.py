@@ -74,7 +74,7 @@ def grade(g: Grader) -> None:
     check_ring(g, list(zip(rings, ring)))
     check_bubble(g, list(zip(bubbles, bubble)))
     check_step_time(g, list(zip(scale, times)))
-    check_refusals(g, dict(zip(BAD, bad)))
+    cases.check_refusals(g, "step_time", dict(zip(BAD, bad)))
 
 
 def measured_traffic(record: dict, plan: capacity.Plan) -> dict:
@@ -192,12 +192,3 @@ def check_step_time(g: Grader, answers: list) -> None:
                 first = f"{name} ({cases.describe(plan)}): {term} {shown}, the kit's model gives {truth:.4g}"
     g.section("your step times beside the kit's cost model", "\n".join(lines))
     g.record("step-time-model", first is None, first or f"every term of {len(answers)} plans at scale")
-
-
-def check_refusals(g: Grader, answers: dict) -> None:
-    for what, answer in answers.items():
-        if not answer.get("value_error"):
-            got = f"raised {answer['error']}" if "error" in answer else "returned a time"
-            g.record("bad-plans-refused", False, f"{what}: step_time {got}, not ValueError")
-            return
-    g.record("bad-plans-refused", True, f"ValueError for each of: {', '.join(answers)}")

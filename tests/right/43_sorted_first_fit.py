@@ -1,9 +1,9 @@
 """Exercise 43, right, another style: plans as a generator, sorted by step time, the first that fits
-taken (every plan is costed, but the memory of only as many as it takes)."""
-
+taken (every plan is costed, but the memory of only as many as it takes); its memory and time
+are written as an inventory of tensors and a list of events."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 
 
@@ -52,6 +52,13 @@ class MemoryBreakdown:
 
 
 @dataclass
+class Traffic:
+    dp: dict = field(default_factory=dict)
+    tp: dict = field(default_factory=dict)
+    pp: dict = field(default_factory=dict)
+
+
+@dataclass
 class StepTime:
     flops: float
     compute_s: float
@@ -63,133 +70,182 @@ class StepTime:
     total_s: float
 
 
-def check(model: ModelSpec, plan: Plan) -> None:
-    for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
-        if getattr(model, name) < 1:
-            raise ValueError(f"model.{name} must be at least 1, not {getattr(model, name)}")
-    for name in ("dp", "tp", "pp", "micro_batch", "micro_batches"):
-        if getattr(plan, name) < 1:
-            raise ValueError(f"plan.{name} must be at least 1, not {getattr(plan, name)}")
-    if model.hidden % model.heads:
-        raise ValueError(f"hidden {model.hidden} is not divisible by {model.heads} heads")
-    if model.layers % plan.pp:
-        raise ValueError(f"{plan.pp} pipeline stages do not divide {model.layers} layers")
-    if model.heads % plan.tp:
-        raise ValueError(f"tensor-parallel size {plan.tp} does not divide {model.heads} heads")
-    if plan.zero not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 0-3, not {plan.zero}")
-    if plan.zero >= 2 and plan.pp > 1:
-        raise ValueError(f"ZeRO stage {plan.zero} cannot be combined with {plan.pp} pipeline stages")
-    if plan.schedule not in ("gpipe", "1f1b"):
-        raise ValueError(f"unknown schedule {plan.schedule!r}")
-    if plan.precision not in ("bf16-mixed", "fp32"):
-        raise ValueError(f"unknown precision {plan.precision!r}")
-    if plan.recompute not in ("none", "selective", "full"):
-        raise ValueError(f"unknown recompute {plan.recompute!r}")
+MASK = "mask"  # one byte an element whatever the precision
+
+
+def parameter_tensors(m: ModelSpec, plan: Plan):
+    """(name, elements, split over tp?) for every parameter of rank 0's stage."""
+    h, V, s = m.hidden, m.vocab, m.seq_len
+    first, last = True, plan.pp == 1
+    if first:
+        yield "tokens.weight", V * h, False
+        yield "positions.weight", s * h, False
+    for i in range(m.layers // plan.pp):
+        yield f"layers.{i}.norm1", 2 * h, False
+        yield f"layers.{i}.qkv.weight", 3 * h * h, True
+        yield f"layers.{i}.qkv.bias", 3 * h, True
+        yield f"layers.{i}.out.weight", h * h, True
+        yield f"layers.{i}.out.bias", h, False
+        yield f"layers.{i}.norm2", 2 * h, False
+        yield f"layers.{i}.fc1.weight", 4 * h * h, True
+        yield f"layers.{i}.fc1.bias", 4 * h, True
+        yield f"layers.{i}.fc2.weight", 4 * h * h, True
+        yield f"layers.{i}.fc2.bias", h, False
+    if last:
+        yield "norm", 2 * h, False
+        yield "head.weight", h * V, False
+
+
+def saved_tensors(m: ModelSpec, plan: Plan):
+    """(name, elements, split over tp?, dtype) that one layer keeps for one micro-batch."""
+    sbh, a_ss = plan.micro_batch * m.seq_len * m.hidden, plan.micro_batch * m.heads * m.seq_len ** 2
+    if plan.recompute == "full":
+        yield "layer input", sbh, False, "act"
+        return
+    yield "norm1 input", sbh, False, "act"
+    yield "qkv input", sbh, False, "act"
+    yield "q, k, v", 3 * sbh, True, "act"
+    if plan.recompute == "none":
+        yield "softmax output", a_ss, True, "act"
+        yield "attention dropout mask", a_ss, True, MASK
+        yield "dropped-out probabilities", a_ss, True, "act"
+    yield "out input", sbh, True, "act"
+    yield "dropout mask after out", sbh, False, MASK
+    yield "norm2 input", sbh, False, "act"
+    yield "fc1 input", sbh, False, "act"
+    yield "gelu input", 4 * sbh, True, "act"
+    yield "fc2 input", 4 * sbh, True, "act"
+    yield "dropout mask after fc2", sbh, False, MASK
+
+
+def validate(m: ModelSpec, plan: Plan) -> None:
+    problems = []
+    if min(m.layers, m.hidden, m.heads, m.vocab, m.seq_len) < 1:
+        problems.append("every model size must be positive")
+    if min(plan.dp, plan.tp, plan.pp, plan.micro_batch, plan.micro_batches) < 1:
+        problems.append("every plan size must be positive")
+    elif m.layers % plan.pp:
+        problems.append(f"pp={plan.pp} does not divide {m.layers} layers")
+    if plan.tp >= 1 and (m.heads % plan.tp or m.hidden % m.heads):
+        problems.append(f"tp={plan.tp} does not divide {m.heads} heads (hidden {m.hidden})")
+    if plan.zero not in range(4) or (plan.zero >= 2 and plan.pp > 1):
+        problems.append(f"ZeRO {plan.zero} with pp={plan.pp}")
+    if plan.schedule not in {"gpipe", "1f1b"} or plan.precision not in {"bf16-mixed", "fp32"} \
+            or plan.recompute not in {"none", "selective", "full"}:
+        problems.append("unknown schedule, precision or recompute")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def training_memory(model: ModelSpec, plan: Plan) -> MemoryBreakdown:
-    check(model, plan)
-    L, h, a, V, s = model.layers, model.hidden, model.heads, model.vocab, model.seq_len
-    t, b = plan.tp, plan.micro_batch
-
-    # 1. Rank 0's parameters: its layers' slices, plus the embeddings on the first stage.
-    per_layer = 12 * h * h // t + 7 * h // t + 6 * h    # split matrices and biases; norms, out/fc2 biases whole
-    count = L // plan.pp * per_layer + V * h + s * h
-    if plan.pp == 1:
-        count += 2 * h + h * V                            # the final norm and the head live on the last stage
-
-    # 2. Model states: element sizes, then ZeRO's shard of a flat buffer padded to a multiple of dp.
-    e = 2 if plan.precision == "bf16-mixed" else 4
-    adam = 12 if plan.precision == "bf16-mixed" else 8   # m and v, plus the fp32 master copy under mixed
-    shard = math.ceil(count / plan.dp)
-    params = e * (shard if plan.zero >= 3 else count)
-    grads = e * (shard if plan.zero >= 2 else count)
-    optimizer = adam * (shard if plan.zero >= 1 else count)
-
-    # 3. Activations of one layer and one micro-batch (Korthikanti et al. 2022, table 2).
-    if plan.recompute == "full":
-        layer = e * s * b * h
+    validate(model, plan)
+    width = {"act": 2 if plan.precision == "bf16-mixed" else 4, MASK: 1}
+    P = sum(n // plan.tp if split else n for _, n, split in parameter_tensors(model, plan))
+    shard = -(-P // plan.dp)
+    held = {stage: (shard if plan.zero >= stage else P) for stage in (1, 2, 3)}
+    if plan.precision == "bf16-mixed":
+        params, grads, optimizer = 2 * held[3], 2 * held[2], (4 + 4 + 4) * held[1]
     else:
-        layer = (4 * e + 2) * s * b * h + 12 * e * s * b * h // t
-        if plan.recompute == "none":
-            layer += (2 * e + 1) * a * s * s * b // t
-    in_flight = plan.micro_batches if plan.schedule == "gpipe" else min(plan.pp, plan.micro_batches)
-    activations = L // plan.pp * layer * in_flight
+        params, grads, optimizer = 4 * held[3], 4 * held[2], (4 + 4) * held[1]
+    per_layer = sum(width[kind] * (n // plan.tp if split else n) for _, n, split, kind in saved_tensors(model, plan))
+    if plan.schedule == "gpipe":
+        live = plan.micro_batches
+    else:
+        live = min(plan.pp, plan.micro_batches)
+    activations = per_layer * (model.layers // plan.pp) * live
+    return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer, activations=activations,
+                           total=params + grads + optimizer + activations)
 
-    return MemoryBreakdown(params, grads, optimizer, activations, params + grads + optimizer + activations)
+
+def validate_for_time(model: ModelSpec, plan: Plan) -> None:
+    ok = (min(model.layers, model.hidden, model.heads, model.vocab, model.seq_len) >= 1
+          and min(plan.dp, plan.tp, plan.pp, plan.micro_batch, plan.micro_batches) >= 1
+          and model.hidden % model.heads == 0 and model.layers % plan.pp == 0 and model.heads % plan.tp == 0
+          and plan.zero in (0, 1, 2, 3) and not (plan.zero > 1 and plan.pp > 1)
+          and plan.schedule in ("gpipe", "1f1b") and plan.precision in ("bf16-mixed", "fp32")
+          and plan.recompute in ("none", "selective", "full"))
+    if not ok:
+        raise ValueError(f"this plan cannot run this model: {plan} on {model}")
 
 
-def collectives(model: ModelSpec, plan: Plan) -> list:
-    """Rank 0's collectives in one step: (dimension, name, group size, calls, bytes of the whole buffer)."""
-    check(model, plan)
-    L, h, V, s = model.layers, model.hidden, model.vocab, model.seq_len
-    d, t, p, m, b = plan.dp, plan.tp, plan.pp, plan.micro_batches, plan.micro_batch
+def local_parameters(model: ModelSpec, plan: Plan) -> int:
+    h = model.hidden
+    layer = (3 * h * h + 3 * h + h * h + 4 * h * h + 4 * h + 4 * h * h) // plan.tp + (2 * h + h + 2 * h + h)
+    n = model.layers // plan.pp * layer + (model.vocab + model.seq_len) * h
+    return n + (2 * h + h * model.vocab if plan.pp == 1 else 0)
+
+
+def events(model: ModelSpec, plan: Plan) -> list:
+    """(dimension, collective, group size, bytes of the whole buffer), one per call, in order."""
+    validate_for_time(model, plan)
     e = 2 if plan.precision == "bf16-mixed" else 4
-    count = L // p * (12 * h * h // t + 7 * h // t + 6 * h) + V * h + s * h
-    if p == 1:
-        count += 2 * h + h * V
-    padded = d * math.ceil(count / d)
-    activation = e * b * s * h
-    found = []
-    if d > 1 and plan.zero == 0:
-        found.append(("dp", "all-reduce", d, 1, e * count))
-    if d > 1 and plan.zero in (1, 2):
-        found.append(("dp", "reduce-scatter", d, m if plan.zero == 2 else 1, e * padded))
-        found.append(("dp", "all-gather", d, 1, e * padded))
-    if d > 1 and plan.zero == 3:
-        found.append(("dp", "all-gather", d, 2 * m, e * padded))      # before each forward and each backward
-        found.append(("dp", "reduce-scatter", d, m, e * padded))
-    if t > 1:
-        per_layer = 6 if plan.recompute == "full" else 4              # 2 forward, 2 backward, 2 recomputed
-        found.append(("tp", "all-reduce", t, m * L // p * per_layer, activation))
-    if p > 1:
-        found.append(("pp", "send", p, m, activation))
-    return found
+    n = local_parameters(model, plan)
+    flat = plan.dp * -(-n // plan.dp)
+    act = e * plan.micro_batch * model.seq_len * model.hidden
+    dp, tp, pp = ("dp", plan.dp), ("tp", plan.tp), ("pp", plan.pp)
+    out = []
+    for micro in range(plan.micro_batches):
+        if plan.zero == 3:
+            out.append((*dp, "all-gather", e * flat))
+        for _ in range(model.layers // plan.pp):  # forward
+            out += [(*tp, "all-reduce", act)] * 2
+        if plan.pp > 1:
+            out.append((*pp, "send", act))
+        if plan.zero == 3:
+            out.append((*dp, "all-gather", e * flat))
+        for _ in range(model.layers // plan.pp):  # backward, a recomputed forward first
+            out += [(*tp, "all-reduce", act)] * (4 if plan.recompute == "full" else 2)
+        if plan.zero in (2, 3):
+            out.append((*dp, "reduce-scatter", e * flat))
+    if plan.zero == 0:
+        out.append((*dp, "all-reduce", e * n))
+    if plan.zero == 1:
+        out.append((*dp, "reduce-scatter", e * flat))
+    if plan.zero in (1, 2):
+        out.append((*dp, "all-gather", e * flat))
+    return [(dim, size, name, nbytes) for dim, size, name, nbytes in out if size > 1]
 
 
-def ring_share(name: str, n: int) -> float:
-    """What one rank sends in a ring collective over n ranks, per byte of the whole buffer."""
-    return {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n,
-            "all-gather": (n - 1) / n, "send": 1.0}[name]
+def sent(name: str, n: int, nbytes: float) -> float:
+    if name == "send":
+        return nbytes
+    steps = 2 * (n - 1) if name == "all-reduce" else n - 1
+    return steps * nbytes / n  # each of the ring's steps moves one n-th of the buffer
+
+
+def communication(model: ModelSpec, plan: Plan) -> Traffic:
+    traffic = Traffic()
+    for dim, n, name, nbytes in events(model, plan):
+        per = getattr(traffic, dim)
+        per[name] = per.get(name, 0) + sent(name, n, nbytes)
+    return traffic
 
 
 def step_time(model: ModelSpec, plan: Plan, cluster: Cluster) -> StepTime:
-    check(model, plan)
+    validate_for_time(model, plan)
     if plan.dp * plan.tp * plan.pp != cluster.gpus:
-        raise ValueError(f"dp x tp x pp = {plan.dp * plan.tp * plan.pp}, not the cluster's {cluster.gpus} GPUs")
-    L, h, V, s = model.layers, model.hidden, model.vocab, model.seq_len
-    t, p, m, b = plan.tp, plan.pp, plan.micro_batches, plan.micro_batch
+        raise ValueError(f"{plan.dp}*{plan.tp}*{plan.pp} GPUs planned, the cluster has {cluster.gpus}")
+    b, s, h, a = plan.micro_batch, model.seq_len, model.hidden, model.heads
+    dense = 2 * b * s * 12 * h * h // plan.tp
+    attention = 4 * b * s * s * h // plan.tp
+    per_layer = {"none": 3 * (dense + attention), "selective": 3 * (dense + attention) + attention,
+                 "full": 4 * (dense + attention)}[plan.recompute]
+    flops = plan.micro_batches * (model.layers // plan.pp * per_layer + (6 * b * s * h * model.vocab if plan.pp == 1 else 0))
+    compute_s = flops / (cluster.peak_flops * cluster.mfu / (1 if plan.precision == "bf16-mixed" else 2))
 
-    # 1. FLOPs: forward + backward (twice the forward), plus what is recomputed.
-    layer_forward = (24 * b * s * h * h + 4 * b * s * s * h) // t
-    per_micro = 3 * L // p * layer_forward
-    if plan.recompute == "full":
-        per_micro += L // p * layer_forward
-    if plan.recompute == "selective":
-        per_micro += L // p * (4 * b * s * s * h // t)
-    if p == 1:
-        per_micro += 6 * b * s * h * V                               # the head, on the last stage
-    flops = m * per_micro
-    rate = cluster.peak_flops * cluster.mfu * (1.0 if plan.precision == "bf16-mixed" else 0.5)
-    compute_s = flops / rate
-
-    # 2. Communication: each call on its group's link, bandwidth plus latency per message in sequence.
-    span = {"tp": t, "dp": t * plan.dp, "pp": t * plan.dp * p}
-    seconds = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
-    for dimension, name, n, calls, size in collectives(model, plan):
-        inside = span[dimension] <= cluster.gpus_per_node
-        bandwidth = cluster.intra_node_bandwidth if inside else cluster.inter_node_bandwidth
-        latency = cluster.intra_node_latency if inside else cluster.inter_node_latency
-        messages = {"all-reduce": 2 * (n - 1), "send": 1}.get(name, n - 1)
-        seconds[dimension] += calls * (size * ring_share(name, n) / bandwidth + messages * latency)
-
-    # 3. The bubble, and the data-parallel time compute does not hide.
-    busy = compute_s + seconds["tp"] + seconds["pp"]
-    bubble_s = busy * (p - 1) / m
-    exposed_dp_s = max(0.0, seconds["dp"] - compute_s)
-    return StepTime(flops, compute_s, seconds["dp"], seconds["tp"], seconds["pp"], bubble_s, exposed_dp_s,
-                    busy + bubble_s + exposed_dp_s)
+    spans = {"tp": plan.tp, "dp": plan.tp * plan.dp, "pp": plan.tp * plan.dp * plan.pp}
+    times = dict.fromkeys(spans, 0.0)
+    for dim, n, name, nbytes in events(model, plan):
+        near = spans[dim] <= cluster.gpus_per_node
+        bw = cluster.intra_node_bandwidth if near else cluster.inter_node_bandwidth
+        lat = cluster.intra_node_latency if near else cluster.inter_node_latency
+        messages = 1 if name == "send" else (2 * (n - 1) if name == "all-reduce" else n - 1)
+        times[dim] += sent(name, n, nbytes) / bw + messages * lat
+    busy = compute_s + times["tp"] + times["pp"]
+    bubble = busy * (plan.pp - 1) / plan.micro_batches
+    exposed = max(times["dp"] - compute_s, 0.0)
+    return StepTime(flops=flops, compute_s=compute_s, dp_s=times["dp"], tp_s=times["tp"], pp_s=times["pp"],
+                    bubble_s=bubble, exposed_dp_s=exposed, total_s=busy + bubble + exposed)
 
 
 def plans(model: ModelSpec, cluster: Cluster, sequences: int):

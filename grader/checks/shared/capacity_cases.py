@@ -166,3 +166,13 @@ def error_of(answer: dict) -> str | None:
     if not isinstance(answer.get("value"), dict):
         return f"returned {answer.get('value')!r}, not the stub's dataclass"
     return None
+
+
+def check_refusals(g: Grader, function: str, answers: dict, check_id: str = "bad-plans-refused") -> None:
+    """``function`` must have raised ValueError for each case of ``answers`` (what -> answer)."""
+    for what, answer in answers.items():
+        if not answer.get("value_error"):
+            got = f"raised {answer['error']}" if "error" in answer else "returned an answer"
+            g.record(check_id, False, f"{what}: {function} {got}, not ValueError")
+            return
+    g.record(check_id, True, f"ValueError for each of: {', '.join(answers)}")
