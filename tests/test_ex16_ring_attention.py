@@ -318,12 +318,37 @@ def test_uneven_chunks_refused_everywhere_pass_anything_else_fails():
                {"raised": None, "length": 4}]
     ex.check_uneven(g, outcome(3, results), 3)
     status, message = verdicts(g)["uneven-refused"]
-    assert status == "fail" and "rank 0 raised ValueError but rank 1 returned an output" in message
+    assert status == "fail" and "rank 0 raised ValueError, but rank 1 did not refuse: it returned an output" in message
     g = grading(2)
     ex.check_uneven(g, outcome(2, [None, None], statuses={1: "exited"}), 2)
     status, message = verdicts(g)["uneven-refused"]
     assert status == "fail" and "rank 1's process ended without a result (exit code -6)" in message
     assert "Received data size" in message
+
+
+def test_a_sum_that_hides_uneven_chunks_is_tried_and_a_rank_left_in_the_ring_fails():
+    assert ex16_rank.uneven_lengths(3, "sum-hides") == [3, 5, 4]
+    assert ex16_rank.uneven_lengths(4, "sum-hides") == [3, 5, 4, 4]
+    for world_size in (2, 3, 4):  # each pattern covers the sequence once, in rank order
+        for pattern in ex16_rank.UNEVEN_PATTERNS:
+            rows = [p for r in ex16_rank.uneven_positions(world_size, pattern) for p in r]
+            assert rows == list(range(sum(ex16_rank.uneven_lengths(world_size, pattern))))
+            assert len(set(ex16_rank.uneven_lengths(world_size, pattern))) > 1
+    # A check that compares the total with W times its own length: the ranks holding 4 go on, and the ring
+    # times out on them once the others have refused.
+    results = [{"raised": "ValueError", "message": "15 is not 4 chunks of 3", "length": 3},
+               {"raised": "ValueError", "message": "16 is not 4 chunks of 5", "length": 5},
+               {"raised": "RuntimeError", "message": "Timed out waiting 5000ms for recv operation", "length": 4},
+               {"raised": "RuntimeError", "message": "Timed out waiting 5000ms for recv operation", "length": 4}]
+    g = grading(4)
+    ex.check_uneven(g, outcome(4, results), 4, "sum-hides")
+    status, message = verdicts(g)["uneven-refused"]
+    assert status == "fail" and "chunks of lengths [3, 5, 4, 4] (their sum is 16 = 4 x 4" in message
+    assert "ranks 0, 1 raised ValueError, but rank 2 did not refuse: it went on and raised RuntimeError" in message
+    assert "not only a neighbour's or the total" in message
+    g = grading(4)
+    ex.check_uneven(g, refusals(4), 4, "sum-hides")
+    assert verdicts(g)["uneven-refused"][0] == "pass"
 
 
 def test_uneven_chunks_computed_right_everywhere_pass():

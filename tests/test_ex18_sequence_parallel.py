@@ -261,6 +261,22 @@ def test_bad_input_must_be_refused_on_every_rank_with_value_error_or_assert():
     assert got["wrong-shape-refused"] == got["hidden-not-divisible-refused"] == ("pass", "")
 
 
+def test_a_sum_that_hides_uneven_chunks_fails_the_rank_that_went_on():
+    assert rk.uneven_lengths(4, "sum-hides") == [2, 4, 3, 3] and rk.uneven_lengths(3, "sum-hides") == [3, 5, 4]
+    results = [{"raised": "ValueError", "message": "not 4 chunks of 2", "length": 2},
+               {"raised": "ValueError", "message": "not 4 chunks of 4", "length": 4},
+               {"raised": "RuntimeError", "message": "Timed out waiting 5000ms", "length": 3},
+               {"raised": "RuntimeError", "message": "Timed out waiting 5000ms", "length": 3}]
+    g = grading(4)
+    ex.check_uneven(g, outcome(4, results), 4, "sum-hides")
+    status, message = verdicts(g)["uneven-sequence-refused"]
+    assert status == "fail" and "(their sum is 12 = 3 x 4" in message
+    assert "ranks 0, 1 raised ValueError, but rank 2 did not refuse" in message and "not only the total" in message
+    g = grading(4)
+    ex.check_uneven(g, refusals(4), 4, "sum-hides")
+    assert verdicts(g)["uneven-sequence-refused"][0] == "pass"
+
+
 def test_uneven_chunks_must_be_refused_by_every_rank():
     assert grade_all(right_observations(4), 4, refusals(4, "AssertionError"))["uneven-sequence-refused"][0] == "pass"
     status, message = grade_all(right_observations(4), 4, outcome(4, statuses={1: "exited"}))["uneven-sequence-refused"]
@@ -268,7 +284,8 @@ def test_uneven_chunks_must_be_refused_by_every_rank():
     results = [{"raised": "ValueError", "message": "lengths", "length": 4}] + \
         [{"raised": None, "length": 3, "output": None}] * 3
     status, message = grade_all(right_observations(4), 4, outcome(4, results))["uneven-sequence-refused"]
-    assert status == "fail" and "rank 1 went on without an error" in message
+    assert status == "fail" and "rank 0 raised ValueError, but rank 1 did not refuse: it went on without an error" \
+        in message
 
 
 def test_a_block_that_ignores_its_group_fails_uses_group_with_the_group_advice():

@@ -52,9 +52,24 @@ def positions(rank: int, world_size: int, zigzag: bool = False) -> list[int]:
     return list(range(rank * half, (rank + 1) * half)) + list(range(late * half, (late + 1) * half))
 
 
-def uneven_positions(world_size: int) -> list[list[int]]:
-    """Each rank's positions when a sequence of CHUNK * W + 1 is cut by torch.tensor_split (rank 0 one longer)."""
-    return [t.tolist() for t in torch.arange(CHUNK * world_size + 1).tensor_split(world_size)]
+# Chunks of different lengths, each pattern in a run of its own: "one-longer" is a sequence of CHUNK * W + 1
+# cut by torch.tensor_split (rank 0 one longer); in "sum-hides" ranks 0 and 1 are one shorter and one longer,
+# so the lengths add up to CHUNK * W and a rank holding CHUNK finds its length times W equal to the total.
+UNEVEN_PATTERNS = ("one-longer", "sum-hides")
+
+
+def uneven_lengths(world_size: int, pattern: str = "one-longer") -> list[int]:
+    """Each rank's chunk length in the uneven ``pattern`` (see UNEVEN_PATTERNS)."""
+    if pattern == "sum-hides":
+        return [CHUNK - 1, CHUNK + 1] + [CHUNK] * (world_size - 2)
+    return [len(t) for t in torch.arange(CHUNK * world_size + 1).tensor_split(world_size)]
+
+
+def uneven_positions(world_size: int, pattern: str = "one-longer") -> list[list[int]]:
+    """Each rank's positions in the uneven ``pattern``: contiguous chunks of uneven_lengths, in rank order."""
+    lengths = uneven_lengths(world_size, pattern)
+    starts = [sum(lengths[:rank]) for rank in range(world_size)]
+    return [list(range(start, start + n)) for start, n in zip(starts, lengths)]
 
 
 def groups_of(world_size: int) -> list[list[int]]:
@@ -345,13 +360,15 @@ def _observe(ctx: RankContext, learner, ring_attention, events: list) -> dict:
 
 
 def uneven_main(ctx: RankContext) -> dict:
-    """Chunks of different lengths (rank 0 one longer): what ring_attention does with them."""
+    """Chunks of different lengths (kwargs["pattern"], one of UNEVEN_PATTERNS): what ring_attention does with them."""
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         ring_attention = ctx.function("ring_attention")
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
-        rows = uneven_positions(ctx.world_size)[ctx.rank]
-        chunk = _own_chunk(make_inputs("uneven", CHUNK * ctx.world_size + 1), rows, ctx)
+        pattern = ctx.kwargs.get("pattern", "one-longer")
+        rows = uneven_positions(ctx.world_size, pattern)[ctx.rank]
+        length = sum(uneven_lengths(ctx.world_size, pattern))
+        chunk = _own_chunk(make_inputs("uneven", length), rows, ctx)
         q, k, v = (chunk[name].requires_grad_(True) for name in ("q", "k", "v"))
         try:
             out = ring_attention(q, k, v)

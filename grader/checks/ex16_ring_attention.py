@@ -10,8 +10,9 @@ forward, which other ranks' key/value blocks are in memory: their bytes are look
 storages the learner's running frames, its module, its autograd graph and what autograd saved
 for backward hold. Scenarios, in this order: non-causal, causal, queries scaled by 1000, the
 optional zigzag layout, and (in the largest world) two groups, each running its own ring (group=). A second
-run gives the ranks chunks of different lengths (tensor_split of a sequence the world size does
-not divide), where a refusal on every rank is expected. Grader side: single-process attention on
+run per pattern gives the ranks chunks of different lengths (tensor_split of a sequence the world size
+does not divide; and lengths whose sum is W times the mean, which a check of the total misses), where a
+refusal on every rank is expected. Grader side: single-process attention on
 the whole sequence, in this process, and every rank's tensors compared with its chunk of it.
 """
 
@@ -23,8 +24,8 @@ import torch
 
 from grader import probes
 from grader.checks.ex16_rank import (ATOL, BACKWARD_PER_BLOCK, BATCH, CHUNK, DTYPE, FORWARD_PER_BLOCK, HEAD_DIM, HEADS,
-                                     LARGE, MOST_HELD, REFUSALS, RTOL, SMALL_MESSAGE, block_macs, groups_of, make_inputs,
-                                     positions, uneven_positions)
+                                     LARGE, MOST_HELD, REFUSALS, RTOL, SMALL_MESSAGE, UNEVEN_PATTERNS, block_macs,
+                                     groups_of, make_inputs, positions, uneven_lengths, uneven_positions)
 from grader.checks.ex16_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found in this module)
 from grader.checks.interface import Grader
 from grader.compare import tensor_difference
@@ -69,8 +70,8 @@ def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
     # The groups (two interleaved rings) run in the largest world only: new groups cost time to connect.
     runs = [g.Run("rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
-    if largest >= 2:  # chunks of different lengths, in a run of their own: gloo may abort a rank there
-        runs.append(g.Run("uneven_main", largest, expect_ok=False))
+    if largest >= 2:  # chunks of different lengths, each pattern in a run of its own: gloo may abort a rank there
+        runs += [g.Run("uneven_main", largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     held_decided = False
     zigzag_seen = set()
@@ -98,7 +99,8 @@ def grade(g: Grader) -> None:
         for check_id in ("zigzag-matches", "zigzag-balanced"):
             g.skip(check_id, "optional: zigzag_ring_attention is not defined, or raises NotImplementedError")
     if largest >= 2:
-        check_uneven(g, next(outcomes), largest)
+        for pattern in UNEVEN_PATTERNS:
+            check_uneven(g, next(outcomes), largest, pattern)
     else:
         g.skip("uneven-refused", "one rank: every sequence is divisible by 1")
     g.section("the ring, as measured", "\n".join(lines))
@@ -447,18 +449,45 @@ def check_zigzag(g, observations: list[dict], want: dict, world_size: int) -> st
     return "graded"
 
 
-def check_uneven(g, outcome, world_size: int) -> None:
+def uneven_words(world_size: int, pattern: str) -> str:
+    """The lengths of an uneven pattern, and why a check that only adds them up misses it."""
+    lengths = uneven_lengths(world_size, pattern)
+    if pattern == "sum-hides":
+        return (f"world size {world_size}, chunks of lengths {lengths} (their sum is {sum(lengths)} = {CHUNK} x "
+                f"{world_size}: a rank holding {CHUNK} cannot tell from the sum that the lengths differ)")
+    return f"world size {world_size}, chunks of lengths {lengths} (a sequence of {sum(lengths)} cut by tensor_split)"
+
+
+def _ended(rank: int, r) -> str:
+    err = r.error or {}
+    if err:
+        return f"rank {rank}'s process raised {err.get('type')}: {str(err.get('message'))[:200]}"
+    return f"rank {rank}'s process ended without a result (exit code {r.exitcode}){_last_line(r.output)}"
+
+
+def check_uneven(g, outcome, world_size: int, pattern: str = "one-longer") -> None:
     """Chunks of different lengths: every rank refuses (ValueError or assert), or every rank's result is right."""
-    lengths = [len(rows) for rows in uneven_positions(world_size)]
-    said = (f"world size {world_size}, chunks of lengths {lengths} (a sequence of {sum(lengths)} cut by "
-            "tensor_split)")
-    results = outcome.results()
+    lengths = uneven_lengths(world_size, pattern)
+    said = uneven_words(world_size, pattern)
+    results = [r.result if r.status == "ok" else None for r in outcome.ranks]
+    refused = [rank for rank, res in enumerate(results) if res and res["raised"] in REFUSALS]
+    if refused and len(refused) < world_size:
+        other = next(rank for rank in range(world_size) if rank not in refused)
+        res, r = results[other], outcome.ranks[other]
+        if res is None:
+            went = _ended(other, r)
+        elif res["raised"]:
+            went = (f"rank {other} did not refuse: it went on and raised {res['raised']}: {res['message']!r} "
+                    "(left alone in the ring)")
+        else:
+            went = f"rank {other} did not refuse: it returned an output"
+        g.record("uneven-refused", False, f"{said}: {_ranks(refused)} raised {results[refused[0]]['raised']}, but "
+                 f"{went}. The ranks must refuse together: compare every rank's length with every other's (the "
+                 "largest and the smallest), not only a neighbour's or the total", rank=other, world_size=world_size)
+        return
     for rank, r in enumerate(outcome.ranks):
         if r.status != "ok":
-            err = r.error or {}
-            how = (f"raised {err.get('type')}: {str(err.get('message'))[:200]}" if err else
-                   f"ended without a result (exit code {r.exitcode}){_last_line(r.output)}")
-            g.record("uneven-refused", False, f"{said}: rank {rank}'s process {how}. Refuse such chunks with a "
+            g.record("uneven-refused", False, f"{said}: {_ended(rank, r)}. Refuse such chunks with a "
                      "ValueError on every rank, before the ring starts", rank=rank, world_size=world_size)
             return
     raised = [(rank, res) for rank, res in enumerate(results) if res["raised"]]
@@ -470,20 +499,12 @@ def check_uneven(g, outcome, world_size: int) -> None:
                      "an accident of the lengths rather than a refusal; raise ValueError saying the lengths, on "
                      "every rank, before the ring starts", rank=rank, world_size=world_size)
             return
-        if len(raised) < world_size:
-            went_on = next(rank for rank, res in enumerate(results) if not res["raised"])
-            g.record("uneven-refused", False, f"{said}: rank {raised[0][0]} raised {raised[0][1]['raised']} but "
-                     f"rank {went_on} returned an output: the ranks must refuse together (compare every rank's "
-                     "length, not only a neighbour's)", rank=went_on, world_size=world_size)
-            return
         g.record("uneven-refused", True)
         return
     # Every rank returned: then every result must be right.
-    data = make_inputs("uneven", sum(lengths))
     want = reference("uneven", sum(lengths), False)
-    del data
     for rank, res in enumerate(results):
-        rows = uneven_positions(world_size)[rank]
+        rows = uneven_positions(world_size, pattern)[rank]
         found = _compare(res["output"], _chunk(want["output"], rows), want["output"], "output")
         if found is None and res.get("grads") is not None:
             for name in ("q", "k", "v"):
@@ -497,6 +518,10 @@ def check_uneven(g, outcome, world_size: int) -> None:
                      "Raise ValueError on every rank when the lengths differ", rank=rank, world_size=world_size)
             return
     g.record("uneven-refused", True)
+
+
+def _ranks(numbers: list[int]) -> str:
+    return ("rank " if len(numbers) == 1 else "ranks ") + ", ".join(map(str, numbers))
 
 
 def _last_line(output: str) -> str:

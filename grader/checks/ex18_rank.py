@@ -49,10 +49,19 @@ def uneven_hidden(world_size: int) -> int:
     return 4 * world_size + 1
 
 
-def uneven_lengths(world_size: int) -> list[int]:
-    """Each rank's chunk length when a sequence one longer than the graded one is cut by torch.tensor_split
-    (rank 0 one longer than the others)."""
-    return [len(t) for t in torch.arange(sizes(world_size)[0] + 1).tensor_split(world_size)]
+# Chunks of different lengths, each pattern in a run of its own: "one-longer" is a sequence one longer than
+# the graded one cut by torch.tensor_split (rank 0 one longer); in "sum-hides" ranks 0 and 1 are one shorter
+# and one longer, so the lengths add up to seq and a rank holding seq / W finds its length times W equal to it.
+UNEVEN_PATTERNS = ("one-longer", "sum-hides")
+
+
+def uneven_lengths(world_size: int, pattern: str = "one-longer") -> list[int]:
+    """Each rank's chunk length in the uneven ``pattern`` (see UNEVEN_PATTERNS)."""
+    seq = sizes(world_size)[0]
+    if pattern == "sum-hides":
+        chunk = seq // world_size
+        return [chunk - 1, chunk + 1] + [chunk] * (world_size - 2)
+    return [len(t) for t in torch.arange(seq + 1).tensor_split(world_size)]
 
 
 def groups_of(world_size: int) -> list[list[int]]:
@@ -287,12 +296,12 @@ def _observe_shape(ctx: RankContext, block_class) -> dict:
 
 
 def uneven_main(ctx: RankContext) -> dict:
-    """Chunks of different lengths (rank 0 one longer): what the block's forward does with them."""
+    """Chunks of different lengths (kwargs["pattern"], one of UNEVEN_PATTERNS): what the block's forward does."""
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         block_class = ctx.function("SequenceParallelBlock")
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
-        lengths = uneven_lengths(ctx.world_size)
+        lengths = uneven_lengths(ctx.world_size, ctx.kwargs.get("pattern", "one-longer"))
         data = build("uneven", seq=sum(lengths), hidden=sizes(ctx.world_size)[1])
         block = block_class(data["norm"], data["fc1"], data["fc2"])
         start = sum(lengths[:ctx.rank])

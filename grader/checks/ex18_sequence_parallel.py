@@ -7,8 +7,9 @@ parameter's value and .grad, every collective of forward and of backward (torch.
 and the functional collectives autograd runs from C++, which a dispatch mode sees), and what autograd saved
 during forward (saved_tensors_hooks: each storage once, with its bytes and values). Then, in the same
 run: (in the largest world) two groups, the even and the odd ranks, each with a block and a sequence
-of its own; a hidden size the world size does not divide; an input whose last dimension is wrong. A
-second run gives the ranks chunks of different lengths. Grader side: the dense block runs in this
+of its own; a hidden size the world size does not divide; an input whose last dimension is wrong. One
+more run per pattern gives the ranks chunks of different lengths (rank 0 one longer; lengths whose sum is
+W times the mean, which a check of the total misses). Grader side: the dense block runs in this
 process on the same modules and input; each rank's tensors are compared with its chunk or block of the
 dense ones. The parameters are found by their values (the names are the learner's), and the tensors
 autograd saved are sorted into the parallel region's (fc1's gathered input, the hidden blocks) and the
@@ -23,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from grader import probes
-from grader.checks.ex18_rank import (ATOL, BATCH, D_MODEL, REFUSALS, RTOL, SavedTensors, build, chunk_elements,
-                                     chunk_rows, groups_of, hidden_block, sizes, uneven_hidden, uneven_lengths)
+from grader.checks.ex18_rank import (ATOL, BATCH, D_MODEL, REFUSALS, RTOL, UNEVEN_PATTERNS, SavedTensors, build,
+                                     chunk_elements, chunk_rows, groups_of, hidden_block, sizes, uneven_hidden,
+                                     uneven_lengths)
 from grader.checks.ex18_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found here)
 from grader.checks.interface import Grader
 from grader.compare import tensor_difference
@@ -100,8 +102,8 @@ def share_of(want: dict, name: str, rank: int, world_size: int, key: str = "valu
 def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
     runs = [g.Run("rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
-    if largest >= 2:  # chunks of different lengths, in a run of their own: gloo may abort a rank there
-        runs.append(g.Run("uneven_main", largest, expect_ok=False))
+    if largest >= 2:  # chunks of different lengths, each pattern in a run of its own: gloo may abort a rank there
+        runs += [g.Run("uneven_main", largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     lines = []
     for world_size in g.world_sizes:
@@ -120,7 +122,8 @@ def grade(g: Grader) -> None:
             check_group(g, observations, world_size, main_ok)
         lines.append(describe(observations, want, world_size))
     if largest >= 2:
-        check_uneven(g, next(outcomes), largest)
+        for pattern in UNEVEN_PATTERNS:
+            check_uneven(g, next(outcomes), largest, pattern)
     else:
         g.skip("uneven-sequence-refused", "one rank: every sequence is divisible by 1")
     g.section("the block, as measured", "\n".join(lines))
@@ -534,19 +537,43 @@ def check_shape(g, observations: list[dict], world_size: int) -> None:
     g.record("wrong-shape-refused", True)
 
 
-def check_uneven(g, outcome, world_size: int) -> None:
-    lengths = uneven_lengths(world_size)
-    said = f"world size {world_size}, chunks of lengths {lengths} (a sequence of {sum(lengths)} cut by tensor_split)"
+def uneven_words(world_size: int, pattern: str) -> str:
+    """The lengths of an uneven pattern, and why a check that only adds them up misses it."""
+    lengths = uneven_lengths(world_size, pattern)
+    if pattern == "sum-hides":
+        chunk = sum(lengths) // world_size
+        return (f"world size {world_size}, chunks of lengths {lengths} (their sum is {sum(lengths)} = {chunk} x "
+                f"{world_size}: a rank holding {chunk} cannot tell from the sum that the lengths differ)")
+    return f"world size {world_size}, chunks of lengths {lengths} (a sequence of {sum(lengths)} cut by tensor_split)"
+
+
+def check_uneven(g, outcome, world_size: int, pattern: str = "one-longer") -> None:
+    said = uneven_words(world_size, pattern)
+    results = [r.result if r.status == "ok" else None for r in outcome.ranks]
+    refused = [rank for rank, res in enumerate(results) if res and res.get("raised") in REFUSALS]
+    if refused and len(refused) < world_size:
+        other = next(rank for rank in range(world_size) if rank not in refused)
+        res = results[other]
+        if res is None:
+            went = f"rank {other}'s process {_how_it_ended(outcome.ranks[other])}"
+        elif res.get("raised"):
+            went = (f"rank {other} did not refuse: it went on and raised {res['raised']}: {res['message']!r} "
+                    "(left alone in the all-gather)")
+        else:
+            went = f"rank {other} did not refuse: it went on without an error"
+        g.record("uneven-sequence-refused", False,
+                 f"{said}: {'rank' if len(refused) == 1 else 'ranks'} {', '.join(map(str, refused))} raised "
+                 f"{results[refused[0]]['raised']}, but {went}. The ranks must refuse together: compare every "
+                 "rank's length with every other's (an all-reduce of [n, -n] with MAX gives the largest and the "
+                 "smallest), not only the total", rank=other, world_size=world_size)
+        return
     for rank, r in enumerate(outcome.ranks):
         if r.status != "ok":
-            err = r.error or {}
-            how = (f"raised {err.get('type')}: {str(err.get('message'))[:200]}" if err else
-                   f"ended without a result (exit code {r.exitcode})")
-            g.record("uneven-sequence-refused", False, f"{said}: rank {rank}'s process {how}. Compare the ranks' "
-                     "lengths before the all-gather and raise ValueError on every rank", rank=rank,
+            g.record("uneven-sequence-refused", False, f"{said}: rank {rank}'s process {_how_it_ended(r)}. Compare "
+                     "the ranks' lengths before the all-gather and raise ValueError on every rank", rank=rank,
                      world_size=world_size)
             return
-    problem = _refusal_problem(outcome.results(), said)
+    problem = _refusal_problem(results, said)
     if problem is not None:
         rank, message = problem
         g.record("uneven-sequence-refused", False, message + ("" if "raised" in message else
@@ -554,6 +581,15 @@ def check_uneven(g, outcome, world_size: int) -> None:
                  rank=rank, world_size=world_size)
         return
     g.record("uneven-sequence-refused", True)
+
+
+def _how_it_ended(r) -> str:
+    err = r.error or {}
+    if err:
+        return f"raised {err.get('type')}: {str(err.get('message'))[:200]}"
+    lines = [line for line in (r.output or "").splitlines() if line.strip()]
+    last = f"; its last output: {lines[-1].strip()[:200]}" if lines else ""
+    return f"ended without a result (exit code {r.exitcode}){last}"
 
 
 # --- the report's section -----------------------------------------------------------------------
