@@ -161,8 +161,7 @@ def main() -> None:
         run = sharded(world_size, args.reps, file)
         want = ex.expected_main(world_size)
         dense_outside = ex.outside_bytes_dense(want)
-        params = [ex.share_of(want, name, 0, world_size) for name in (*ex.REPLICATED, *ex.SPLIT)]
-        entries = ex.classify_saved(run["saved"], ex.inside_tensors(want, 0, world_size), params)
+        entries = ex.rank_saved({"main": run}, want, 0, world_size)
         outside = sum(e["bytes"] for e in entries if e["kind"] == "outside")
         (w1, c1), (w2, c2) = run["first"], run["later"]
         print(f"  {world_size} ranks: 1st {w1 * 1e3:.2f} / {c1 * 1e3:.2f}, later {w2 * 1e3:.2f} / {c2 * 1e3:.2f} "

@@ -92,7 +92,8 @@ def held_share(world_size: int) -> int:
 
 def right_observations(world_size: int) -> list[dict]:
     refused = {"raised": "ValueError", "message": "not divisible"}
-    return [{"main": right_run(rank, world_size), "held_bytes": held_share(world_size),
+    return [{"main": right_run(rank, world_size), "second": right_run(rank, world_size),
+             "held_bytes": held_share(world_size),
              "group": right_group_run(rank, world_size), "hidden": dict(refused),
              "shape": {**refused, "built": True}} for rank in range(world_size)]
 
@@ -117,6 +118,7 @@ def grade_all(observations: list[dict], world_size: int, uneven: WorldOutcome | 
                    ex.check_input_grad(g, observations, want(), world_size),
                    ex.check_slices(g, observations, want(), world_size),
                    ex.check_replicated(g, observations, want(), world_size)])
+    ex.check_second_step(g, observations, world_size)
     ex.check_collectives(g, observations, world_size)
     ex.check_saved(g, observations, want(), world_size)
     ex.check_held(g, observations, want(), world_size)
@@ -174,8 +176,8 @@ def test_parameters_are_found_by_value_even_transposed_and_strided_blocks_are_no
     strided = want()["values"]["fc1.weight"][1::2]
     observations[1]["main"]["params"][2] = {"name": "fc1_weight", "value": strided, "grad": strided}
     status, message = grade_all(observations, 2)["slice-grads-match"]
-    assert status == "fail" and "no parameter of the block holds rows 24-47 of fc1.weight" in message
-    assert "fc1_weight [24, 16]" in message
+    assert status == "fail" and "no parameter of the block holds rows 36-71 of fc1.weight" in message
+    assert "fc1_weight [36, 16]" in message
 
 
 def test_replicated_gradients_that_differ_fail_agreement_and_averaged_ones_fail_the_match_only():
@@ -300,3 +302,46 @@ def test_a_block_that_ignores_its_group_fails_uses_group_with_the_group_advice()
     observations[3]["group"] = {"error": "ValueError: Global rank 1 is not part of group", "members": [1, 3]}
     status, message = grade_all(observations, 4)["uses-group"]
     assert status == "fail" and "Global rank 1" in message
+
+
+def test_a_tanh_gelu_fails_the_output_and_not_the_saved_activations():
+    # What autograd saves inside the parallel region is told by its shape, not its values: a GELU of
+    # another shape of curve changes the values there, not where they lie.
+    observations = right_observations(2)
+    for rank, obs in enumerate(observations):
+        block = rk.hidden_block(rank, 2, rk.HIDDEN)
+        tanh = torch.nn.functional.gelu(want()["hidden"][..., block], approximate="tanh")
+        obs["main"]["saved"][-1] = saved_entry(tanh.reshape(-1, tanh.shape[-1]).clone())
+        obs["main"]["output"] = obs["main"]["output"] + 1e-4
+    got = grade_all(observations, 2)
+    assert got["output-matches"][0] == "fail"
+    assert got["saved-activations-sharded"] == ("pass", "")
+    # A norm with the eps off (so the gathered input's values differ too) is still fc1's gathered input.
+    observations[0]["main"]["saved"][3] = saved_entry(want()["normed"] * 1.001)
+    assert grade_all(observations, 2)["saved-activations-sharded"] == ("pass", "")
+
+
+def test_a_norm_that_ignores_its_eps_is_named():
+    observations = right_observations(2)
+    default_eps = ex.reference("main", 2, eps=1e-5)["output"]
+    for rank, obs in enumerate(observations):
+        obs["main"]["output"] = default_eps[rk.chunk_rows(rank, 2)].clone()
+    status, message = grade_all(observations, 2)["output-matches"]
+    assert status == "fail" and "LayerNorm's default eps 1e-5, not the norm's eps (0.001)" in message
+    assert rk.build("main")["norm"].eps == rk.NORM_EPS != 1e-5
+
+
+def test_hooks_that_pile_up_fail_the_second_step_with_how_many_times():
+    observations = right_observations(3)
+    assert grade_all(observations, 3)["second-step-matches"] == ("pass", "")
+    second = observations[1]["second"]
+    for p in second["params"]:
+        if p["name"] in ex.REPLICATED:
+            p["grad"] = p["grad"] * 3  # all-reduced twice: the first sum, summed again over 3 ranks
+    status, message = grade_all(observations, 3)["second-step-matches"]
+    assert status == "fail" and "rank 1" in message and "norm.weight.grad" in message
+    assert "it is 3 times the first step's" in message and "registered in forward" in message
+    observations = right_observations(2)
+    del observations[0]["second"]
+    status, message = grade_all(observations, 2)["second-step-matches"]
+    assert status == "fail" and "no second step could be run" in message

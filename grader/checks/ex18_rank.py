@@ -15,7 +15,10 @@ from torch import nn
 from grader import memory, probes
 from grader.child import RankContext
 
-SEQ, BATCH, D_MODEL, HIDDEN = 12, 2, 16, 48  # SEQ and HIDDEN divisible by 2, 3 and 4 (see sizes)
+# SEQ and HIDDEN divisible by 2, 3 and 4 (see sizes); no HIDDEN / W equals D_MODEL, so that what autograd saves
+# of a hidden block is told from what it saves of the model's width by its last dimension.
+SEQ, BATCH, D_MODEL, HIDDEN = 12, 2, 16, 72
+NORM_EPS = 1e-3  # not LayerNorm's default 1e-5: a block that ignores the norm's eps gives another output
 DTYPE = torch.float64
 SEEDS = {"main": 1, "group": 2, "uneven": 3, "hidden": 4, "shape": 5}
 RTOL, ATOL = 1e-9, 1e-11  # float64: the ranks sum the hidden blocks in another order than one matmul does
@@ -82,7 +85,7 @@ def build(scenario: str, seq: int = SEQ, hidden: int = HIDDEN, salt: int = 0) ->
     has values of its own and a gradient that depends on them."""
     seed = SEEDS[scenario] * 1000 + seq * 10 + hidden + salt * 100_000
     torch.manual_seed(seed)
-    norm = nn.LayerNorm(D_MODEL, dtype=DTYPE)
+    norm = nn.LayerNorm(D_MODEL, eps=NORM_EPS, dtype=DTYPE)
     fc1 = nn.Linear(D_MODEL, hidden, dtype=DTYPE)
     fc2 = nn.Linear(hidden, D_MODEL, dtype=DTYPE)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -241,6 +244,12 @@ def _observe(ctx: RankContext, block_class, learner, events: list) -> dict:
     block = block_class(data["norm"], data["fc1"], data["fc2"])
     obs = {"held_bytes": _held(block, learner)}
     obs["main"] = _run(ctx, block, data, chunk_rows(rank, world_size, seq), events, measure=True)
+    if obs["main"]["backward_ran"]:
+        # A second step on the same block, its gradients cleared as an optimizer's zero_grad does: hooks
+        # registered, or state kept, by one forward must not change the next.
+        for p in block.parameters():
+            p.grad = None
+        obs["second"] = _run(ctx, block, data, chunk_rows(rank, world_size, seq), events)
 
     # From here on a rank that fails may leave the others waiting: a short timeout turns that into an error.
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))

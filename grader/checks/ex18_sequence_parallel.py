@@ -11,9 +11,11 @@ of its own; a hidden size the world size does not divide; an input whose last di
 more run per pattern gives the ranks chunks of different lengths (rank 0 one longer; lengths whose sum is
 W times the mean, which a check of the total misses). Grader side: the dense block runs in this
 process on the same modules and input; each rank's tensors are compared with its chunk or block of the
-dense ones. The parameters are found by their values (the names are the learner's), and the tensors
-autograd saved are sorted into the parallel region's (fc1's gathered input, the hidden blocks) and the
-rest, by their values too.
+dense ones. The parameters are found by their values (the names are the learner's); the tensors autograd
+saved are sorted into the parallel region's (fc1's gathered input, the hidden blocks) and the rest by the
+shapes they were saved in, never by their values, so that a wrong GELU or eps fails the output alone. A
+second forward and backward of the same block, its gradients cleared between, must give what the first
+gave (hooks registered in forward pile up there).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from grader import probes
-from grader.checks.ex18_rank import (ATOL, BATCH, D_MODEL, REFUSALS, RTOL, UNEVEN_PATTERNS, SavedTensors, build,
-                                     chunk_elements, chunk_rows, groups_of, hidden_block, sizes, uneven_hidden,
+from grader.checks.ex18_rank import (ATOL, BATCH, D_MODEL, NORM_EPS, REFUSALS, RTOL, UNEVEN_PATTERNS, SavedTensors,
+                                     build, chunk_elements, chunk_rows, groups_of, hidden_block, sizes, uneven_hidden,
                                      uneven_lengths)
 from grader.checks.ex18_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found here)
 from grader.checks.interface import Grader
@@ -66,11 +68,15 @@ def dense(data: dict, blocks: tuple[slice, ...] = ()) -> dict:
 
 
 @functools.cache
-def reference(scenario: str, world_size: int, salt: int = 0, block: tuple[int, int] | None = None) -> dict:
+def reference(scenario: str, world_size: int, salt: int = 0, block: tuple[int, int] | None = None,
+              eps: float | None = None) -> dict:
     """The dense block of a scenario split over ``world_size`` ranks (its sizes: ``sizes``), computed once;
-    ``block``: only those hidden features."""
+    ``block``: only those hidden features; ``eps``: the norm's eps replaced by this one."""
     seq, hidden = sizes(world_size)
-    return dense(build(scenario, seq, hidden, salt=salt), (slice(*block),) if block else ())
+    data = build(scenario, seq, hidden, salt=salt)
+    if eps is not None:
+        data["norm"].eps = eps
+    return dense(data, (slice(*block),) if block else ())
 
 
 def expected_main(world_size: int) -> dict:
@@ -113,6 +119,7 @@ def grade(g: Grader) -> None:
                        check_input_grad(g, observations, want, world_size),
                        check_slices(g, observations, want, world_size),
                        check_replicated(g, observations, want, world_size)])
+        check_second_step(g, observations, world_size)
         check_collectives(g, observations, world_size)
         check_saved(g, observations, want, world_size)
         check_held(g, observations, want, world_size)
@@ -155,7 +162,10 @@ def explain_output(got, rank: int, world_size: int) -> str:
     rows = chunk_rows(rank, world_size, sizes(world_size)[0])
     whole = reference("main", world_size)
     want, bias, x = whole["output"][rows], whole["values"]["fc2.bias"], whole["x"][rows]
+    default_eps = reference("main", world_size, eps=1e-5)["output"][rows]
     candidates = [
+        (f"the dense output with LayerNorm's default eps 1e-5, not the norm's eps ({NORM_EPS:g}): take eps from the "
+         "norm given to the block (norm.eps)", default_eps),
         (f"the dense output with fc2's bias counted {world_size} times, not once: each rank added it to its term "
          "before the reduce-scatter", want + (world_size - 1) * bias),
         ("the dense output without the residual x", want - x),
@@ -319,6 +329,56 @@ def check_replicated(g, observations: list[dict], want: dict, world_size: int) -
     return g.record("replicated-grads-match", True) and not agree_problem
 
 
+def _times(got: torch.Tensor, first: torch.Tensor) -> int | None:
+    """k when ``got`` is k times ``first`` for a whole k of 2 or more (None otherwise)."""
+    scale = float(first.abs().max()) if first.numel() else 0.0
+    if scale == 0.0 or tuple(got.shape) != tuple(first.shape):
+        return None
+    k = round(float(got.double().abs().max()) / scale)
+    return k if k >= 2 and _close(got.double(), k * first.double()) else None
+
+
+def second_step_problem(first: dict, second: dict | None) -> str | None:
+    """What the second forward and backward gave differently from the first (None when the same)."""
+    if second is None:
+        return "no second step could be run"
+    pairs = [("the output", first["output"], second["output"]), ("x.grad", first["input_grad"], second["input_grad"])]
+    pairs += [(f"{p['name']}.grad", p["grad"], q["grad"]) for p, q in zip(first["params"], second["params"])]
+    if len(first["params"]) != len(second["params"]):
+        return f"the block had {len(first['params'])} parameters in the first step and {len(second['params'])} then"
+    for what, one, two in pairs:
+        if not isinstance(one, torch.Tensor):
+            continue
+        if not isinstance(two, torch.Tensor):
+            return f"{what} is {_describe(two)} in the second step, a tensor in the first"
+        found = tensor_difference(two, one, rtol=RTOL, atol=ATOL * max(float(one.abs().max() or 0.0), 1.0), name=what)
+        if found is None:
+            continue
+        k = _times(two, one)
+        why = (f"; it is {k} times the first step's: it was summed once more per forward so far, as when a hook that "
+               "all-reduces it is registered in forward (one more each call). Register hooks once, in __init__, or "
+               "put the all-reduce in an autograd Function applied in forward") if k else ""
+        return f"{found}, against the first step's{why}"
+    return None
+
+
+def check_second_step(g, observations: list[dict], world_size: int) -> None:
+    """A second forward and backward on the same block (gradients cleared between) gives what the first gave."""
+    for rank, obs in enumerate(observations):
+        first = obs["main"]
+        if not first["backward_ran"]:
+            g.record("second-step-matches", False, f"{_where(rank, world_size)}: {_no_backward(first)}",
+                     rank=rank, world_size=world_size)
+            return
+        problem = second_step_problem(first, obs.get("second"))
+        if problem is not None:
+            g.record("second-step-matches", False,
+                     f"{_where(rank, world_size)}: a second forward and backward of the same block on the same chunk, "
+                     f"its gradients cleared between (as zero_grad does): {problem}", rank=rank, world_size=world_size)
+            return
+    g.record("second-step-matches", True)
+
+
 # --- messages -----------------------------------------------------------------------------------
 
 
@@ -384,25 +444,34 @@ def _sorted_values(t: torch.Tensor) -> torch.Tensor:
     return t.detach().double().reshape(-1).sort().values
 
 
-def classify_saved(saved: list[dict], inside: list[torch.Tensor], parameters: list[torch.Tensor]) -> list[dict]:
-    """Each saved storage with "kind": "inside" (a view holds the values of one of ``inside``, in any
-    layout), "parameter" (a copy of a parameter's values) or "outside"; and "elements" (its bytes / 8)."""
-    inside_sorted = [_sorted_values(t) for t in inside]
+def classify_saved(saved: list[dict], hidden_width: int, whole: int, parameters: list[torch.Tensor]) -> list[dict]:
+    """Each saved storage with "kind" and "elements" (its bytes / 8), told apart by the shapes autograd saved it
+    in, never by its values (a wrong GELU or eps changes the values, not where a tensor lies):
+
+    * "inside": a view's last dimension is ``hidden_width``: this rank's hidden block (fc1's output, GELU's, fc2's
+      input), which lies in the parallel region whatever its values;
+    * "gathered": fc1's input, the whole sequence at the model's width (``whole`` elements): the last such storage
+      saved, as fc1 runs after the norm;
+    * "parameter": a copy of one of ``parameters``' values (exactly: they are the grader's, copied);
+    * "outside": the rest: the norm's input and statistics, the residual's.
+    """
     param_sorted = [_sorted_values(t) for t in parameters]
     out = []
     for entry in saved:
         kind = "outside"
-        for view in entry["views"]:
-            values = view["values"]
-            if not isinstance(values, torch.Tensor):
-                continue
-            mine = _sorted_values(values)
-            if any(mine.shape == ref.shape and torch.allclose(mine, ref, rtol=1e-9, atol=1e-12) for ref in inside_sorted):
-                kind = "inside"
-                break
-            if any(mine.shape == ref.shape and torch.equal(mine, ref) for ref in param_sorted):
-                kind = "parameter"
+        if any(v["shape"] and v["shape"][-1] == hidden_width for v in entry["views"]):
+            kind = "inside"
+        else:
+            for view in entry["views"]:
+                values = view["values"]
+                if isinstance(values, torch.Tensor) and any(
+                        _sorted_values(values).shape == ref.shape and torch.equal(_sorted_values(values), ref)
+                        for ref in param_sorted):
+                    kind = "parameter"
         out.append({**entry, "kind": kind, "elements": entry["bytes"] // 8})
+    gathered = [e for e in out if e["kind"] == "outside" and e["elements"] == whole]
+    if gathered:
+        gathered[-1]["kind"] = "gathered"
     return out
 
 
@@ -412,18 +481,27 @@ def inside_tensors(want: dict, rank: int, world_size: int) -> list[torch.Tensor]
     return [want["normed"], want["hidden"][..., block], want["activated"][..., block]]
 
 
+def _whole(want: dict) -> int:
+    """Elements of one activation of the whole sequence at the model's width: seq x batch x d."""
+    return _seq(want) * BATCH * D_MODEL
+
+
 def outside_bytes_dense(want: dict) -> int:
-    entries = classify_saved(want["saved"], [want["normed"], want["hidden"], want["activated"]],
-                             list(want["values"].values()))
+    entries = classify_saved(want["saved"], _hidden(want), _whole(want), list(want["values"].values()))
     return sum(e["bytes"] for e in entries if e["kind"] == "outside")
+
+
+def rank_saved(obs: dict, want: dict, rank: int, world_size: int) -> list[dict]:
+    """What rank ``rank`` saved in the main scenario's forward, classified (classify_saved)."""
+    params = [share_of(want, name, rank, world_size) for name in (*REPLICATED, *SPLIT)]
+    return classify_saved(obs["main"]["saved"] or [], _hidden(want) // world_size, _whole(want), params)
 
 
 def check_saved(g, observations: list[dict], want: dict, world_size: int) -> None:
     dense_outside = outside_bytes_dense(want)
     limit = chunk_elements(world_size)
     for rank, obs in enumerate(observations):
-        params = [share_of(want, name, rank, world_size) for name in (*REPLICATED, *SPLIT)]
-        entries = classify_saved(obs["main"]["saved"] or [], inside_tensors(want, rank, world_size), params)
+        entries = rank_saved(obs, want, rank, world_size)
         outside = [e for e in entries if e["kind"] == "outside"]
         total = sum(e["bytes"] for e in outside)
         too_big = [e for e in outside if e["elements"] > limit]
@@ -435,8 +513,9 @@ def check_saved(g, observations: list[dict], want: dict, world_size: int) -> Non
                      f"{big['elements']} elements ({big['bytes']} bytes, saved as {shapes}) for backward, more than "
                      f"one chunk of the activation ({_seq(want) // world_size}x{BATCH}x{D_MODEL} = {limit}): in all "
                      f"{total} bytes outside the region, where the dense block keeps {dense_outside} and 1/{world_size}"
-                     f" of that is {dense_outside // world_size}. The norm ran on more than this rank's chunk: run "
-                     "it on the chunk, and all-gather its output", rank=rank, world_size=world_size)
+                     f" of that is {dense_outside // world_size} (of the model's width, only fc1's gathered input "
+                     "covers the whole sequence). The norm ran on more than this rank's chunk: run it on the chunk, "
+                     "and all-gather its output", rank=rank, world_size=world_size)
             return
     g.record("saved-activations-sharded", True)
 
@@ -603,8 +682,7 @@ def describe(observations: list[dict], want: dict, world_size: int) -> str:
         kinds = activation_collectives(run[f"{phase}_events"], world_size)
         parts.append(f"{phase}: {len(kinds['gather'])} all-gather, {len(kinds['scatter'])} reduce-scatter, "
                      f"{len(kinds['other'])} other")
-    params = [share_of(want, name, 0, world_size) for name in (*REPLICATED, *SPLIT)]
-    entries = classify_saved(run["saved"] or [], inside_tensors(want, 0, world_size), params)
+    entries = rank_saved(observations[0], want, 0, world_size)
     outside = sum(e["bytes"] for e in entries if e["kind"] == "outside")
     return (f"world size {world_size}, rank 0: {'; '.join(parts)}; saved outside the parallel region {outside} bytes "
             f"(the dense block: {outside_bytes_dense(want)}); its block holds {observations[0]['held_bytes']} bytes")
