@@ -49,7 +49,11 @@ does. docs/elastic.md says why, and what changes on real machines and GPUs.)
           The path then always holds a complete snapshot, and a worker killed
           in the middle of a save leaves the previous one whole. (Never write
           the path itself: copying the finished file onto it, as
-          shutil.copyfile does, writes it in place too.)
+          shutil.copyfile does, writes it in place too. And not in the
+          system's temporary folder, tempfile's default: on a cluster the
+          snapshot lives on shared storage and /tmp on each node's own
+          disk, and os.replace from one file system to another fails with
+          EXDEV, "Invalid cross-device link".)
         - On start, if the snapshot exists, load it (map_location to this
           worker's device), restore the model and the optimizer, and start
           at the epoch after the saved one: after torchrun's restarts, and

@@ -573,3 +573,18 @@ def test_a_lingering_agent_fails_job_exits_0_and_says_why(tmp_path):
     status, message = verdicts(g)["job-exits-0"]
     assert status == "fail" and "node a had not exited 20 s after the job's last worker ended" in message
     assert "lost a peer that died" in message
+
+
+def test_a_temporary_file_renamed_from_another_folder_fails_with_exdev_named(tmp_path):
+    """tempfile.mkstemp() then os.replace onto the path: fine on one disk, EXDEV on a cluster's shared storage."""
+    elsewhere = os.path.join(str(tmp_path / "system-tmp"), "tmpab12cd.pt")
+    writes = [{"e": "write", "op": "rename", "src": elsewhere, "path": snapshot_path(tmp_path), "line": 96,
+               "code": "os.replace(tmp_path, args.snapshot)"}]
+    j = killed_and_relaunched(tmp_path, wk.KILLED_BEFORE_RENAME, {"exists": True, "size": 99, "epoch": 1}, writes)
+    g = grading()
+    ex.check_atomic(g, {wk.ALONE: j})
+    status, message = verdicts(g)["snapshot-atomic"]
+    assert status == "fail" and f"renamed {elsewhere} onto snapshot.pt (line 96" in message
+    assert "EXDEV" in message and "beside the snapshot" in message
+    assert ex.same_folder(snapshot_path(tmp_path) + ".tmp", snapshot_path(tmp_path))
+    assert not ex.same_folder(elsewhere, snapshot_path(tmp_path))

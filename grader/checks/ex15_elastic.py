@@ -251,7 +251,8 @@ def check_atomic(g, jobs: dict) -> None:
     Two observations. The relaunch after ALONE's kill, which lands where the new snapshot reaches the
     path (half-way through writing the path itself, or just before a file is renamed onto it), finds
     the previous snapshot whole. And no worker of any job writes the path itself: while such a write
-    lasts the path holds part of a snapshot, whenever the worker dies.
+    lasts the path holds part of a snapshot, whenever the worker dies; nor renames onto it a file from
+    another folder, which on a cluster is another file system (EXDEV).
     """
     alone = jobs[ALONE]
     path = os.path.abspath(_snapshot_path(alone))
@@ -293,6 +294,12 @@ def check_atomic(g, jobs: dict) -> None:
     for name, job in jobs.items():
         path = os.path.abspath(_snapshot_path(job))
         for w in sorted(job["workers"], key=lambda w: (w["attempt"], w["rank"] is None, w["rank"] or 0)):
+            away = [r for r in w["writes"] if r.get("op") == "rename" and r.get("path") == path
+                    and not same_folder(str(r.get("src", "")), path)]
+            if away:
+                _record(g, "snapshot-atomic", False, name, f"attempt {w['attempt']}: {_who(w)} {_rename_words(away[0])}",
+                        rank=w["rank"], world=job["world"])
+                return
             direct = [r for r in w["writes"] if r.get("path") == path and r.get("op") != "rename"]
             if direct:
                 _record(g, "snapshot-atomic", False, name, f"attempt {w['attempt']}: {_who(w)} wrote {SNAPSHOT} "
@@ -301,6 +308,22 @@ def check_atomic(g, jobs: dict) -> None:
                         "in the same folder and os.replace it onto the path", rank=w["rank"], world=job["world"])
                 return
     g.record("snapshot-atomic", True)
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two paths lie in the same folder (symbolic links followed)."""
+    return os.path.realpath(os.path.dirname(os.path.abspath(a))) == os.path.realpath(os.path.dirname(os.path.abspath(b)))
+
+
+def _rename_words(rename: dict) -> str:
+    """A rename onto the snapshot from another folder, in words: what it does on a cluster."""
+    line = f" (line {rename['line']}: {rename['code']})" if rename.get("line") else ""
+    return (f"renamed {rename.get('src')} onto {SNAPSHOT}{line}: the temporary file was written in "
+            f"{os.path.dirname(str(rename.get('src')))}, not in the snapshot's folder. On a cluster the snapshot "
+            "lives on shared storage and the temporary folder (/tmp) on each node's own disk: os.replace across "
+            "two file systems fails with OSError EXDEV (Invalid cross-device link), and shutil.move falls back to "
+            "copying onto the path, which writes it in place. Write the temporary file beside the snapshot (the "
+            "same folder, e.g. args.snapshot + '.tmp'), then os.replace it onto the path")
 
 
 def _direct_write_words(write: dict) -> str:

@@ -334,7 +334,7 @@ def _install_probes(rec: _Recorder, plan: dict, snapshot_path: str | None, model
             elif event == "os.rename":
                 src, dst = (os.path.abspath(os.fsdecode(a)) for a in args[:2])
                 if dst.startswith(inside) or src.startswith(inside):
-                    rec.event("write", op="rename", src=src, path=dst)
+                    rec.event("write", op="rename", src=src, path=dst, **(where() if dst == snapshot_path else {}))
                     if dst == snapshot_path and armed():
                         _kill_self(rec, KILLED_BEFORE_RENAME, op="rename")
         except Exception:  # never fail the learner's own call
