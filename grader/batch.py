@@ -1,18 +1,20 @@
 """``ddp-grade batch``: grade many submissions, N at a time, one row per submission and check.
 
 How it runs: the batch starts ``--jobs`` worker processes (``python -m grader.worker``, the one
-out-of-process protocol of :mod:`grader.protocol`), each with its own warm pool of rank processes (a :class:`~grader.harness.Session`),
-and hands each the next submission as soon as it is free. A submission never
-shares a process with another one while it is graded, so nothing one does (a
-crash, a hang, a patched module) reaches another, and the pools stay warm from
-one submission to the next: the cost of starting Python and importing torch is
-paid once per worker, not once per submission.
+out-of-process protocol of :mod:`grader.protocol`) and hands each the next submission as soon as
+it is free. The workers decide the verdicts; they never run a submission's code themselves.
 
 With the sandbox (the default where ``bwrap`` or ``unshare`` works, see :mod:`grader.sandbox`)
-each submission gets a worker of its own, started inside a fresh sandbox that sees that
-submission's file and no other, and ended with it: nothing a submission starts survives into
-the next one's grading. That costs one Python start and torch import per submission; each
-worker slot starts the next submission's sandbox while the current one is graded.
+a worker grades each submission with a fresh sandbox for that submission's ranks alone
+(:class:`grader.confined.ConfinedSession`): it sees a copy of that one file and none of the
+others, and ends with it, so nothing a submission starts survives into the next one's grading,
+and nothing it sends decides more than its own row. That costs one Python start and torch import
+per submission, inside its sandbox. Without the sandbox each worker keeps its own warm pool of
+rank processes (a :class:`~grader.harness.Session`); a submission still never shares a process
+with another one while it is graded.
+
+Whatever happens while one submission is graded (its worker dies, its answer cannot be read, the
+grader fails on it), the failure is that submission's row, with the reason, and the batch goes on.
 
 Every worker and everything it starts carries an environment variable with
 the worker's own marker, and its temporary files live in a folder the batch
@@ -32,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -68,19 +69,25 @@ def collect(paths: list[str], exercise: str | None = None) -> list[Submission]:
     found: list[Submission] = []
     for raw in paths:
         p = Path(raw)
-        if p.is_dir():
+        if os.path.islink(p):
+            found.append(Submission(str(p), str(p), exercise, problem=_linked(p)))
+        elif p.is_dir():
             files = _exercise_files(p, exercise)
             subdirs = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith((".", "__")))
             for f in files:
-                found.append(Submission(str(f), str(f), exercise))
+                found.append(Submission(str(f), str(f), exercise, problem=_linked(f) if f.is_symlink() else None))
             for d in subdirs:
+                if d.is_symlink():  # another learner's folder, or one outside the submissions
+                    found.append(Submission(d.name, str(d), exercise, problem=_linked(d)))
+                    continue
                 mine = _exercise_files(d, exercise)
                 if not mine:
                     if not files:  # a folder of folders: say which learner handed in nothing
                         what = f"no {exercise}_*.py file" if exercise else "no NN_*.py exercise file"
                         found.append(Submission(str(d), str(d), exercise, problem=f"{what} in {d}"))
                     continue
-                found.extend(Submission(f"{d.name}/{f.name}", str(f), exercise) for f in mine)
+                found.extend(Submission(f"{d.name}/{f.name}", str(f), exercise,
+                                        problem=_linked(f) if f.is_symlink() else None) for f in mine)
             if not files and not subdirs:
                 found.append(Submission(str(p), str(p), exercise, problem=f"no exercise files in {p}"))
         elif os.path.lexists(p) and _unreadable(p):  # a link that leads nowhere, a file it cannot read
@@ -88,6 +95,14 @@ def collect(paths: list[str], exercise: str | None = None) -> list[Submission]:
         else:  # a file, or a path that does not exist: grading says which
             found.append(Submission(str(p), str(p), exercise))
     return found
+
+
+def _linked(path: Path) -> str:
+    """Why a submission that is a symbolic link is not graded (its target is never read or named)."""
+    from grader.untrusted import clean_line
+
+    return (f"{clean_line(path)} is a symbolic link: only a submission's own files are graded "
+            "(copy the file itself into the submission)")
 
 
 def _unreadable(path: Path) -> str | None:
@@ -108,7 +123,7 @@ def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
     out = []
     for f in sorted(folder.iterdir()):
         ex = catalog.from_filename(f) if f.suffix == ".py" else None
-        if ex is not None and f.is_file() and (exercise is None or ex.id == exercise):
+        if ex is not None and (f.is_file() or f.is_symlink()) and (exercise is None or ex.id == exercise):
             out.append(f)
     return out
 
@@ -116,34 +131,30 @@ def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
 # --- the workers -----------------------------------------------------------------------
 
 
+MAX_ANSWER_LINE = 64 * 2**20  # the longest line a worker's answer may hold (a report is far smaller)
+
+
 class WorkerProcess:
     """One ``python -m grader.worker`` process: a submission in, a report out (:mod:`grader.protocol`).
 
-    With ``sandbox`` (a tool name from :mod:`grader.sandbox`) the worker runs inside a sandbox
-    where ``visible`` (the one submission it will grade) is bound back in, read-only.
+    The worker runs outside any sandbox and decides every verdict. With ``sandbox`` (a tool name
+    from :mod:`grader.sandbox`) it starts, for each submission, a fresh sandbox for that
+    submission's ranks alone (:func:`grader.protocol.grade_in_sandbox`), which sees a copy of
+    that one file and nothing of the others; without, its own warm pool runs the ranks.
     """
 
-    def __init__(self, settings: dict, sandbox: str | None = None, visible: tuple[str, ...] = (),
-                 dynamo: bool = True, exercises: tuple = ()):
+    def __init__(self, settings: dict, sandbox: str | None = None, dynamo: bool = True, exercises: tuple = ()):
         self.options = GradeOptions.from_dict(settings)
         self.marker = uuid.uuid4().hex
+        self.sandbox = sandbox
         argv = [sys.executable, "-m", "grader.worker"]
         extra = {protocol.DYNAMO_ENV: "1" if dynamo else "0", **protocol.exercise_env(exercises)}
         if sandbox:
-            from grader import sandbox as sb
-
-            # Inside, /tmp is a fresh folder of the sandbox's own, gone when the worker ends.
-            self.tmp = None
-            size = self.options.limits["tmp_bytes"]
-            argv = sb.wrap(argv, [os.path.abspath(p) for p in visible], sandbox, tmp_bytes=size)
-            env = sb.environment({**extra, BATCH_MARKER: self.marker, "DDP_GRADE_SERVER": "0",
-                                  "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state"}, size)
-        else:
-            # The worker's temporary files (its sessions', its pool's) go in a folder this process
-            # removes, so they are gone even when the worker has to be killed.
-            self.tmp = tempfile.mkdtemp(prefix="ddp-grade-batch-", dir=_short_temp_root())
-            env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
-        self.sandboxed = bool(sandbox)
+            extra[protocol.POOL_ENV] = "0"  # every ranks' pool is in a sandbox: none here
+        # The worker's temporary files (its sessions', its pool's, its sandboxes' folders) go in a
+        # folder this process removes, so they are gone even when the worker has to be killed.
+        self.tmp = tempfile.mkdtemp(prefix="ddp-grade-batch-", dir=_short_temp_root())
+        env = {**os.environ, **extra, BATCH_MARKER: self.marker, "TMPDIR": self.tmp}
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1,
                                      start_new_session=True)
@@ -151,8 +162,18 @@ class WorkerProcess:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.replies.put(line)
+        try:
+            while True:
+                line = self.proc.stdout.readline(MAX_ANSWER_LINE)
+                if not line:
+                    break
+                if len(line) >= MAX_ANSWER_LINE and not line.endswith("\n"):
+                    self.replies.put(json.dumps({"type": "error", "why": "the worker sent a line longer than "
+                                                 f"{MAX_ANSWER_LINE:,} characters"}))
+                    break
+                self.replies.put(line)
+        except (OSError, ValueError):
+            pass
         self.replies.put(None)  # ended
 
     def _lines(self, until: float):
@@ -165,29 +186,28 @@ class WorkerProcess:
 
     def grade(self, submission: Submission, wait_s: float) -> dict | None:
         """The report as a dict; None when the worker stopped answering (it is then stopped)."""
-        # A sandboxed worker starts in its own folder: the request carries the file's absolute path.
-        request = protocol.request(submission.path, submission.exercise, self.options, shown_as=submission.path)
+        request = protocol.request(submission.path, submission.exercise, self.options, shown_as=submission.path,
+                                   sandbox=self.sandbox)
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
             report = protocol.read_answer(self._lines(time.monotonic() + wait_s))
+            report.path = submission.path
+            return _readable(report.to_dict())
         except queue.Empty:
             self.stop()
             return None
-        except (OSError, ValueError, protocol.Failed) as exc:
+        except Exception as exc:  # the worker's failure on this file, or an answer it cannot read: this row's
             died = self.proc.poll()
             self.stop()
-            how = " (in the sandbox)" if self.sandboxed else ""
             if died is not None:  # it ended by itself: the grader's own failure, said as such
-                why = f"the grading worker{how} ended with exit code {died} while grading this file"
+                why = f"the grading worker ended with exit code {died} while grading this file"
             else:
-                why = f"the grading worker{how} failed on this file: {exc}"
+                why = f"the grading worker failed on this file: {type(exc).__name__}: {exc}"
             return _unusable(submission.path, f"{why}; try `ddp-grade grade {submission.path}`")
-        report.path = submission.path
-        return _readable(report.to_dict())
 
     def stop(self) -> None:
-        """End the worker and everything it started (its ranks carry its marker)."""
+        """End the worker and everything it started (its ranks and sandboxes carry its marker)."""
         from grader.harness import reap_strays
 
         try:
@@ -205,7 +225,9 @@ class WorkerProcess:
             self.proc.wait()
         reap_strays(self.marker, BATCH_MARKER)
         if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            from grader.processes import remove_folder
+
+            remove_folder(self.tmp)
 
 
 def _short_temp_root() -> str:
@@ -258,55 +280,51 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
         except queue.Empty:
             return None
 
-    every = tuple(_exercise(submissions[i]) for i in list(todo.queue))  # what an unsandboxed worker may grade
+    every = tuple(_exercise(submissions[i]) for i in list(todo.queue))  # what a worker may grade
 
-    def start(i: int) -> WorkerProcess:
-        worker = WorkerProcess(settings, sandbox, (submissions[i].path,),
-                               dynamo=_needs_dynamo(submissions[i]) if sandbox else True,
-                               exercises=(_exercise(submissions[i]),) if sandbox else every)
+    def start() -> WorkerProcess:
+        worker = WorkerProcess(settings, sandbox, dynamo=any(_needs_dynamo(submissions[i]) for i in list(todo.queue))
+                               or not sandbox, exercises=every)
         with lock:
             workers.append(worker)
         return worker
 
+    def grade_one(worker: WorkerProcess | None, i: int) -> tuple[WorkerProcess | None, dict]:
+        """(the worker to go on with, the submission's report): whatever happens, this row has a report."""
+        started = time.monotonic()
+        try:
+            worker = worker or start()
+            wait_s = protocol.wait_s(submissions[i].path, submissions[i].exercise, options) + \
+                (protocol.SANDBOX_START_S if sandbox else 0.0)
+            report = worker.grade(submissions[i], wait_s)
+            if report is None:
+                report = _unusable(submissions[i].path, f"grading did not finish within {wait_s:g} s; "
+                                   "the grader was stopped", TIMEOUT)
+                report["seconds"] = round(time.monotonic() - started, 3)
+                return None, report
+            return worker, report
+        except Exception as exc:  # the batch's own failure on this submission: this row says so, the rest go on
+            if worker is not None:
+                worker.stop()
+            return None, _unusable(submissions[i].path, f"the batch failed on this file: {type(exc).__name__}: {exc}")
+
     def work() -> None:
         worker = None
-        ahead = None  # sandboxed: the next submission and its worker, started while this one is graded
         try:
             while not stopping.is_set():
-                if ahead is not None:
-                    (i, worker), ahead = ahead, None
-                else:
-                    i = next_index()
-                    if i is None:
-                        return
-                    if worker is None:
-                        worker = start(i)
-                if sandbox and not stopping.is_set():
-                    j = next_index()
-                    if j is not None:
-                        ahead = (j, start(j))
+                i = next_index()
+                if i is None:
+                    return
                 if on_start:
                     on_start(submissions[i])
-                started = time.monotonic()
-                wait_s = protocol.wait_s(submissions[i].path, submissions[i].exercise, options)
-                report = worker.grade(submissions[i], wait_s)
-                if report is None:
-                    worker = None
-                    if stopping.is_set():
-                        return
-                    report = _unusable(submissions[i].path, f"grading did not finish within {wait_s:g} s; "
-                                       "the grader was stopped", TIMEOUT)
-                    report["seconds"] = round(time.monotonic() - started, 3)
-                elif sandbox:  # a sandbox holds one submission: the next one has a fresh one
-                    worker.stop()
-                    worker = None
-                outcomes[i].report = report
+                worker, outcomes[i].report = grade_one(worker, i)
+                if stopping.is_set():
+                    return
                 if on_done:
                     on_done(outcomes[i])
         finally:
-            for left in (worker, ahead[1] if ahead else None):
-                if left is not None:
-                    left.stop()
+            if worker is not None:
+                worker.stop()
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, min(jobs, todo.qsize())))]
     for t in threads:

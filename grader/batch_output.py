@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from grader.results import EXIT_CODES, FAILED, PASSED, TIMEOUT, UNUSABLE
+from grader.untrusted import clean_line
 
 SEVERITY = [PASSED, FAILED, TIMEOUT, UNUSABLE]  # worst last
 ROW_FIELDS = ["submission", "file", "exercise", "status", "exit_code", "check", "check_status", "message",
@@ -75,7 +76,8 @@ def _summary_cells(o: Outcome) -> tuple[str, str, str, str, str, str]:
     problem = (r.get("problem") or "").splitlines()[0] if r.get("problem") else ""
     if not problem and o.status == FAILED:
         problem = "failed: " + ", ".join(c["id"] for c in r.get("checks", []) if c["status"] == "fail")
-    return (o.submission.name, r.get("exercise") or "-", o.status, checks, f"{r.get('seconds', 0.0):.1f}", problem)
+    return (clean_line(o.submission.name), clean_line(r.get("exercise") or "-"), o.status, checks,
+            f"{r.get('seconds', 0.0):.1f}", clean_line(problem))
 
 
 def totals_line(outcomes: list[Outcome]) -> str:

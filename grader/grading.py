@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from grader import catalog, diagnose, learner
 from grader.harness import RankOutcome, Session, World, WorldOutcome, Worker, WorkerDied, WorkerTimeout
+from grader.outcomes import SessionBroken
 from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (re-exported for callers)
-from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_CHECKED, PASS, SKIP, UNUSABLE,
-                            UNUSABLE_FILE,
+from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_CHECKED, PASS, SKIP, UNREADABLE,
+                            UNUSABLE, UNUSABLE_FILE,
                             CheckResult, Report, RunProblem, overall_status)
 
 
@@ -412,6 +413,17 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
     except Abort as abort:
         report.status, report.run_problem = abort.problem.status, abort.problem
         not_run = "the grading stopped before it (the problem above says why)"
+    except SessionBroken as exc:  # the submission ended its sandbox (a limit), or sent what cannot be read
+        report.status = FAILED
+        report.run_problem = RunProblem(UNREADABLE, FAILED, message=str(exc), file=os.path.basename(path),
+                                        evidence={"limit": exc.limit} if exc.limit else {})
+        not_run = "the grading stopped before it (the problem above says why)"
+    except Exception as exc:  # a check could not read what the ranks sent: the submission's failure
+        report.status = FAILED
+        report.run_problem = RunProblem(UNREADABLE, FAILED, exception=type(exc).__name__, message=(
+            "the grader cannot read what the submission's ranks sent: a check raised "
+            f"{type(exc).__name__}: {str(exc)[:300]}{_grader_frame(exc)}"), file=os.path.basename(path))
+        not_run = "the grading stopped before it (the problem above says why)"
     report.checks = g.results(not_run)
     report.sections = list(g.sections)
     report.world_sizes = sorted(g.sizes_run) or ([] if g.in_one_process else report.world_sizes)
@@ -420,6 +432,18 @@ def grade_file(path: str, session: Session, options: GradeOptions, exercise_id: 
         report.status = overall_status(report.checks)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _grader_frame(exc: BaseException) -> str:
+    """" (grader/checks/ex03_train.py line 120)": the innermost frame of the grader's own code."""
+    import traceback
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename).startswith(here)]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (grader/{os.path.relpath(last.filename, here)} line {last.lineno})"
 
 
 @contextlib.contextmanager

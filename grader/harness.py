@@ -27,8 +27,8 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import contextlib
 import pickle
-import shutil
 import signal
 import tempfile
 import threading
@@ -40,9 +40,10 @@ from grader import limits as _limits
 from grader.outcomes import PEER_LOST, RankOutcome, WorldOutcome, _blame  # noqa: F401
 from grader.processes import (MAX_MESSAGE_BYTES, OUTPUT_TAIL_CHARS, REAP_PASSES, RESOLVER_OPTIONS,  # noqa: F401
                               RUN_MARKER, _context, _hidden_main, _kill, _load, _platform_env, _read, _receive,
-                              _recv, _rendezvous_env, _tail, bound_name_lookups, marked_processes, reap_strays,
-                              resident_bytes, stop_pool, warm_up)
+                              _recv, _rendezvous_env, _tail, bound_name_lookups, descendants, marked_processes,
+                              reap_strays, remove_folder, resident_bytes, stop_pool, warm_up)
 
+TREE_POLL_EVERY = 2  # every second memory reading also reads the processes a rank started
 GRACE_AFTER_FAILURE_S = 3.0  # how long other ranks may run on after one failed
 STACK_WAIT_S = 0.5  # how long a rank gets to write its stack before it is killed
 
@@ -73,6 +74,8 @@ class _Rank:
     limit: str = ""  # set when the grader stopped it for a limit
     peak_rss: int = 0
     stopped: bool = False  # killed and joined by _stop: never signalled again (its pid may be reused)
+    polls: int = 0  # memory readings so far
+    limit_by: int = 0  # the pid of a process under the rank that went over the memory limit
 
 
 class Session:
@@ -87,11 +90,17 @@ class Session:
     file, sets its environment and joins its group only once its spec arrives, as any rank does.
     """
 
-    def __init__(self, limits: dict | None = None, start_method: str | None = None, spares: bool = False):
+    def __init__(self, limits: dict | None = None, start_method: str | None = None, spares: bool = False,
+                 tmp: str | None = None):
+        from grader import untrusted
+
         bound_name_lookups()
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self.ctx = _context(start_method)
-        self.tmp = tempfile.mkdtemp(prefix="ddp-grade-")
+        # ``tmp``: a folder made for this session by whoever starts it (the rank host in a sandbox is
+        # given the folder the grader outside reads); removed on close either way.
+        self.tmp = tmp or tempfile.mkdtemp(prefix="ddp-grade-")
+        untrusted.trust_folder(self.tmp)
         self.marker = uuid.uuid4().hex
         # Every rank holds this file open, and so does everything it starts (forks inherit the
         # descriptor): a process forked from the pool does not show the marker variable in
@@ -120,7 +129,7 @@ class Session:
             spares, self._spares = self._spares, []
         _retire(spares)
         reap_strays(self.marker, marker_file=self.marker_file)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_folder(self.tmp)
 
     def new_run_dir(self) -> str:
         self._runs += 1
@@ -145,8 +154,8 @@ class Session:
                              timeout_s=timeout_s, backend=backend, grace_s=grace_s)[0]
 
     def run_many(self, worlds: list[World], *, learner_path: str, timeout_s: float, backend: str = "gloo",
-                 grace_s: float = GRACE_AFTER_FAILURE_S, last_read_on_failure: list[bool] | None = None
-                 ) -> list[WorldOutcome]:
+                 grace_s: float = GRACE_AFTER_FAILURE_S, last_read_on_failure: list[bool] | None = None,
+                 on_started=None) -> list[WorldOutcome]:
         """Run several independent worlds at the same time, under one deadline; outcomes in order.
 
         Each world has its own store, folder and grace period after a failure: one world's
@@ -154,6 +163,7 @@ class Session:
         those of the whole call. ``last_read_on_failure[k]``: when world k ends with a failed
         rank, the caller reads no outcome after it, so the worlds after it are stopped at once
         (their ranks show as ``killed``) instead of running on to their end or the deadline.
+        ``on_started()`` is called once every rank has been handed its spec (the deadline starts then).
         """
         from torch.distributed import TCPStore
 
@@ -177,6 +187,8 @@ class Session:
             # The deadline counts from here: starting the ranks (on a cold pool, waiting for it to
             # import torch and the checks) is the grader's time, not the submission's.
             start_s = time.monotonic() - started
+            if on_started is not None:
+                on_started()
             timed_out = _wait_all(groups, started + start_s + timeout_s, grace_s, self.limits,
                                   last_read_on_failure)
         finally:
@@ -452,12 +464,24 @@ def _failed(r: _Rank) -> bool:
 
 
 def _over_memory(r: _Rank, limit: int) -> bool:
-    """Stop rank ``r`` (and its process group) when its resident memory is over ``limit``."""
+    """Stop rank ``r`` (and its process group) when its resident memory, or that of any process it
+    started (the processes under it, read every TREE_POLL_EVERY polls), is over ``limit``."""
     rss = resident_bytes(r.process.pid)
     r.peak_rss = max(r.peak_rss, rss)
-    if rss <= limit:
+    over = rss > limit
+    r.polls += 1
+    if not over and r.polls % TREE_POLL_EVERY == 0:
+        for pid in descendants(r.process.pid):
+            if resident_bytes(pid) > limit:
+                over = True
+                r.limit_by = pid
+                break
+    if not over:
         return False
     r.limit = "memory"
+    if r.limit_by:
+        with contextlib.suppress(OSError):
+            os.kill(r.limit_by, signal.SIGKILL)
     _kill(r.process)
     r.process.join(timeout=5)
     return True

@@ -92,6 +92,20 @@ def address_space_bytes(memory_bytes: int) -> int:
     return memory_bytes + ADDRESS_SPACE_HEADROOM_BYTES if memory_bytes else 0
 
 
+# In a sandbox, every process the submission starts counts: all of them together may hold this many
+# times the memory limit, or the number of ranks plus this many, whichever is more.
+SANDBOX_MEMORY_MIN_SHARES = 6
+SANDBOX_MEMORY_EXTRA_SHARES = 3
+SANDBOX_MEMORY_WORDS = "all the sandbox's processes together: the memory limit times the ranks plus 3, at least 6"
+
+
+def sandbox_memory_bytes(limits: dict, ranks: int) -> int:
+    """What all the processes of a sandbox may hold together (proportional set sizes), 0 when the memory
+    limit is off: the limit times max(ranks + 3, 6), for the ranks, the pool and what they start."""
+    memory = limits.get("memory_bytes") or 0
+    return memory * max(ranks + SANDBOX_MEMORY_EXTRA_SHARES, SANDBOX_MEMORY_MIN_SHARES)
+
+
 def describe(limit: str, limits: dict) -> str:
     """"the memory limit (2048 MiB resident; --memory-limit changes it)"."""
     if limit == "memory":

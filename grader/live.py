@@ -10,6 +10,8 @@ import sys
 import threading
 import time
 
+from grader.untrusted import clean_line
+
 TTY, PLAIN, QUIET = "tty", "plain", "quiet"
 TICK_S = 0.5  # how often the line is redrawn on a terminal while nothing happens
 
@@ -28,7 +30,7 @@ class LiveLine:
     """Pass :meth:`event` as ``on_event`` to :func:`grader.grading.grade_file`."""
 
     def __init__(self, label: str, mode: str, stream=None, clock=time.monotonic):
-        self.label = label  # "exercise 03"
+        self.label = clean_line(label)  # "exercise 03"
         self.mode = mode
         self.stream = stream if stream is not None else sys.stderr
         self.clock = clock
@@ -124,11 +126,13 @@ class BatchLine:
         self._stop = threading.Event()
 
     def begin(self, name: str) -> None:
+        name = clean_line(name)
         with self._lock:
             self.current.append(name)
             self._redraw()
 
     def finish(self, name: str, status: str) -> None:
+        name = clean_line(name)
         with self._lock:
             if name in self.current:
                 self.current.remove(name)

@@ -55,6 +55,15 @@ class WorldOutcome:
         return [r for r in self.ranks if r.status == "killed"]
 
 
+class SessionBroken(BaseException):
+    """A session that cannot start or answer runs any more because of what the submission did (its
+    sandbox was ended: a limit of the whole sandbox, or an answer the grader cannot read). The
+    message says what happened; ``limit`` names the limit ("" when none). A BaseException, as the
+    grading's own stop is: no check's ``except Exception`` may swallow it."""
+
+    limit: str = ""
+
+
 # What a rank raises when a peer it talks to has died: a consequence, not a cause.
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 

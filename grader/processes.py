@@ -43,6 +43,55 @@ def resident_bytes(pid: int | None) -> int:
     return 0
 
 
+def descendants(pid: int, limit: int = 4096) -> list[int]:
+    """The processes under ``pid`` (children, theirs, ...), from /proc/PID/task/TID/children; at most
+    ``limit`` of them. Linux only ([] elsewhere, or when ``pid`` is gone)."""
+    found: list[int] = []
+    pending = [pid]
+    seen = {pid}
+    while pending and len(found) < limit:
+        current = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children", "rb") as f:
+                    children = f.read().split()
+            except OSError:
+                continue
+            for child in children:
+                try:
+                    child_pid = int(child)
+                except ValueError:
+                    continue
+                if child_pid not in seen:
+                    seen.add(child_pid)
+                    found.append(child_pid)
+                    pending.append(child_pid)
+    return found
+
+
+def remove_folder(path: str) -> None:
+    """Remove a folder ranks wrote in, whatever they did to its permissions (links are not followed)."""
+    import shutil
+    import stat
+
+    def unlock(function, failed, _exc):
+        with contextlib.suppress(OSError):
+            parent = os.path.dirname(failed)
+            os.chmod(parent, os.stat(parent, follow_symlinks=False).st_mode | stat.S_IRWXU)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, stat.S_IRWXU)
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                os.unlink(failed)
+
+    shutil.rmtree(path, onerror=unlock)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _recv(conn, deadline: float, maxsize: int = MAX_MESSAGE_BYTES) -> bytes:
     """One message from ``conn`` (multiprocessing's framing), or TimeoutError past ``deadline``.
 

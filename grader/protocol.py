@@ -1,12 +1,14 @@
-"""The one way to grade out of process: the grading server, batch workers, ``--sandbox`` and the
-Gradescope bundle (through batch) all speak it.
+"""The one way to grade out of process: the grading server and batch workers (and the Gradescope
+bundle, through batch) all speak it; :func:`grade_in_sandbox` is how ``--sandbox`` and a
+sandboxed batch grade one file: the verdicts here, the ranks in a sandbox of their own.
 
 A request is one JSON line::
 
     {"path": "/abs/03_train.py", "shown_as": "exercises/03_train.py", "exercise_id": null,
-     "options": GradeOptions.to_dict()}
+     "options": GradeOptions.to_dict(), "sandbox": null}
 
-(the server's requests also carry its ``key`` and the client's code ``version``). The answer is
+(``sandbox``: the tool that gives the request's ranks a fresh sandbox, or null; the server's
+requests also carry its ``key`` and the client's code ``version``). The answer is
 JSON lines: any number of ``{"type": "event", "kind": ..., ...}`` as the grading goes (what the
 live line shows), then one ``{"type": "report", "report": Report.to_dict()}``, or
 ``{"type": "error", "why": ...}`` when the grader itself failed on the file.
@@ -19,14 +21,10 @@ another, with a warm pool kept between them. How long a client waits for an answ
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
-import queue
-import signal
-import subprocess
 import sys
-import threading
-import time
 from typing import Callable, Iterable
 
 from grader import catalog
@@ -36,16 +34,20 @@ from grader.results import Report, report_from_dict
 START_MARGIN_S = 60.0  # beyond a grading's own deadline: a fresh interpreter, torch and a pool (in a sandbox too)
 DYNAMO_ENV = "DDP_GRADE_WORKER_DYNAMO"  # "0": the worker's pool skips torch._dynamo (no exercise it grades needs it)
 EXERCISES_ENV = "DDP_GRADE_WORKER_EXERCISES"  # "01 02": the exercises it will grade, whose drivers its pool preloads
+POOL_ENV = "DDP_GRADE_WORKER_POOL"  # "0": no warm pool here (every request's ranks run in a sandbox of their own)
+SANDBOX_START_S = 60.0  # beyond wait_s, for a request graded with a sandbox: starting the sandbox
 
 
 class Failed(Exception):
     """The other side could not answer: it ended, sent something unreadable, or the grader failed."""
 
 
-def request(path: str, exercise_id: str | None, options: GradeOptions, shown_as: str | None = None) -> dict:
-    """The request to grade ``path`` (sent with its absolute path: the worker may start elsewhere)."""
+def request(path: str, exercise_id: str | None, options: GradeOptions, shown_as: str | None = None,
+            sandbox: str | None = None) -> dict:
+    """The request to grade ``path`` (sent with its absolute path: the worker may start elsewhere);
+    ``sandbox``: the tool that gives its ranks a sandbox of their own (:func:`grade_in_sandbox`)."""
     return {"path": os.path.abspath(path), "shown_as": shown_as or path, "exercise_id": exercise_id,
-            "options": options.to_dict()}
+            "options": options.to_dict(), "sandbox": sandbox}
 
 
 def wait_s(path: str, exercise_id: str | None, options: GradeOptions) -> float:
@@ -66,9 +68,13 @@ def answer(req: dict, session, send: Callable[[dict], None]) -> Report | None:
     from grader.grading import grade_file
 
     options = GradeOptions.from_dict(req.get("options") or {})
+    events = lambda kind, **info: send({"type": "event", "kind": kind, **info})  # noqa: E731
     try:
-        report = grade_file(req["path"], session, options, req.get("exercise_id"),
-                            on_event=lambda kind, **info: send({"type": "event", "kind": kind, **info}))
+        if req.get("sandbox"):
+            report = grade_in_sandbox(req["path"], req.get("exercise_id"), options, events, tool=req["sandbox"])
+        else:
+            report = grade_file(req["path"], session(options) if callable(session) else session, options,
+                                req.get("exercise_id"), on_event=events)
     except Exception as exc:  # the grader's own failure on this file: said as such, the worker goes on
         send({"type": "error", "why": f"{type(exc).__name__}: {exc}"})
         return None
@@ -97,62 +103,35 @@ def read_answer(lines: Iterable[bytes | str], on_event=None) -> Report:
 
 
 def grade_in_sandbox(path: str, exercise_id: str | None, options: GradeOptions, on_event=None,
-                     tool: str | None = None) -> Report:
-    """Grade ``path`` with a worker started in a fresh sandbox (:mod:`grader.sandbox`) for this request
-    alone; Failed when it gives no report in :func:`wait_s`."""
-    from grader import sandbox
+                     tool: str | None = None, shown_as: str | None = None) -> Report:
+    """Grade ``path`` here, with its ranks in a fresh sandbox (:class:`grader.confined.ConfinedSession`)
+    started for this submission alone: the checks, the report and the verdicts are decided in this
+    process, from what the sandbox sends. Failed when the sandbox cannot be started (the grader's
+    failure: no learner code has run by then)."""
+    from grader import confined, grading, untrusted
+    from grader.results import UNUSABLE, UNUSABLE_FILE, RunProblem
 
-    from grader import catalog
-
-    size = options.limits["tmp_bytes"]
+    shown = shown_as or path
     exercise = catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
-    env = sandbox.environment({"DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state", "DDP_GRADE_SERVER": "0",
-                               **exercise_env([exercise])}, size)
-    argv = sandbox.wrap([sys.executable, "-m", "grader.worker"], [path], tool, tmp_bytes=size)
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    errors: list[bytes] = []
-
-    def pump(stream, into) -> None:
-        for line in stream:
-            into(line)
-        if stream is proc.stdout:
-            lines.put(None)
-
-    threading.Thread(target=pump, args=(proc.stdout, lines.put), daemon=True).start()
-    threading.Thread(target=pump, args=(proc.stderr, lambda b: errors.append(b) if len(errors) < 200 else None),
-                     daemon=True).start()
-    until = time.monotonic() + wait_s(path, exercise_id, options)
-
-    def answer_lines():
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, until - time.monotonic()))
-            except queue.Empty:
-                raise Failed(f"the sandboxed grading gave no report within {wait_s(path, exercise_id, options):g} s")
-            if line is None:
-                return
-            yield line
-
     try:
-        proc.stdin.write(encode(request(path, exercise_id, options)))
-        proc.stdin.close()  # one request: the worker ends once it has answered
-        return read_answer(answer_lines(), on_event)
-    except (Failed, OSError) as exc:
-        proc.poll()
-        said = b"".join(errors).decode(errors="replace").strip()[-500:]
-        raise Failed(f"{exc} (exit {proc.returncode}){': ' + said if said else ''}") from None
+        source = untrusted.read_submission(path)
+    except untrusted.Unreadable as exc:
+        return Report(exercise.id if exercise else "", exercise.title if exercise else "", shown, UNUSABLE,
+                      run_problem=RunProblem(UNUSABLE_FILE, UNUSABLE, message=untrusted.clean_line(exc),
+                                             file=untrusted.clean_line(os.path.basename(path))))
+    ranks = max([*(exercise.world_sizes if exercise else [4]), options.world_size or 0, 2]) + 1
+    try:
+        session = confined.ConfinedSession(
+            source, os.path.basename(path), options.limits, tool=tool, ranks=ranks,
+            modules=grading.driver_modules([exercise]), dynamo=exercise is None or exercise.preload_dynamo)
+    except confined.Broken as exc:
+        raise Failed(f"the sandbox could not be started: {exc}") from None
+    try:
+        report = grading.grade_file(session.learner_path, session, options, exercise_id, on_event=on_event)
     finally:
-        if proc.poll() is None:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                proc.wait()
+        session.close()
+    report.path = shown
+    return report
 
 
 class Sessions:
@@ -196,7 +175,11 @@ def serve(requests: Iterable[str], out) -> None:
     """The worker's loop: answer each request line on ``out`` (a text stream), with warm sessions."""
     from grader import grading
 
-    grading.warm_up(dynamo=os.environ.get(DYNAMO_ENV, "1") != "0", exercises=announced_exercises())
+    if os.environ.get(POOL_ENV, "1") != "0":
+        grading.warm_up(dynamo=os.environ.get(DYNAMO_ENV, "1") != "0", exercises=announced_exercises())
+    else:  # only the checks' modules: the ranks' pools start in the sandboxes
+        for exercise in announced_exercises() or []:
+            importlib.import_module(exercise.module)
     sessions = Sessions()
 
     def send(message: dict) -> None:
@@ -212,7 +195,7 @@ def serve(requests: Iterable[str], out) -> None:
             except ValueError as exc:
                 send({"type": "error", "why": f"a request that cannot be read: {exc}"})
                 continue
-            answer(req, sessions.get(GradeOptions.from_dict(req.get("options") or {})), send)
+            answer(req, sessions.get, send)
     except KeyboardInterrupt:
         pass
     finally:

@@ -61,6 +61,7 @@ STUCK_LEARNER_LOOP = "stuck-in-learner-code"  # a rank runs the learner's own co
 CHECK_STOPPED = "check-stopped"  # an exercise's checks stopped the grading, with a message
 BAD_OPTION = "bad-option"  # the options cannot work here (e.g. nccl without GPUs)
 GRADER_ERROR = "grader-error"  # the grader itself failed on this file
+UNREADABLE = "unreadable"  # the submission's processes sent what the grader cannot read, or broke its sandbox
 
 
 @dataclass
@@ -178,8 +179,31 @@ class Report:
         }
 
 
+REPORT_STATUSES = (PASSED, FAILED, UNUSABLE, TIMEOUT)
+CHECK_STATUSES = (PASS, FAIL, ERROR, SKIP, NOT_CHECKED)
+
+
 def report_from_dict(data: dict) -> Report:
-    """The :class:`Report` that ``Report.to_dict()`` gave (e.g. sent by the grading server)."""
+    """The :class:`Report` that ``Report.to_dict()`` gave (e.g. sent by the grading server); ValueError
+    when ``data`` is not one (an unknown status, a field of the wrong kind)."""
+    try:
+        report = _report_from_dict(data)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a report: {type(exc).__name__}: {exc}") from None
+    if report.status not in REPORT_STATUSES:
+        raise ValueError(f"not a report: the status {str(report.status)[:40]!r}")
+    for check in report.checks:
+        if check.status not in CHECK_STATUSES or not isinstance(check.id, str):
+            raise ValueError(f"not a report: a check with the status {str(check.status)[:40]!r}")
+    if report.run_problem is not None and report.run_problem.status not in REPORT_STATUSES:
+        raise ValueError("not a report: a run problem with an unknown status")
+    for text in (report.exercise, report.title, report.path):
+        if not isinstance(text, str):
+            raise ValueError("not a report: a name that is not text")
+    return report
+
+
+def _report_from_dict(data: dict) -> Report:
     problem = data.get("run_problem")
     if problem is not None:
         ranks = [RankRecord(**{**r, "where": Location(**r["where"]) if r.get("where") else None})

@@ -93,14 +93,23 @@ def _works(name: str) -> bool:
 
 
 def visible_paths(extra: list[str]) -> list[str]:
-    """What the grading needs to see inside: Python, the installed packages, the kit, the learner's files."""
-    import grader
-
-    paths = {sys.prefix, sys.base_prefix, str(Path(grader.__file__).resolve().parent.parent)}
+    """What the grading needs to see inside: Python, its installed packages, the grader's package and
+    ``extra`` (a submission's own folder). Of the kit, only the grader's package: never the kit's
+    other folders (its solutions, its tests, its git history, submissions kept beside it)."""
+    package = os.path.realpath(_package_folder())
+    kit = os.path.dirname(package)
+    paths = {sys.prefix, sys.base_prefix, package}
     paths.update(os.path.abspath(p) for p in extra)
     for entry in sys.path[1:]:  # site-packages, editable installs' folders (not the current folder)
-        if entry and os.path.isdir(entry):
-            paths.add(os.path.abspath(entry))
+        if not entry or not os.path.isdir(entry):
+            continue
+        entry = os.path.abspath(entry)
+        real = os.path.realpath(entry)
+        # The kit's own folder (or one above it) would show the whole kit; a folder inside the kit
+        # that is not an environment's (the tests' folder, under pytest) would show what it holds.
+        if _under(kit, real) or (_under(real, kit) and not _under(real, os.path.realpath(sys.prefix))):
+            continue
+        paths.add(entry)
     paths |= {os.path.realpath(p) for p in paths}  # a venv's python links to the base Python's
     hidden = ("/", "/tmp", str(Path.home()))  # bound back whole, they would undo the sandbox
     kept = sorted(p for p in paths if os.path.exists(p) and p not in hidden)
@@ -108,12 +117,26 @@ def visible_paths(extra: list[str]) -> list[str]:
     return [p for p in kept if not any(o != p and _under(p, o) for o in kept)]
 
 
+def _package_folder() -> str:
+    import grader
+
+    return os.path.dirname(os.path.abspath(grader.__file__))
+
+
 def hidden_paths() -> list[str]:
     """Folders hidden behind an empty one even when a bound folder holds them: the state folder
-    (progress, the grading server's socket and key)."""
+    (progress, the grading server's socket and key). A state folder that cannot be resolved (a
+    link that loops) is hidden as it is named."""
     from grader.state import state_dir
 
-    return [str(state_dir().resolve())]
+    try:
+        folder = str(state_dir())
+    except (OSError, RuntimeError):
+        return []
+    try:
+        return [os.path.realpath(folder)]
+    except (OSError, RuntimeError, ValueError):
+        return [os.path.abspath(folder)]
 
 
 def _under(path: str, root: str) -> bool:
@@ -131,17 +154,21 @@ def environment(extra: dict, tmp_size: int) -> dict:
     return env
 
 
-def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_bytes: int = 0) -> list[str]:
+def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_bytes: int = 0,
+         writable: list[str] = ()) -> list[str]:
     """``argv`` as run inside the sandbox built by ``name`` (default: :func:`tool`).
 
-    Run it with ``env=environment(...)``: the tools pass the environment in as they get it.
+    ``extra_paths`` are bound read-only, ``writable`` read-write (the folder the grader gives the
+    ranks, which it reads from outside), each at its own path. Run it with
+    ``env=environment(...)``: the tools pass the environment in as they get it.
     """
     name = name or tool()
     size = tmp_bytes or DEFAULT_TMP_MIB * 2**20
     home = str(Path.home())
     system = [p for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
     binds = [p for p in visible_paths(extra_paths) if not any(_under(p, s) for s in system)]
-    hide = [h for h in hidden_paths() if any(_under(h, b) for b in binds)]
+    writable = [os.path.abspath(p) for p in writable]
+    hide = [h for h in hidden_paths() if any(_under(h, b) for b in binds + writable)]
     gpus = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
     if name == BWRAP:
         cmd = [BWRAP, "--unshare-user", "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc",
@@ -162,12 +189,14 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
             cmd += ["--ro-bind", "/sys", "/sys"]
         for path in binds:
             cmd += ["--ro-bind", path, path]
+        for path in writable:
+            cmd += ["--bind", path, path]
         for path in hide:
             cmd += ["--tmpfs", path]
         return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *argv]
     if name == UNSHARE:
-        boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), *binds, "--hide", *hide,
-                "--devices", *gpus, "--", *argv]
+        boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), *binds, "--writable", *writable,
+                "--hide", *hide, "--devices", *gpus, "--", *argv]
         return [UNSHARE, "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
                 "--mount", "--mount-proc", "--", *boot]
     raise RuntimeError("no sandbox tool: install bubblewrap (bwrap)")
@@ -191,7 +220,8 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
 s.close()
 mount("none", "/", None, MS_REC | MS_PRIVATE)
 home, size, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-binds = rest[:rest.index("--hide")]
+binds = rest[:rest.index("--writable")]
+writable = rest[rest.index("--writable") + 1:rest.index("--hide")]
 hide = rest[rest.index("--hide") + 1:rest.index("--devices")]
 devices = rest[rest.index("--devices") + 1:rest.index("--")]
 argv = rest[rest.index("--") + 1:]
@@ -208,7 +238,7 @@ for entry in ETC:
 for name in DEVICES:
     if os.path.exists("/dev/" + name):
         sources["/dev/" + name] = "/dev/" + name
-for path in devices + (["/sys"] if devices else []) + binds:
+for path in devices + (["/sys"] if devices else []) + binds + writable:
     sources[path] = path
 links = {path: os.readlink(path) for path in SYSTEM if os.path.islink(path)}
 keep = {path: os.open(src, os.O_PATH) for path, src in sources.items()}  # before /tmp is hidden
@@ -238,7 +268,7 @@ for path, options in (("/dev/shm", "mode=1777,size=%%d" %% size), ("/tmp", "mode
     os.makedirs(root + path, exist_ok=True)
     mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
 for path in sorted(keep, key=lambda p: p.count("/")):
-    place(path, keep[path], writable=path.startswith("/dev/"))
+    place(path, keep[path], writable=path.startswith("/dev/") or path in writable)
     os.close(keep[path])
 for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                      ("stderr", "/proc/self/fd/2")):

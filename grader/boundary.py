@@ -1,0 +1,176 @@
+"""What crosses the sandbox's boundary, and how the grader checks it before anything reads it.
+
+Both sides of :mod:`grader.confined` and :mod:`grader.rank_host` frame their messages the same
+way: an 8-byte length, then the payload. What comes out of the sandbox is the submission's to
+forge (a rank can reach the host's pipes), so the grader outside reads at most
+:data:`MAX_ANSWER_BYTES` of it, unpickles it with :mod:`grader.wire`'s allowlist, and then takes
+each outcome apart field by field here: a status it knows, rank numbers 0 to n - 1, integers
+where integers go, text cut to :data:`MAX_TEXT` characters, results at most :data:`MAX_DEPTH`
+deep and :data:`MAX_NODES` values in all. Anything else is :class:`Unreadable`, which the grader
+reports as the submission's failure.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from grader import limits as _limits
+from grader.outcomes import RankOutcome, WorldOutcome
+
+MAX_ANSWER_BYTES = 128 * 2**20  # one answer from the sandbox (a run's outcomes, tensors included)
+MAX_TEXT = 20_000  # characters of any one text field of an outcome (stacks, output, tracebacks)
+MAX_NODES = 2_000_000  # values in one answer (a result that nests deeper or wider is refused)
+MAX_DEPTH = 64
+STATUSES = ("ok", "error", "exited", "killed")
+
+
+class Unreadable(Exception):
+    """An answer that is not what the host sends: the submission's forgery, or a broken stream."""
+
+
+HEADER = struct.Struct("!Q")
+
+
+def read_frame(stream) -> bytes | None:
+    header = _read_exactly(stream, HEADER.size)
+    if header is None:
+        return None
+    (size,) = HEADER.unpack(header)
+    return _read_exactly(stream, size)
+
+
+def _read_exactly(stream, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+
+def world_from(data, expected: int) -> WorldOutcome:
+    """A :class:`WorldOutcome` from an answer's data, checked field by field; Unreadable when it is not
+    an outcome of ``expected`` ranks, numbered 0 to ``expected`` - 1."""
+    if not isinstance(data, dict):
+        raise Unreadable("an outcome that is not a mapping")
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != expected:
+        raise Unreadable(f"an outcome of {len(ranks) if isinstance(ranks, list) else 'no'} ranks, expected {expected}")
+    outcomes = [rank_from(r) for r in ranks]
+    if [o.rank for o in outcomes] != list(range(expected)):
+        raise Unreadable("an outcome whose ranks are not 0 to world size - 1 in order")
+    return WorldOutcome(
+        world_size=expected,
+        ranks=outcomes,
+        timed_out=_flag(data.get("timed_out")),
+        seconds=_number(data.get("seconds")),
+        run_dir=text(data.get("run_dir"), 4096),
+        stray_processes=int(_number(data.get("stray_processes"))),
+        start_s=0.0,  # the grader measures the start itself
+    )
+
+
+def rank_from(data) -> RankOutcome:
+    if not isinstance(data, dict):
+        raise Unreadable("a rank's outcome that is not a mapping")
+    status = data.get("status")
+    if status not in STATUSES:
+        raise Unreadable(f"a rank's status {str(status)[:40]!r}")
+    rank = data.get("rank")
+    if type(rank) is not int:
+        raise Unreadable("a rank number that is not an integer")
+    exitcode = data.get("exitcode")
+    if exitcode is not None and type(exitcode) is not int:
+        raise Unreadable("an exit code that is not an integer")
+    result = data.get("result")
+    bounded(result)
+    return RankOutcome(rank=rank, status=status, result=result if status == "ok" else None,
+                       error=error_from(data.get("error")) if status == "error" else None,
+                       exitcode=exitcode, stack=text(data.get("stack")), output=text(data.get("output")),
+                       seconds=_number(data.get("seconds")), limit=_choice(data.get("limit"),
+                                                                            ("", *_limits.OPTIONS)),
+                       limit_detail=text(data.get("limit_detail"), 400))
+
+
+ERROR_TEXT = {"type": 200, "message": 4000, "traceback": MAX_TEXT, "phase": 40, "missing": 200}
+
+
+def error_from(data) -> dict:
+    """A rank's error, each field checked (unknown fields are dropped, except plain evidence)."""
+    if not isinstance(data, dict):
+        return {"type": "Unknown", "message": "", "traceback": "", "where": None, "phase": "run"}
+    out: dict = {key: text(data.get(key), size) for key, size in ERROR_TEXT.items() if key in data}
+    out.setdefault("type", "Unknown")
+    out.setdefault("message", "")
+    out.setdefault("traceback", "")
+    out.setdefault("phase", "run")
+    where = data.get("where")
+    out["where"] = None
+    if isinstance(where, dict) and type(where.get("line")) is int:
+        out["where"] = {"line": where["line"], "function": text(where.get("function"), 200),
+                        "code": text(where.get("code"), 400)}
+    at = data.get("at")
+    if isinstance(at, float) and math.isfinite(at):
+        out["at"] = at
+    for key, value in data.items():  # kind-specific evidence (the rendezvous address, collectives)
+        if key not in out and key not in ("at", "where") and isinstance(key, str) and len(key) < 64:
+            bounded(value)
+            out[key] = value
+    return out
+
+
+def text(value, size: int = MAX_TEXT) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise Unreadable(f"a {type(value).__name__} where text was expected")
+    return value[-size:] if len(value) > size else value
+
+
+def _number(value) -> float:
+    if value is None:
+        return 0.0
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise Unreadable("a number that is not a finite number")
+    return float(value)
+
+
+def _flag(value) -> bool:
+    if value is None:
+        return False
+    if type(value) is not bool:
+        raise Unreadable("a flag that is not True or False")
+    return value
+
+
+def _choice(value, allowed: tuple) -> str:
+    value = value or ""
+    if value not in allowed:
+        raise Unreadable(f"an unknown value {str(value)[:40]!r}")
+    return value
+
+
+def bounded(value, budget: list | None = None, depth: int = 0) -> None:
+    """Refuse a value that nests deeper than MAX_DEPTH or holds more than MAX_NODES values in all
+    (shared parts counted each time they are reached: a check walks them that way too)."""
+    budget = budget if budget is not None else [MAX_NODES]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise Unreadable(f"a result with more than {MAX_NODES:,} values")
+    if depth > MAX_DEPTH:
+        raise Unreadable(f"a result nested more than {MAX_DEPTH} deep")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bounded(k, budget, depth + 1)
+            bounded(v, budget, depth + 1)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            bounded(v, budget, depth + 1)

@@ -1,0 +1,484 @@
+"""The grader's side of the sandbox: a session whose ranks run in a sandbox while everything that
+decides runs here.
+
+:class:`ConfinedSession` stands where a :class:`grader.harness.Session` stands for
+:class:`grader.grading.Grading` (``run``, ``run_many``, ``worker``, ``tmp``), but its pool and its
+ranks live in a fresh sandbox (:mod:`grader.sandbox`), started for one submission and ended with
+it: inside runs ``python -m grader.rank_host`` (:mod:`grader.rank_host`), which starts what it is
+asked and sends back what the ranks did. Out here stay the checks, the report, progress and
+results: a submission can at most make its ranks claim what a correct solution's ranks would
+send, never write a verdict.
+
+What crosses is bounded and checked:
+
+* every answer is one frame of at most :data:`grader.boundary.MAX_ANSWER_BYTES`, read under a
+  deadline and unpickled with :mod:`grader.wire`'s allowlist; then each outcome is checked field by
+  field (types, sizes, the ranks it names) before any check sees it (:mod:`grader.boundary`);
+* a run gets its deadline plus :data:`STOP_MARGIN_S` to be answered, however the host was
+  treated (stopped, killed, flooded): past it the sandbox is ended and the run is a timeout;
+* while the grader waits it reads, every :data:`POLL_S`, every process of the sandbox: each one's
+  resident memory (at most the memory limit, with :data:`PROCESS_SLACK`), all of them together
+  (proportional set sizes, at most :func:`grader.limits.sandbox_memory_bytes`), how many there are
+  (:data:`MAX_PROCESSES`), and the bytes in the folder the ranks write to (the tmp limit); one
+  over ends the sandbox and the grading fails, naming the limit;
+* files the ranks leave are read from that folder with :mod:`grader.untrusted` (no links, no
+  FIFOs, sizes capped).
+
+The learner's file is read once here and handed in as a copy, in a folder of its own, read-only;
+the ranks' folder is another, writable; nothing else of this machine's but what the grader's
+code needs is visible inside.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from grader import limits as _limits
+from grader import untrusted
+from grader.boundary import (HEADER, MAX_ANSWER_BYTES, Unreadable, bounded, error_from, frame, rank_from, text,
+                             world_from)
+from grader.outcomes import RankOutcome, SessionBroken, WorldOutcome
+
+START_S = 60.0  # for the sandbox to start and its host to import torch and start its pool
+RUN_START_S = 30.0  # for a run's ranks to be handed their specs (the deadline starts after)
+STOP_MARGIN_S = 8.0  # beyond a run's deadline: for the host to stop its ranks and answer
+POLL_S = 0.5  # how often the sandbox's processes and folder are read while the grader waits
+MAX_PROCESSES = 512  # processes in the sandbox at once (threads are bounded inside: MAX_TASKS)
+MAX_TASKS = 4096  # processes and threads in the sandbox (RLIMIT_NPROC in its user namespace)
+PROCESS_SLACK = 1.25  # one process may hold this times the memory limit before the sandbox is ended
+
+
+class Broken(SessionBroken):
+    """The sandbox cannot answer any more: its host ended or sent what cannot be read, or the
+    submission went over a limit of the whole sandbox. ``limit`` names the limit ("" otherwise)."""
+
+    def __init__(self, message: str, limit: str = ""):
+        super().__init__(message)
+        self.limit = limit
+
+
+# --- the sandbox's processes ---------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, int, int] | None:
+    """(parent pid, resident bytes, threads) of a process, from /proc/PID/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        return int(fields[1]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE"), int(fields[17])
+    except (ValueError, IndexError):
+        return None
+
+
+def _proportional(pid: int) -> int:
+    """Proportional set size (shared pages split among the processes that share them), or RSS."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    info = _stat(pid)
+    return info[1] if info else 0
+
+
+def sandbox_processes(root: int) -> dict[int, tuple[int, int]]:
+    """{pid: (resident bytes, threads)} of ``root`` and every process under it (a process whose parent
+    ended is adopted by the sandbox's first process, itself under ``root``)."""
+    parents: dict[int, int] = {}
+    info: dict[int, tuple[int, int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        got = _stat(int(entry))
+        if got is not None:
+            parents[int(entry)] = got[0]
+            info[int(entry)] = (got[1], got[2])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    found, pending = {}, [root]
+    while pending:
+        pid = pending.pop()
+        if pid in found or pid not in info:
+            continue
+        found[pid] = info[pid]
+        pending.extend(children.get(pid, ()))
+    return found
+
+
+# --- the session -------------------------------------------------------------------------------
+
+
+class ConfinedSession:
+    """A session whose pool and ranks run in a sandbox started for one submission (see the module).
+
+    ``source`` is the submission's bytes (read once by the caller with
+    :func:`grader.untrusted.read_submission`), written here as ``name`` in a folder of its own:
+    :attr:`learner_path` is the path to grade. ``processes``: how many of the limit's worth of
+    memory the whole sandbox may hold (:func:`grader.limits.sandbox_memory_bytes`).
+    """
+
+    def __init__(self, source: bytes, name: str, limits: dict, *, tool: str | None = None, modules=(),
+                 dynamo: bool = True, ranks: int = 4, env: dict | None = None):
+        from grader import sandbox
+
+        self.limits = {**_limits.DEFAULT_LIMITS, **(limits or {})}
+        self.tmp = tempfile.mkdtemp(prefix="ddp-grade-out-")  # this process's alone (Hypothesis' files)
+        root = _short_temp_root()
+        self.shared = tempfile.mkdtemp(prefix="ddp-grade-run-", dir=root)  # the ranks write here
+        self.submission_dir = tempfile.mkdtemp(prefix="ddp-grade-sub-", dir=root)
+        untrusted.trust_folder(self.shared)
+        self.learner_path = os.path.join(self.submission_dir, os.path.basename(name))
+        fd = os.open(self.learner_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        with os.fdopen(fd, "wb") as f:
+            f.write(source)
+        os.chmod(self.submission_dir, 0o555)
+        self.memory_total = _limits.sandbox_memory_bytes(self.limits, ranks)
+        self.broken: Broken | None = None
+        self._closed = False
+        self._workers = 0
+        self._errors: list[bytes] = []
+        size = self.limits["tmp_bytes"]
+        argv = sandbox.wrap([sys.executable, "-m", "grader.rank_host"], [self.submission_dir], tool,
+                            tmp_bytes=size, writable=[self.shared])
+        sandbox_env = sandbox.environment({"DDP_GRADE_SERVER": "0", "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state",
+                                           **(env or {})}, size)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=sandbox_env, start_new_session=True)
+        self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._out, False)
+        threading.Thread(target=self._pump_errors, daemon=True).start()
+        try:
+            self._send({"tmp": self.shared, "limits": self.limits, "dynamo": dynamo, "modules": list(modules),
+                        "max_tasks": MAX_TASKS})
+            ready = self._answer(time.monotonic() + START_S, "the sandbox to start")
+            if ready.get("type") != "ready":
+                raise Broken(f"the sandbox's host answered {str(ready.get('type'))[:40]!r} instead of starting")
+        except BaseException:
+            self.close()
+            raise
+
+    # --- the Session interface -------------------------------------------------------------
+
+    def run(self, driver: str, world_size: int, *, learner_path: str, timeout_s: float, backend: str = "gloo",
+            kwargs: dict | None = None, env: dict | None = None, grace_s: float = 3.0) -> WorldOutcome:
+        from grader.harness import World
+
+        return self.run_many([World(driver, world_size, kwargs, env)], learner_path=learner_path,
+                             timeout_s=timeout_s, backend=backend, grace_s=grace_s)[0]
+
+    def run_many(self, worlds, *, learner_path: str, timeout_s: float, backend: str = "gloo", grace_s: float = 3.0,
+                 last_read_on_failure: list[bool] | None = None) -> list[WorldOutcome]:
+        self._usable()
+        asked = time.monotonic()
+        self._send({"op": "run_many", "worlds": [(w.driver, w.world_size, w.kwargs, w.env) for w in worlds],
+                    "learner_path": learner_path, "timeout_s": timeout_s, "backend": backend, "grace_s": grace_s,
+                    "last_read_on_failure": last_read_on_failure})
+        try:
+            first = self._answer(asked + RUN_START_S, "the ranks to start")
+            if first.get("type") != "started":
+                raise Unreadable(f"an answer {str(first.get('type'))[:40]!r} where the ranks' start was expected")
+            start_s = time.monotonic() - asked
+            answer = self._answer(time.monotonic() + timeout_s + STOP_MARGIN_S, "the run to end")
+        except _Late:
+            return [self._timed_out(w.world_size, time.monotonic() - asked) for w in worlds]
+        if answer.get("type") != "outcomes" or not isinstance(answer.get("outcomes"), list) \
+                or len(answer["outcomes"]) != len(worlds):
+            self._break(f"the sandbox answered a run with {_what(answer)}")
+        try:
+            outcomes = [world_from(data, w.world_size) for data, w in zip(answer["outcomes"], worlds)]
+        except Unreadable as exc:
+            self._break(f"the submission's ranks sent something the grader cannot read: {exc}")
+        for outcome in outcomes:
+            outcome.start_s = start_s
+            outcome.seconds = time.monotonic() - asked
+        return outcomes
+
+    def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
+               backend: str = "gloo") -> "ConfinedWorker":
+        self._usable()
+        self._send({"op": "worker", "driver": driver, "learner_path": learner_path, "timeout_s": timeout_s,
+                    "kwargs": kwargs, "backend": backend})
+        try:
+            answer = self._answer(time.monotonic() + RUN_START_S, "a worker to start")
+        except _Late:
+            self._break("the sandbox did not start a worker in time")
+        if answer.get("type") != "worker" or type(answer.get("id")) is not int:
+            self._break(f"the sandbox answered a worker's start with {_what(answer)}")
+        return ConfinedWorker(self, answer["id"], text(answer.get("run_dir"), 4096), time.monotonic() + timeout_s)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.proc.poll() is None and self.broken is None:
+            try:
+                self._send({"op": "close"})
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, Broken):
+                pass
+        self._end()
+        from grader.processes import remove_folder
+
+        untrusted.forget_folder(self.shared)
+        for folder in (self.shared, self.submission_dir, self.tmp):
+            remove_folder(folder)
+
+    def __enter__(self) -> "ConfinedSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- the wire ----------------------------------------------------------------------------
+
+    def _usable(self) -> None:
+        if self.broken is not None:
+            raise self.broken
+        if self._closed:
+            raise Broken("the sandbox was closed")
+
+    def _send(self, message: dict) -> None:
+        try:
+            self.proc.stdin.write(frame(pickle.dumps(message)))
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            self._break(f"the sandbox's host ended{self._exit_words()}")
+
+    def _answer(self, until: float, waiting_for: str) -> dict:
+        """The next answer, read under ``until`` while the sandbox's limits are watched. _Late past
+        ``until`` (the sandbox is ended then); Broken when the host ends, or sends what cannot be read."""
+        from grader import wire
+
+        try:
+            header = self._read(HEADER.size, until)
+            (size,) = HEADER.unpack(header)
+            if size > MAX_ANSWER_BYTES:
+                self._break(f"the submission's ranks sent something the grader cannot read: an answer of {size:,} "
+                            f"bytes (at most {MAX_ANSWER_BYTES:,} are read)")
+            data = self._read(size, until)
+        except _Late:
+            self._end()
+            raise
+        except EOFError:
+            self._break(f"the sandbox's host ended while the grader waited for {waiting_for}{self._exit_words()}")
+        try:
+            message = wire.loads(data)
+        except Exception as exc:
+            self._break(f"the submission's ranks sent something the grader cannot read: {type(exc).__name__}: "
+                        f"{str(exc)[:200]}")
+        if not isinstance(message, dict):
+            self._break("the submission's ranks sent something the grader cannot read: an answer that is not a "
+                        "mapping")
+        if message.get("type") == "failed":
+            self._break(f"the sandbox's host failed: {text(message.get('why') if isinstance(message.get('why'), str) else '', 500)}")
+        return message
+
+    def _read(self, n: int, until: float) -> bytes:
+        chunks, got = [], 0
+        next_poll = time.monotonic()
+        while got < n:
+            now = time.monotonic()
+            if now >= next_poll:
+                self._watch()
+                next_poll = now + POLL_S
+            if now >= until:
+                raise _Late()
+            ready, _, _ = select.select([self._out], [], [], max(0.0, min(until, next_poll) - now))
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self._out, min(n - got, 1 << 20))
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise EOFError
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _watch(self) -> None:
+        """End the sandbox when its processes or its folder are over a limit (Broken, naming it)."""
+        memory = self.limits.get("memory_bytes") or 0
+        found = sandbox_processes(self.proc.pid)
+        if len(found) > MAX_PROCESSES:
+            self._break(f"the submission started more than {MAX_PROCESSES} processes at once", limit="processes")
+        if memory:
+            for pid, (rss, _) in found.items():
+                if rss > memory * PROCESS_SLACK:
+                    self._break(f"a process of the submission went over the memory limit "
+                                f"({memory / 2**20:g} MiB resident; --memory-limit changes it)", limit="memory")
+            if sum(rss for rss, _ in found.values()) > self.memory_total:
+                total = sum(_proportional(pid) for pid in found)
+                if total > self.memory_total:
+                    self._break(f"the submission's processes together went over {self.memory_total / 2**20:g} MiB "
+                                f"({_limits.SANDBOX_MEMORY_WORDS}; --memory-limit changes it)", limit="memory")
+        size, entries = untrusted.folder_bytes(self.shared)
+        if size > self.limits["tmp_bytes"] or entries >= untrusted.MAX_LISTED:
+            self._break(f"the ranks wrote more than {self.limits['tmp_bytes'] / 2**20:g} MiB (or "
+                        f"{untrusted.MAX_LISTED:,} files) into their folder (the tmp limit; --tmp-limit changes it)",
+                        limit="tmp")
+
+    def _break(self, message: str, limit: str = ""):
+        self._end()
+        self.broken = Broken(message, limit)
+        raise self.broken
+
+    def _end(self) -> None:
+        """End the sandbox and everything in it (its first process takes the rest with it)."""
+        if self.proc.poll() is None:
+            for sig in (signal.SIGKILL,):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except OSError:
+                    pass
+            try:
+                self.proc.kill()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+
+    def _timed_out(self, world_size: int, seconds: float) -> WorldOutcome:
+        self.broken = Broken("the sandbox was ended when a run passed its deadline")
+        return WorldOutcome(world_size, [RankOutcome(rank, "killed") for rank in range(world_size)], timed_out=True,
+                            seconds=seconds)
+
+    def _pump_errors(self) -> None:
+        """Keep the last few KiB of what the host printed (for a message when it ends), read in
+        chunks: a line without end costs nothing here."""
+        fd = self.proc.stderr.fileno()
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return
+                self._errors.append(chunk[-4096:])
+                kept = b"".join(self._errors)[-4096:]
+                self._errors[:] = [kept]
+        except (OSError, ValueError):
+            pass
+
+    def _exit_words(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            try:
+                code = self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                return ""
+        said = untrusted.cleantext(b"".join(self._errors).decode(errors="replace")).strip()[-300:]
+        return f" (exit code {code})" + (f": {said}" if said else "")
+
+
+class _Late(Exception):
+    """No answer by the deadline."""
+
+
+def _what(answer: dict) -> str:
+    kind = answer.get("type")
+    return f"{str(kind)[:40]!r}" if isinstance(kind, str) else "an answer of no known kind"
+
+
+class ConfinedWorker:
+    """A worker process in the sandbox (see :meth:`grader.harness.Session.worker`)."""
+
+    def __init__(self, session: ConfinedSession, number: int, run_dir: str, deadline: float):
+        self.session = session
+        self.number = number
+        self.run_dir = run_dir
+        self.deadline = deadline
+        self.calls = 0
+        self._ended = False
+
+    @property
+    def alive(self) -> bool:
+        return not self._ended and self.session.broken is None
+
+    def __enter__(self) -> "ConfinedWorker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def call(self, name: str, within_s: float | None = None, **kwargs) -> dict:
+        from grader.harness import WorkerDied, WorkerTimeout
+
+        self.calls += 1
+        session = self.session
+        if not self.alive:
+            raise WorkerDied(RankOutcome(0, "exited"))
+        deadline = self.deadline if within_s is None else min(self.deadline, time.monotonic() + within_s)
+        session._send({"op": "call", "id": self.number, "name": name, "within_s": max(0.0, deadline - time.monotonic()),
+                       "kwargs": kwargs})
+        try:
+            answer = session._answer(deadline + STOP_MARGIN_S, f"{name} to answer")
+        except _Late:
+            self._ended = True
+            session.broken = Broken("the sandbox was ended when a worker passed its deadline")
+            raise WorkerTimeout(RankOutcome(0, "killed")) from None
+        kind = answer.get("type")
+        if kind == "reply":
+            reply = answer.get("reply")
+            if not isinstance(reply, dict) or reply.get("status") not in ("ok", "error"):
+                session._break("the submission's process sent a reply the grader cannot read")
+            try:
+                bounded(reply.get("result"))
+                if reply.get("status") == "error":
+                    reply = {"status": "error", "error": error_from(reply.get("error"))}
+            except Unreadable as exc:
+                session._break(f"the submission's process sent something the grader cannot read: {exc}")
+            return reply
+        if kind == "raised" and answer.get("kind") in ("timeout", "died"):
+            try:
+                outcome = rank_from(answer.get("outcome"))
+            except Unreadable as exc:
+                session._break(f"the submission's process sent something the grader cannot read: {exc}")
+            self._ended = True
+            raise (WorkerTimeout if answer["kind"] == "timeout" else WorkerDied)(outcome)
+        session._break(f"the sandbox answered a call with {_what(answer)}")
+
+    def close(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        session = self.session
+        if session.broken is not None or session._closed:
+            return
+        try:
+            session._send({"op": "close_worker", "id": self.number})
+            session._answer(time.monotonic() + 15, "a worker to close")
+        except (Broken, _Late):
+            pass
+
+
+def _short_temp_root() -> str:
+    """The temp folder, or /tmp when its path is too long for a pool's socket (108 bytes on Linux)."""
+    root = tempfile.gettempdir()
+    if len(root) > 48 and os.path.isdir("/tmp") and os.access("/tmp", os.W_OK):
+        return "/tmp"
+    return root

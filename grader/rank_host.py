@@ -1,0 +1,135 @@
+"""``python -m grader.rank_host``: inside a sandbox, the one process of the grader that runs there.
+
+It holds the warm pool and starts the ranks (a :class:`grader.harness.Session`), and answers the
+grader outside (:mod:`grader.confined`), which decides everything: this process only starts
+runs and workers when asked and sends back what they did. A submission shares the sandbox with
+it and may forge what it sends (a rank can reach its pipes); what it sends is then the
+submission's own claim about its ranks, which the grader outside reads as untrusted data.
+
+Frames both ways are an 8-byte length and a payload: from the grader a pickle (trusted: the
+grader wrote it), to the grader a :mod:`grader.wire` pickle, which the grader reads with its
+allowlist and a size limit. The first frame from the grader is the configuration; the host
+answers ``ready`` once its pool has started, then one answer per request:
+
+* ``run_many`` -> ``started`` (every rank has its spec: the deadline starts), then ``outcomes``;
+* ``worker`` -> ``worker`` (its number); ``call`` -> ``reply``, or ``raised`` (timeout or died)
+  with the worker's outcome; ``close_worker`` -> ``closed``;
+* ``close`` ends the host (its session closed, every process it started stopped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import sys
+
+from grader.boundary import frame, read_frame
+
+def _plain(outcome) -> dict:
+    """A dataclass outcome as a dict, its fields as they are (the result kept as the rank sent it)."""
+    return {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)}
+
+
+def world_dict(world) -> dict:
+    data = _plain(world)
+    data["ranks"] = [_plain(r) for r in world.ranks]
+    return data
+
+
+def _set_task_limit(tasks: int) -> None:
+    """At most ``tasks`` processes and threads for this user in the sandbox (its user namespace
+    counts its own: RLIMIT_NPROC is per user and namespace since Linux 5.14)."""
+    if not tasks:
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+        value = tasks if hard == resource.RLIM_INFINITY else min(tasks, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (value, value))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def main() -> None:
+    inbox = os.fdopen(os.dup(0), "rb", buffering=0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # what this process and its pool print goes to stderr, never into the answers
+
+    first = read_frame(inbox)
+    if first is None:
+        return
+    config = pickle.loads(first)
+
+    from grader import harness, wire
+
+    def send(message: dict) -> None:
+        out.write(frame(wire.dumps(message)))
+
+    _set_task_limit(config.get("max_tasks", 0))
+    harness.warm_up(dynamo=config.get("dynamo", True), modules=config.get("modules") or ())
+    session = harness.Session(limits=config.get("limits"), spares=True, tmp=config["tmp"])
+    workers: dict[int, harness.Worker] = {}
+    send({"type": "ready", "pid": os.getpid()})
+    try:
+        while True:
+            data = read_frame(inbox)
+            if data is None:
+                return
+            request = pickle.loads(data)
+            op = request.get("op")
+            try:
+                if op == "close":
+                    return
+                if op == "run_many":
+                    worlds = [harness.World(*w) for w in request["worlds"]]
+                    outcomes = session.run_many(worlds, learner_path=request["learner_path"],
+                                                timeout_s=request["timeout_s"], backend=request["backend"],
+                                                grace_s=request["grace_s"],
+                                                last_read_on_failure=request.get("last_read_on_failure"),
+                                                on_started=lambda: send({"type": "started"}))
+                    send({"type": "outcomes", "outcomes": [world_dict(w) for w in outcomes]})
+                elif op == "worker":
+                    worker = session.worker(request["driver"], learner_path=request["learner_path"],
+                                            timeout_s=request["timeout_s"], kwargs=request.get("kwargs"),
+                                            backend=request["backend"])
+                    number = len(workers) + 1
+                    workers[number] = worker
+                    send({"type": "worker", "id": number, "run_dir": worker.run_dir})
+                elif op == "call":
+                    worker = workers[request["id"]]
+                    try:
+                        reply = worker.call(request["name"], within_s=request.get("within_s"),
+                                            **request.get("kwargs", {}))
+                    except harness.WorkerTimeout as exc:
+                        send({"type": "raised", "kind": "timeout", "outcome": _plain(exc.outcome)})
+                    except harness.WorkerDied as exc:
+                        send({"type": "raised", "kind": "died", "outcome": _plain(exc.outcome)})
+                    else:
+                        send({"type": "reply", "reply": reply})
+                elif op == "close_worker":
+                    worker = workers.pop(request["id"], None)
+                    if worker is not None:
+                        worker.close()
+                    send({"type": "closed"})
+                else:
+                    send({"type": "failed", "why": f"unknown request {op!r}"})
+            except Exception as exc:  # the host's own failure on this request: said, and the host goes on
+                send({"type": "failed", "why": f"{type(exc).__name__}: {exc}"[:2000]})
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+    finally:
+        for worker in workers.values():
+            try:
+                worker.close()
+            except Exception:
+                pass
+        session.close()
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

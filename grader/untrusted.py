@@ -1,0 +1,287 @@
+"""What the grader reads from a submission, read so that nothing in it can hurt the grader.
+
+Everything a submission produces is untrusted: the text its ranks print or put in an exception,
+the files its ranks leave, the submission file itself. This module is the one place that reads
+them:
+
+* :func:`clean_text` removes every terminal control sequence (CSI, OSC, DCS and the other string
+  sequences, a lone ESC, the C1 controls, and every C0 control but newline and tab), so what a
+  rank printed is shown as text and never drives the terminal (OSC 52 would set the clipboard);
+  :func:`clean_line` also turns newlines into spaces, for one table cell or one progress line.
+* :func:`read_bytes` opens a file a rank left without following a symbolic link anywhere below
+  the grading's own folder, only if it is a regular file (a FIFO or a device is refused without
+  blocking), and reads at most a given number of bytes; :func:`load_tensors` reads a checkpoint
+  that way and unpickles it with ``torch.load(weights_only=True)``; :func:`list_files` lists a
+  folder without following links. Each raises :class:`Unreadable`, whose message says what was
+  wrong, in words a report can show.
+* :func:`read_submission` reads the submission file once (no link, a regular file, at most
+  :data:`MAX_SUBMISSION_BYTES`), so that what is graded is a copy the grader made.
+
+A folder the grader made for a grading is registered with :func:`trust_folder`; below it, no
+path component may be a link. Everything else is read with ``O_NOFOLLOW`` on its last component.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import re
+import stat
+import threading
+
+MAX_FILE_BYTES = 256 * 2**20  # the most a check reads of one file a rank left
+MAX_SUBMISSION_BYTES = 4 * 2**20  # a submission file larger than this is refused
+MAX_LISTED = 20_000  # entries a listing walks before it gives up
+
+# ESC [ ... final byte; ESC ] ... (BEL or ST); ESC P/X/^/_ ... ST; ESC and one byte; the 8-bit forms of each.
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI
+    r"|\x9b[0-?]*[ -/]*[@-~]?"  # 8-bit CSI
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f]).*?(?:\x07|\x1b\\|\x9c|$)"  # OSC, DCS, SOS, PM, APC
+    r"|\x1b[ -/]*[0-~]?"  # any other escape (and a lone ESC)
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]",  # C0 but tab and newline, DEL, C1
+    re.S,
+)
+
+_trusted: set[str] = set()
+_lock = threading.Lock()
+
+
+class Unreadable(Exception):
+    """A file a submission left cannot be read as asked; the message says why."""
+
+
+def clean_text(text: object) -> str:
+    """``text`` with every terminal control sequence and control character removed (newline and tab kept)."""
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    if text.isprintable() or not _needs_cleaning(text):
+        return text
+    return _CONTROL.sub("", text.replace("\r\n", "\n"))
+
+
+def _needs_cleaning(text: str) -> bool:
+    return any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" for c in text)
+
+
+def clean_line(text: object) -> str:
+    """:func:`clean_text` on one line: newlines and tabs become spaces."""
+    return clean_text(text).replace("\n", " ").replace("\t", " ")
+
+
+def trust_folder(path: str) -> None:
+    """Register a folder the grader itself made: no component below it may be a link."""
+    with _lock:
+        _trusted.add(os.path.realpath(path))
+
+
+def forget_folder(path: str) -> None:
+    with _lock:
+        _trusted.discard(os.path.realpath(path))
+
+
+def _split(path: str) -> tuple[str, list[str]]:
+    """(the trusted folder that holds ``path``, the components below it); ("", [the path]) when none does."""
+    full = os.path.abspath(path)
+    real_parent = os.path.realpath(os.path.dirname(full))
+    candidates = []
+    with _lock:
+        roots = list(_trusted)
+    for root in roots:
+        for form in (full, os.path.join(real_parent, os.path.basename(full))):
+            if form == root or form.startswith(root.rstrip("/") + "/"):
+                candidates.append((root, form))
+    if not candidates:
+        return "", [full]
+    root, form = max(candidates, key=lambda c: len(c[0]))
+    rest = form[len(root):].strip("/")
+    return root, [p for p in rest.split("/") if p]
+
+
+def _open(path: str, directory: bool = False) -> int:
+    """A descriptor for ``path`` opened without following links below a trusted folder (O_NONBLOCK)."""
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | nofollow
+    if directory:
+        flags |= getattr(os, "O_DIRECTORY", 0)
+    root, parts = _split(path)
+    try:
+        if not root:
+            return os.open(parts[0], flags)
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            for k, part in enumerate(parts):
+                last = k == len(parts) - 1
+                step = flags if last else (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow |
+                                           getattr(os, "O_CLOEXEC", 0))
+                if part == "..":
+                    raise Unreadable(f"{path}: a path that leaves the grading's folder")
+                nxt = os.open(part, step, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) or (exc.errno == errno.EMLINK):
+            raise Unreadable(f"{os.path.basename(path)} is a symbolic link (or lies under one): the grader "
+                             "reads only files the ranks wrote themselves") from None
+        if exc.errno == errno.ENOENT:
+            raise Unreadable(f"{os.path.basename(path)} does not exist") from None
+        raise Unreadable(f"{os.path.basename(path)} cannot be read: {exc.strerror or exc}") from None
+
+
+def read_bytes(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (never through a link, never blocking); Unreadable
+    when it is not a regular file, or holds more than ``limit`` bytes."""
+    fd = _open(path)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable(f"{os.path.basename(path)} is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > limit:
+            raise Unreadable(f"{os.path.basename(path)} holds {info.st_size:,} bytes; the grader reads at most "
+                             f"{limit:,}")
+        chunks, got = [], 0
+        while got <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > limit:
+            raise Unreadable(f"{os.path.basename(path)} grew past {limit:,} bytes while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str, limit: int = MAX_FILE_BYTES) -> str:
+    """:func:`read_bytes` decoded as UTF-8 (undecodable bytes replaced)."""
+    return read_bytes(path, limit).decode("utf-8", errors="replace")
+
+
+def load_tensors(path: str, limit: int = MAX_FILE_BYTES):
+    """A checkpoint a rank saved, read as :func:`read_bytes` does and loaded with ``weights_only=True``
+    on the CPU; Unreadable when it cannot be read or unpickled."""
+    import torch
+
+    data = read_bytes(path, limit)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # a torn file, a pickle that names a function: the file's fault
+        raise Unreadable(f"{os.path.basename(path)} cannot be loaded with torch.load(weights_only=True): "
+                         f"{type(exc).__name__}: {str(exc)[:300]}") from None
+
+
+def exists(path: str) -> bool:
+    """Whether ``path`` names something (a link counts, and is not followed)."""
+    return os.path.lexists(path)
+
+
+def is_regular(path: str) -> bool:
+    """Whether ``path`` is a regular file reached without links."""
+    try:
+        fd = _open(path)
+    except Unreadable:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+
+
+def list_files(folder: str, recursive: bool = False) -> list[str]:
+    """The regular files in ``folder`` (below it too with ``recursive``), as paths, sorted; links and
+    other kinds are left out, and nothing is followed. Unreadable when ``folder`` is not a folder
+    reached without links, or holds more than MAX_LISTED entries."""
+    found: list[str] = []
+    seen = 0
+    pending = [folder]
+    while pending:
+        current = pending.pop()
+        fd = _open(current, directory=True)
+        try:
+            names = os.listdir(fd)
+            for name in names:
+                seen += 1
+                if seen > MAX_LISTED:
+                    raise Unreadable(f"{os.path.basename(folder)} holds more than {MAX_LISTED:,} entries")
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                path = os.path.join(current, name)
+                if stat.S_ISREG(info.st_mode):
+                    found.append(path)
+                elif stat.S_ISDIR(info.st_mode) and recursive:
+                    pending.append(path)
+        except FileNotFoundError:
+            continue
+        finally:
+            os.close(fd)
+    return sorted(found)
+
+
+def folder_bytes(folder: str, limit_entries: int = MAX_LISTED) -> tuple[int, int]:
+    """(bytes, entries) under ``folder``, without following links; stops counting at ``limit_entries``
+    entries (the caller treats that many as too many)."""
+    total = entries = 0
+    pending = [folder]
+    while pending and entries < limit_entries:
+        current = pending.pop()
+        try:
+            with os.scandir(current) as it:
+                for entry in it:
+                    entries += 1
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += info.st_blocks * 512 if hasattr(info, "st_blocks") else info.st_size
+                    if stat.S_ISDIR(info.st_mode):
+                        pending.append(entry.path)
+                    if entries >= limit_entries:
+                        break
+        except OSError:
+            continue
+    return total, entries
+
+
+def read_submission(path: str, limit: int = MAX_SUBMISSION_BYTES) -> bytes:
+    """The submission file's bytes, read once: refused (Unreadable) when ``path`` is a symbolic link,
+    not a regular file, or larger than ``limit``."""
+    if os.path.islink(path):
+        raise Unreadable(f"{path} is a symbolic link: submit the file itself")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) |
+                     getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unreadable(f"{path} is a symbolic link: submit the file itself") from None
+        raise Unreadable(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable(f"{path} is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > limit:
+            raise Unreadable(f"{path} holds {info.st_size:,} bytes; a submission may hold at most {limit:,}")
+        data = b""
+        while len(data) <= limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > limit:
+            raise Unreadable(f"{path} holds more than {limit:,} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a file"
