@@ -18,7 +18,8 @@ them:
   :data:`MAX_SUBMISSION_BYTES`), so that what is graded is a copy the grader made.
 
 A folder the grader made for a grading is registered with :func:`trust_folder`; below it, no
-path component may be a link. Everything else is read with ``O_NOFOLLOW`` on its last component.
+path component may be a link, and nothing outside such a folder is read at all (a path a rank
+names cannot lead the grader anywhere else).
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ def _open(path: str, directory: bool = False) -> int:
     if directory:
         flags |= getattr(os, "O_DIRECTORY", 0)
     root, parts = _split(path)
+    if not root:
+        raise Unreadable(f"{os.path.basename(path)} is outside the grading's own folder: the grader reads only "
+                         "what the ranks left there")
     try:
-        if not root:
-            return os.open(parts[0], flags)
         fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
             for k, part in enumerate(parts):
@@ -131,6 +133,21 @@ def _open(path: str, directory: bool = False) -> int:
         if exc.errno == errno.ENOENT:
             raise Unreadable(f"{os.path.basename(path)} does not exist") from None
         raise Unreadable(f"{os.path.basename(path)} cannot be read: {exc.strerror or exc}") from None
+
+
+def open_regular(path: str) -> int:
+    """A descriptor (blocking reads) for the regular file at ``path``, opened as :func:`read_bytes` opens
+    it; Unreadable otherwise. The caller closes it."""
+    fd = _open(path)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable(f"{os.path.basename(path)} is not a regular file ({_kind(info.st_mode)})")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_bytes(path: str, limit: int = MAX_FILE_BYTES) -> bytes:

@@ -11,7 +11,6 @@ the same global batches in one process, and decide.
 
 from __future__ import annotations
 
-import io
 import os
 
 import torch
@@ -20,7 +19,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from grader import probes
+from grader import probes, untrusted
 from grader.compare import first_difference, largest_difference
 from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
@@ -534,7 +533,7 @@ def check_checkpoint(g, ranks, world_size) -> None:
         g.record("checkpoint-rank0-only", False, "checkpoint_path was also written by "
                  + ", ".join(f"rank {r}" for r in others) + f" (rank {rank}: {'; '.join(how)}); only rank 0 "
                  "should save", rank=rank, world_size=world_size)
-    elif not writers and not os.path.exists(path):
+    elif not writers and not os.path.lexists(path):
         elsewhere = sorted({s["path"] for r in ranks for s in r["saves"]})
         where = f" (torch.save wrote to {', '.join(map(os.path.basename, elsewhere))})" if elsewhere else ""
         g.record("checkpoint-rank0-only", False, f"nothing was saved to checkpoint_path{where}",
@@ -542,14 +541,13 @@ def check_checkpoint(g, ranks, world_size) -> None:
     else:
         g.record("checkpoint-rank0-only", True)
 
-    try:
-        with open(path, "rb") as f:
-            state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         for check in ("checkpoint-no-module-prefix", "checkpoint-loads"):
             g.record(check, False, "there is no file at checkpoint_path", world_size=world_size)
         return
-    except Exception as exc:
+    try:
+        state = untrusted.load_tensors(path)
+    except untrusted.Unreadable as exc:
         for check in ("checkpoint-no-module-prefix", "checkpoint-loads"):
             g.record(check, False, f"the checkpoint could not be read as tensors: {exc}", world_size=world_size)
         return

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from grader import probes
+from grader import probes, untrusted
 from grader.compare import first_difference
 from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
@@ -282,7 +282,10 @@ def grade(g: Grader) -> None:
         check_payload(g, observations[0], checkpoint_path, world_size)
         loaded = g.run("load_main", world_size,
                        kwargs={"checkpoint_path": checkpoint_path, "reference_path": reference_path})
-        reference = torch.load(reference_path, map_location="cpu", weights_only=True)
+        try:
+            reference = untrusted.load_tensors(reference_path)
+        except untrusted.Unreadable as exc:
+            g.stop(f"the reference checkpoint the grader's rank 0 saved cannot be read: {exc}")
         check_loads(g, loaded.results(), reference, world_size)
         check_resume(g, loaded.results(), world_size)
 
@@ -319,7 +322,7 @@ def check_writers(g, observations: list[dict], path: str, world_size: int) -> No
         how = sorted({probes.describe_write(w, path) for w in writers[rank]})
         g.record("rank0-writes-only", False, f"rank {rank} wrote the checkpoint ({'; '.join(how)}); only rank 0 "
                  "may write", rank=rank, world_size=world_size)
-    elif 0 not in writers and not os.path.exists(path):
+    elif 0 not in writers and not os.path.lexists(path):
         saved = ", ".join(sorted({_name(s["path"]) for s in observations[0]["saves"]}))
         g.record("rank0-writes-only", False, f"rank 0 did not write {_name(path)} in save_checkpoint"
                  + (f" (torch.save went to {saved})" if saved else ""), rank=0, world_size=world_size)
@@ -331,10 +334,10 @@ def check_barrier(g, observations: list[dict], path: str, world_size: int) -> bo
     errors = "".join(f"; rank {r}'s save_checkpoint raised {o['save_error']}"
                      for r, o in enumerate(observations) if o["save_error"])
     done = observations[0]["write_done"]
-    if not done or not os.path.exists(path):
+    if not done or not untrusted.is_regular(path):
         return g.record("barrier-after-save", False, f"no checkpoint was written to {_name(path)}, so no rank "
                         f"can wait for it{errors}", world_size=world_size)
-    complete_at, size = done[-1], os.path.getsize(path)
+    complete_at, size = done[-1], os.lstat(path).st_size
     ok = True
     for rank, obs in enumerate(observations):
         early = complete_at - obs["returned"]
@@ -354,9 +357,9 @@ def check_barrier(g, observations: list[dict], path: str, world_size: int) -> bo
 
 def _read_checkpoint(path: str):
     try:
-        return torch.load(path, map_location="cpu", weights_only=True), None
-    except Exception as exc:  # a missing or corrupt file is the observation
-        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return untrusted.load_tensors(path), None
+    except untrusted.Unreadable as exc:  # a missing or corrupt file is the observation
+        return None, str(exc)
 
 
 def check_payload(g, obs: dict, path: str, world_size: int) -> None:

@@ -39,11 +39,9 @@ grader's rank drivers ``alone_main`` and ``jobs_main``, and the agents' supervis
 
 from __future__ import annotations
 
-import io
 import os
 
-import torch
-
+from grader import untrusted
 from grader.checks.ex15_jobs import alone_main, jobs_main  # noqa: F401  (the drivers g.run() finds here)
 from grader.checks.ex15_records import (_first_sentence, _read_final, _short_error, _snapshot_path, _snapshot_words,
                                         _who, read_workers, timeline, uninterrupted)
@@ -459,14 +457,13 @@ def check_final(g, name: str, job: dict, reference: dict) -> None:
 def check_snapshot(g, name: str, job: dict) -> None:
     """The snapshot left at the end: what the next restart would resume from."""
     world = job["world"]
-    try:
-        with open(_snapshot_path(job), "rb") as f:
-            snapshot = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
-    except FileNotFoundError:
+    if not os.path.lexists(_snapshot_path(job)):
         _record(g, "snapshot-complete", False, name, f"there is no snapshot at --snapshot {SNAPSHOT} after the job",
                 world=world)
         return
-    except Exception as exc:
+    try:
+        snapshot = untrusted.load_tensors(_snapshot_path(job))
+    except untrusted.Unreadable as exc:
         _record(g, "snapshot-complete", False, name, f"the snapshot left after the job does not load with "
                 f"weights_only=True: {_first_sentence(_error_text(exc))}", world=world)
         return

@@ -5,8 +5,7 @@ weights are compared with, the timeline of each job, and the words for what they
 
 from __future__ import annotations
 
-import glob
-import io
+import fnmatch
 import json
 import os
 import re
@@ -14,6 +13,7 @@ import re
 import torch
 from torch import nn
 
+from grader import untrusted
 from grader.checks.ex15_worker import (BATCH_SIZE, EPOCHS, KILL_EPOCH, LR, MOMENTUM, NUM_SAMPLES, SEED, SNAPSHOT,
                                        build_dataset, build_model)
 
@@ -25,23 +25,27 @@ def _read_lines(path: str) -> list[dict]:
     """The events of one worker; a line cut short by a kill is skipped."""
     out = []
     try:
-        with open(path, "rb") as f:
-            for line in f.read().decode("utf-8", errors="replace").splitlines():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and isinstance(event.get("e"), str):
-                    out.append(event)
-    except OSError:
-        pass
+        lines = untrusted.read_text(path).splitlines()
+    except untrusted.Unreadable:
+        return out
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("e"), str):
+            out.append(event)
     return out
 
 
 def read_workers(folder: str) -> list[dict]:
     """Every worker start of one job, from its event file, summed up."""
     workers = []
-    for path in sorted(glob.glob(os.path.join(folder, "events", "events-*.jsonl"))):
+    try:
+        found = untrusted.list_files(os.path.join(folder, "events"))
+    except untrusted.Unreadable:
+        found = []
+    for path in (p for p in found if fnmatch.fnmatch(os.path.basename(p), "events-*.jsonl")):
         events = _read_lines(path)
         start = next((e for e in events if e["e"] == "start"), None)
         if start is None:
@@ -115,9 +119,8 @@ def _who(w: dict) -> str:
 
 def _read_final(path: str) -> dict | None:
     try:
-        with open(path, "rb") as f:
-            state = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=True)
-    except (OSError, Exception):
+        state = untrusted.load_tensors(path)
+    except untrusted.Unreadable:
         return None
     return state if isinstance(state, dict) else None
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from grader import wire
+from grader import untrusted, wire
 from grader.checks import ex33_verdicts as verdicts
 from grader.checks.ex33_rank import (KILL, KILL_SAVES, KILLED, LAST_STEP, OBSERVATIONS, RESUME, RESUME_SAVES,
                                      FINGERPRINT_BYTES, build_model)
@@ -42,21 +42,17 @@ def read_records(run_dir: str, world_size: int) -> list[dict] | None:
     records = []
     for rank in range(world_size):
         path = os.path.join(run_dir, OBSERVATIONS.format(rank=rank))
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             return None
-        with open(path, "rb") as f:
-            records.append(wire.loads(f.read()))
+        records.append(wire.loads(untrusted.read_bytes(path)))
     return records
 
 
 def read_folder(folder: str) -> dict[str, bytes]:
-    out = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                out[os.path.abspath(path)] = f.read()
-    return out
+    """Every regular file under ``folder`` (links and FIFOs left out, never followed), by absolute path."""
+    if not os.path.lexists(folder):
+        return {}
+    return {os.path.abspath(path): untrusted.read_bytes(path) for path in untrusted.list_files(folder, recursive=True)}
 
 
 def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
@@ -64,9 +60,8 @@ def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
     notes = {}
     for rank in range(world_size):
         path = os.path.join(run_dir, KILLED.format(rank=rank))
-        if os.path.exists(path):
-            with open(path) as f:
-                notes[rank] = f.read().strip()
+        if os.path.lexists(path):
+            notes[rank] = untrusted.clean_line(untrusted.read_text(path, 4096).strip())
     return notes
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from grader import diagnose
+from grader import diagnose, untrusted
 from grader.checks.shared.state import cpu_state
 from grader.checks.shared.wording import describe_exit
 from grader.child import RankContext
@@ -83,9 +83,8 @@ class Job:
 
 def read_log(path: str) -> list[dict]:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
+        lines = untrusted.read_text(path).splitlines()
+    except untrusted.Unreadable:  # none, a link, a FIFO, too large: no log the grader can read
         return []
     out = []
     for line in lines:

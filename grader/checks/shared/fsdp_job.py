@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grader import untrusted
 from grader.checks.shared.debug_replay import load_into, replay
 
 VOCAB, DIM, HIDDEN, LAYERS, SEQ = 256, 32, 64, 2, 8
@@ -87,12 +88,12 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> to
 def saved_model(run_dir: str) -> tuple[dict | None, str]:
     """The state dict rank 0 saved to --out/model.pt, or None and why not, in words."""
     path = os.path.join(run_dir, "out", MODEL_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None, f"rank 0 saved no {MODEL_FILE} in --out after training"
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a file the script wrote: anything may be wrong with it
-        return None, f"the {MODEL_FILE} rank 0 saved does not load: {type(exc).__name__}: {exc}"
+        saved = untrusted.load_tensors(path)
+    except untrusted.Unreadable as exc:  # a file the script wrote: anything may be wrong with it
+        return None, f"the {MODEL_FILE} rank 0 saved does not load: {exc}"
     misfit = load_into(build_model(), saved) if isinstance(saved, dict) else "it is not a state dict"
     if misfit:
         return None, f"the {MODEL_FILE} rank 0 saved is not the script's model: {misfit}"
