@@ -2,15 +2,21 @@
 
     python -m grader.docs            print the generated tables
     python -m grader.docs --write    rewrite the README's exercise tables between their markers,
-                                     write docs/checks.md whole, and write grader/stubs/ (the
-                                     packaged copies of exercises/, for `reset`)
+                                     write docs/checks.md whole, and add to grader/stubs/ the
+                                     stubs it lacks (the packaged copies of exercises/, for `reset`)
+    python -m grader.docs --write --stub NN[,NN...]
+                                     also replace those exercises' packaged stubs with exercises/
+                                     (a maintainer shipping a changed stub)
 
 ``tests/test_docs.py`` fails when any of them drifts from what this would write.
 
-``exercises/NN_slug.py`` is the one source of each stub. The package carries a generated copy
-in ``grader/stubs/`` because the learner edits ``exercises/`` in place (the kit is installed
-editable), so ``reset`` and "not started" need the file as shipped from somewhere else, and
-must work without git.
+``grader/stubs/`` holds each exercise's file as shipped. The package carries it because the
+learner edits ``exercises/`` in place (the kit is installed editable), so ``reset`` and "not
+started" need the file as shipped from somewhere else, and must work without git. That also
+means ``exercises/`` may hold a learner's work: ``--write`` never replaces a packaged stub
+unless ``--stub`` names it, and refuses even then a file of the writing track whose functions
+no longer only raise NotImplementedError. It exits 1, saying which stubs it kept and why, when
+``exercises/`` differs from them.
 """
 
 from __future__ import annotations
@@ -84,25 +90,65 @@ STUBS = Path(__file__).resolve().parent / "stubs"
 CHECKS_PAGE = ROOT / "docs" / "checks.md"
 
 
-def write_stubs(root: Path = ROOT, stubs: Path = STUBS) -> list[str]:
-    """Copy each catalogued ``exercises/NN_slug.py`` (``exercises/debug/NN_slug.py``) into
-    ``grader/stubs/`` (``grader/stubs/debug/``); drop stale copies."""
-    written = []
+def not_a_stub(ex: catalog.Exercise, text: str) -> str:
+    """Why ``text`` cannot be ``ex``'s shipped stub ("" when it can): a file of the writing track
+    whose functions have code is a learner's work. (A broken script of the debugging track has code
+    from the start, so nothing in it tells a learner's fix from a maintainer's change.)"""
+    from grader.progress import only_todos
+
+    if ex.is_debug or only_todos(text, ex):
+        return ""
+    return (f"exercises/{ex.filename} has code where the stub raises NotImplementedError: a learner's work, "
+            f"not a stub")
+
+
+def write_stubs(root: Path = ROOT, stubs: Path = STUBS, replace: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+    """Write ``grader/stubs/`` (``grader/stubs/debug/``) from ``exercises/``; drop stale copies.
+
+    A stub the package lacks is copied from ``exercises/``; one it has is replaced only for the
+    exercise ids in ``replace``, and never with a file :func:`not_a_stub` refuses. Returns the
+    names written and, for each packaged stub kept although ``exercises/`` differs, why.
+    """
+    written, kept = [], []
     wanted = {ex.filename for ex in catalog.exercises()}
-    for name in sorted(wanted):
-        source = root / "exercises" / name
-        if source.exists():
-            target = stubs / name
-            if not target.parent.exists():
-                target.parent.mkdir(parents=True)
-                (target.parent / "__init__.py").write_text("")  # a package, so it is installed with the grader
-            target.write_bytes(source.read_bytes())
-            written.append(name)
+    for ex in catalog.exercises():
+        source = root / "exercises" / ex.filename
+        if not source.exists():
+            continue
+        target = stubs / ex.filename
+        text = source.read_bytes()
+        if target.exists() and target.read_bytes() == text:
+            continue
+        refusal = not_a_stub(ex, text.decode("utf-8", errors="replace"))
+        if not refusal and target.exists() and ex.id not in replace:
+            refusal = (f"exercises/{ex.filename} differs from it (work on the exercise stays there, nothing to do; "
+                       f"a maintainer ships a changed {'script' if ex.is_debug else 'stub'} with --stub {ex.id})")
+        if refusal:
+            kept.append(f"kept grader/stubs/{ex.filename}: {refusal}")
+            continue
+        if not target.parent.exists():
+            target.parent.mkdir(parents=True)
+            (target.parent / "__init__.py").write_text("")  # a package, so it is installed with the grader
+        target.write_bytes(text)
+        written.append(ex.filename)
     for stale in stubs.rglob("*.py"):
         name = stale.relative_to(stubs).as_posix()
         if stale.name != "__init__.py" and name not in wanted:
             stale.unlink()
-    return written
+    return written, kept
+
+
+def _stub_ids(argv: list[str]) -> tuple[str, ...]:
+    """The ids after each ``--stub`` (``--stub 05 --stub 06`` or ``--stub 05,06``), as the catalog spells them."""
+    ids = []
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--stub":
+            for part in value.split(","):
+                ex = catalog.by_id(part.strip())
+                if ex is None:
+                    sys.exit(f"grader.docs: unknown exercise {part.strip()!r} after --stub")
+                ids.append(ex.id)
+    return tuple(ids)
 
 
 def main(argv: list[str]) -> None:
@@ -110,7 +156,11 @@ def main(argv: list[str]) -> None:
         path = ROOT / "README.md"
         path.write_text(replace_section(path.read_text(encoding="utf-8")), encoding="utf-8")
         CHECKS_PAGE.write_text(checks_page(), encoding="utf-8")
-        write_stubs()
+        _, kept = write_stubs(replace=_stub_ids(argv))
+        if kept:
+            print("\n".join(kept) + "\n`ddp-grade reset NN` puts an exercise's packaged stub back in exercises/.",
+                  file=sys.stderr)
+            sys.exit(1)
     else:
         sys.stdout.write(exercises_markdown() + "\n" + debug_exercises_markdown() + "\n" + checks_markdown())
 

@@ -168,7 +168,7 @@ def _background_job(item) -> dict | None:
     if name == "test_solution_passes_every_check" and params["exercise"].id in BACKGROUND_EXERCISES:
         return _grade_job(ROOT / "solutions" / params["exercise"].filename)
     if name == "test_broken_script_as_shipped_shows_its_symptom":  # each hangs or runs to a deadline
-        return _grade_job(ROOT / "exercises" / params["exercise"].filename)
+        return _grade_job(ROOT / "grader" / "stubs" / params["exercise"].filename)  # as test_exercises grades it
     if name == "test_no_agent_or_worker_outlives_a_grading_of_15":
         path, args, timeout_s = params["path"], list(item.module.CLI_ARGS), item.module.CLI_TIMEOUT_S
         return {"kind": "cli", "key": background.cli_key(path, args), "path": str(path), "args": args,

@@ -14,6 +14,8 @@ EXERCISES = catalog.exercises()
 IDS = [ex.id for ex in EXERCISES]
 WRITING = [ex for ex in EXERCISES if not ex.is_debug]
 DEBUGGING = [ex for ex in EXERCISES if ex.is_debug]
+# The stubs as shipped: exercises/ is the learner's copy, and may hold their work.
+SHIPPED = ROOT / "grader" / "stubs"
 
 
 def _signatures(path) -> dict:
@@ -65,7 +67,7 @@ def test_every_exercise_names_quiz_topics_that_exist():
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
 def test_stub_and_solution_have_the_same_signatures(exercise):
-    stub = _signatures(ROOT / "exercises" / exercise.filename)
+    stub = _signatures(SHIPPED / exercise.filename)
     solution = _signatures(ROOT / "solutions" / exercise.filename)
     for name in exercise.functions:
         assert name in stub and name in solution
@@ -74,7 +76,7 @@ def test_stub_and_solution_have_the_same_signatures(exercise):
 
 @pytest.mark.parametrize("exercise", WRITING, ids=[ex.id for ex in WRITING])
 def test_every_stub_body_is_a_todo(exercise):
-    text = (ROOT / "exercises" / exercise.filename).read_text()
+    text = (SHIPPED / exercise.filename).read_text()
     assert text.lstrip().startswith('"""'), "a stub starts with its task statement"
     assert "raise NotImplementedError" in text and "# TODO" in text
 
@@ -96,7 +98,7 @@ def test_solution_passes_every_check(grade, exercise):
 @pytest.mark.parametrize("exercise", DEBUGGING, ids=[ex.id for ex in DEBUGGING])
 def test_every_broken_script_starts_with_a_report_and_differs_from_its_fix(exercise):
     """A debugging exercise ships a script that runs but misbehaves: no TODOs, a report at its top."""
-    text = (ROOT / "exercises" / exercise.filename).read_text()
+    text = (SHIPPED / exercise.filename).read_text()
     assert text.lstrip().startswith('"""') and "Bug report" in text.split('"""')[1]
     assert "NotImplementedError" not in text and "# TODO" not in text
     assert ast.dump(ast.parse(text)) != ast.dump(ast.parse((ROOT / "solutions" / exercise.filename).read_text()))
@@ -108,7 +110,7 @@ def test_every_broken_script_starts_with_a_report_and_differs_from_its_fix(exerc
 @pytest.mark.parametrize("exercise", DEBUGGING, ids=[ex.id for ex in DEBUGGING])
 def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
     """The grader reproduces the colleague's report: the symptom checks fail, saying what was observed."""
-    report = grade(ROOT / "exercises" / exercise.filename)
+    report = grade(SHIPPED / exercise.filename)
     assert report.status == "failed" and report.exit_code == 1, (problem_of(report), details_of(report)[-2000:])
     got = statuses(report)
     for check_id in exercise.symptom:
@@ -133,7 +135,7 @@ def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
 @pytest.mark.slow
 @pytest.mark.parametrize("exercise", WRITING, ids=[ex.id for ex in WRITING])
 def test_stub_reports_not_implemented(grade, exercise):
-    report = grade(ROOT / "exercises" / exercise.filename)
+    report = grade(SHIPPED / exercise.filename)
     assert report.exit_code == 1
     assert problem_of(report) and problem_of(report).startswith("not implemented yet: ")
     assert problem_of(report).split(": ", 1)[1] in exercise.functions or "." in problem_of(report)
@@ -141,5 +143,5 @@ def test_stub_reports_not_implemented(grade, exercise):
 
 
 def test_the_02_statement_says_why_its_halves_treat_the_remainder_differently():
-    stub = (ROOT / "exercises" / "02_shard.py").read_text()
+    stub = (SHIPPED / "02_shard.py").read_text()
     assert "drops the remainder" in stub and "pads" in stub and "drop_last=True" in stub
