@@ -32,6 +32,7 @@ from grader.quiz.giveaways import (
     absolute_words,
     elimination_score,
     gives_reason,
+    longest_choice_keys,
     longest_choice_score,
     qualifier_score,
     qualifying_marks,
@@ -235,6 +236,37 @@ def test_longest_choice_strategy_is_limited_both_ways(tmp_path):
     assert any("picking the longest choice scores only 0%" in p for p in problems), problems
     mixed = [long_right] * 5 + [short_right] * 15
     assert not [p for p in bank_of(tmp_path / "c", mixed) if "picking the longest" in p]
+
+
+def test_longest_choice_strategy_is_limited_in_each_topic(tmp_path):
+    """Half of one topic keyed on its longest choice is a problem even where the whole bank, with a
+    second topic that never is, stays within the ceiling."""
+    long_right = dict(choices='["the right one, longer", "wrong one", "wrong two"]')
+    short_right = dict(choices='["right one", "the wrong one, longer", "wrong two"]')
+    core = [entry(**{**q, "id": f"core-q-{i:02d}", "question": f"Core question {i}, case {i * 7919}?"})
+            for i, q in enumerate([long_right] * 4 + [short_right] * 4)]
+    sampler = [entry(**{**short_right, "id": f"sampler-q-{i:02d}", "question": f"Sampler question {i}, {i * 104729}?"})
+               for i in range(12)]
+    write_bank(tmp_path, core, topic="core")
+    write_bank(tmp_path, sampler, topic="sampler")
+    questions = load_bank(tmp_path)
+    assert longest_choice_score(questions) == pytest.approx(4 / 20)  # the bank as a whole: within limits
+    problems = [p for p in validate_bank(questions) if "picking the longest" in p]
+    assert problems == [
+        "topic 'core': picking the longest choice scores 50% over its 8 single-answer questions (at most 35% in "
+        "each topic); the right choice is the unique longest in 4 of them (core-q-00, core-q-01, core-q-02, "
+        "core-q-03): rebalance the lengths of their choices"], problems
+    # A tie among the longest counts 1/k, as over the whole bank: three-way ties in every question are fine.
+    tied = [entry(id=f"core-t-{i:02d}", question=f"Tied question {i}, {i * 31}?") for i in range(8)]
+    assert not [p for p in validate_bank(load_bank(write_bank(tmp_path / "tied", tied))) if "picking the longest" in p]
+
+
+@pytest.mark.parametrize("topic", list(topic_figures(BANK)))
+def test_no_topic_keys_its_longest_choice_above_the_ceiling(topic):
+    own = [q for q in BANK if q.topic == topic]
+    score = longest_choice_score(own)
+    assert score <= MAX_LONGEST_SCORE, (f"picking the longest choice scores {score:.0%} on {topic}; "
+                                        f"unique longest keys: {longest_choice_keys(own)}")
 
 
 def test_absolute_words_only_in_distractors_are_refused(tmp_path):

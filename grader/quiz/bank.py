@@ -16,9 +16,10 @@ One file per topic, ``<topic>.toml``::
     checked = "2.13.0"               # the torch version the question was checked against
 
 Loading is lenient (a missing field becomes empty); :func:`validate_bank` reports every problem
-of the questions and of the bank as a whole (the giveaway rules: the longest choice, qualifying
-clauses, reasons, absolute words), :func:`count_problems` the size thresholds. ``python -m
-grader.quiz.bank`` prints both and the giveaway figures, for the whole bank and for each topic.
+of the questions and of the bank as a whole (the giveaway rules: the longest choice, over the bank
+and over each topic, qualifying clauses, reasons, absolute words), :func:`count_problems` the size
+thresholds. ``python -m grader.quiz.bank`` prints both and the giveaway figures, for the whole bank
+and for each topic.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from grader.quiz.giveaways import (
     qualifier_score,
     reason_elimination_score,
     singles_count,
+    topic_giveaway_problems,
 )
 
 
@@ -240,6 +242,7 @@ def validate_bank(questions: list[Question], torch_root: Path | None = None,
         found = question_problems(q) + reference_problems(q, torch_root, repo_root)
         problems.extend(f"{q.origin}: {q.id or '<no id>'}: {p}" for p in found)
     problems.extend(giveaway_problems(questions))
+    problems.extend(topic_giveaway_problems(questions))
     problems.extend(near_duplicate_problems(questions))
     return problems
 
@@ -470,7 +473,8 @@ def bank_figures(questions: list[Question]) -> dict:
 
 def topic_figures(questions: list[Question]) -> dict[str, dict[str, float]]:
     """The giveaway figures of each topic's single-answer questions, in the order of TOPICS (the
-    limits apply to the whole bank; a topic far above them is where to rebalance first)."""
+    longest-choice limit applies to each topic as well as to the whole bank; the others to the whole
+    bank, and a topic far above them is where to rebalance first)."""
     figures = {}
     for topic in [*TOPICS, *sorted({q.topic for q in questions} - set(TOPICS))]:
         own = [q for q in questions if q.topic == topic]

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 
 #: Giveaway limits, over the single-answer questions of the whole bank.
 MAX_LONGEST_SCORE = 0.35
-"""Expected score of always picking the longest choice (ties split)."""
+"""Expected score of always picking the longest choice (ties split), over the whole bank and over
+each topic's own single-answer questions."""
 MIN_LONGEST_SCORE = 0.15
 """... and at least this much, or "never pick the longest" becomes the giveaway."""
 MAX_ELIMINATION_SCORE = 0.35
@@ -201,6 +202,38 @@ def giveaway_problems(questions: list[Question]) -> list[str]:
 
 def _counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} with {k}" for k, n in counts.items())
+
+
+def longest_choice_keys(questions: list[Question]) -> list[str]:
+    """Ids of the single-answer questions whose right choice is the unique longest."""
+    found = []
+    for q in questions:
+        if q.multi or len(q.correct) != 1 or not q.choices:
+            continue
+        lengths = [len(c) for c in q.choices]
+        longest = [i for i, n in enumerate(lengths) if n == max(lengths)]
+        if longest == [next(iter(q.correct))]:
+            found.append(q.id)
+    return found
+
+
+def topic_giveaway_problems(questions: list[Question]) -> list[str]:
+    """The longest-choice strategy measured on each topic's own single-answer questions, under the
+    same ceiling as the whole bank: a learner who drills one topic meets that topic's cue, however
+    well the other topics hide theirs."""
+    topics: dict[str, list[Question]] = {}
+    for q in questions:
+        topics.setdefault(q.topic, []).append(q)
+    problems = []
+    for topic, own in topics.items():
+        score = longest_choice_score(own)
+        if score > MAX_LONGEST_SCORE:
+            keyed = longest_choice_keys(own)
+            problems.append(f"topic {topic!r}: picking the longest choice scores {score:.0%} over its "
+                            f"{singles_count(own)} single-answer questions (at most {MAX_LONGEST_SCORE:.0%} in "
+                            f"each topic); the right choice is the unique longest in {len(keyed)} of them "
+                            f"({', '.join(keyed)}): rebalance the lengths of their choices")
+    return problems
 
 
 def near_duplicate_problems(questions: list[Question], threshold: float = NEAR_DUPLICATE) -> list[str]:
