@@ -128,6 +128,14 @@ def fsdp2_observations(rank: int, world_size: int) -> dict:
         out["root_left_out"] = "ran"
     except RuntimeError as exc:
         out["root_left_out"] = f"RuntimeError: {exc}"
+    # In float32 the same model runs: the root's embeddings and head are plain tensors, whole on every
+    # rank, and their gradients come from this rank's tokens alone (each rank has its own).
+    model = _shard(_tiny(), mesh, MixedPrecisionPolicy(), root=False)
+    model(tokens).sum().backward()
+    root_params = {"emb": model.emb.weight, "head": model.head.weight}
+    out["root_left_out_params"] = {name: (isinstance(p, DTensor), list(p.shape)) for name, p in root_params.items()}
+    out["root_left_out_block_param"] = isinstance(model.layers[0][0].weight, DTensor)
+    out["root_left_out_grads"] = {name: p.grad.clone() for name, p in root_params.items()}
     return out
 
 
@@ -177,3 +185,12 @@ def test_a_root_left_out_of_fully_shard_meets_bfloat16_activations_with_float32_
     for seen in fsdp2:
         assert seen["root_left_out"].startswith("RuntimeError")
         assert "dtype" in seen["root_left_out"]
+
+
+def test_a_root_left_out_keeps_whole_unsynchronised_embeddings_and_head(fsdp2):
+    for seen in fsdp2:
+        assert seen["root_left_out_block_param"] is True  # the blocks are sharded DTensors
+        assert seen["root_left_out_params"] == {"emb": (False, [10, 8]), "head": (False, [10, 8])}
+    # Two ranks with different tokens: without a reduce-scatter the root's gradients stay different.
+    for name in ("emb", "head"):
+        assert not torch.allclose(fsdp2[0]["root_left_out_grads"][name], fsdp2[1]["root_left_out_grads"][name])

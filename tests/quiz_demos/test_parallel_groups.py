@@ -3,8 +3,9 @@
 Process groups made by hand for a 2-D layout: what new_group gives members and non-members, how
 groups are named, a collective on a group the rank is not in, new_subgroups_by_enumeration, groups
 made by their members alone, group ranks against global ranks, the default group, DistributedSampler
-over the data-parallel ranks, and which gradients tensor-parallel peers share. Four gloo ranks on CPU,
-one world (module fixture); the sampler needs no process group.
+over the data-parallel ranks, which gradients tensor-parallel peers share, and what DDP does to
+tensor-parallel shards with and without the data-parallel group. Four gloo ranks on CPU, one world
+(module fixture); the sampler needs no process group.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def groups_observations(rank: int, world_size: int) -> dict:
     dist.all_reduce(t, group=local)
     out["local_sync"] = {"sum": t.item(), "name": local.group_name}
 
-    # A tensor-parallel MLP (fc1 by rows, fc2 by columns, fc2's bias whole): which gradients the peers share.
+    # A tensor-parallel MLP (fc1 column-parallel: a block of its output features, rows of its weight; fc2
+    # row-parallel: the matching columns; fc2's bias whole): which gradients the peers share.
     torch.manual_seed(0)
     fc1_w, fc1_b = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
     fc2_w, fc2_b = torch.randn(3, 8, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
@@ -82,6 +84,19 @@ def groups_observations(rank: int, world_size: int) -> dict:
     out_full = partial + (total - partial.detach()) + b2  # the sum in forward, the identity in backward
     out_full.pow(2).sum().backward()
     out["grads"] = {"fc1_weight": w1.grad, "fc2_bias": b2.grad}
+
+    # DDP around this rank's tensor-parallel shard (its value names its tensor-parallel rank), built
+    # without a group and with the data-parallel column: what each rank holds after construction.
+    from torch.nn.parallel import DistributedDataParallel
+
+    held = {}
+    for label, group in (("default_group", None), ("dp_group", columns[rank % 2])):
+        shard = torch.nn.Linear(4, 2, bias=False)
+        with torch.no_grad():
+            shard.weight.fill_(float(rank % 2 + 1))
+        DistributedDataParallel(shard, process_group=group)
+        held[label] = shard.weight.detach().clone()
+    out["ddp_shards"] = held
     return out
 
 
@@ -129,6 +144,12 @@ def test_members_alone_make_a_group_with_local_synchronization(groups):
         assert seen["local_sync"]["sum"] == (3.0 if rank < 2 else 7.0)
         assert not seen["local_sync"]["name"].isdigit()  # named from its ranks, not by a counter
     assert groups[0]["local_sync"]["name"] == groups[1]["local_sync"]["name"] != groups[2]["local_sync"]["name"]
+
+
+def test_ddp_without_a_group_gives_every_rank_rank_0s_shard(groups):
+    for rank, seen in enumerate(groups):
+        assert torch.equal(seen["ddp_shards"]["default_group"], torch.full((2, 4), 1.0))  # rank 0's shard
+        assert torch.equal(seen["ddp_shards"]["dp_group"], torch.full((2, 4), float(rank % 2 + 1)))  # its own
 
 
 def test_tensor_peers_share_the_replicated_bias_gradient_not_the_block_gradients(groups):

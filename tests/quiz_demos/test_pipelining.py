@@ -1,7 +1,9 @@
 """Topic pipeline-parallel, the API of torch.distributed.pipelining: which stages a rank holds under the
-interleaved schedule, the losses a step hands back on the last stage, and how ScheduleLoopedBFS orders
-two stages per rank. Two gloo ranks on CPU, one run through the grader's harness for the whole module;
-each schedule runs two steps and the second is recorded (the first also infers the stages' shapes)."""
+interleaved schedule, the losses a step hands back on the last stage, how ScheduleLoopedBFS orders
+two stages per rank, and what interleaving costs and saves against Schedule1F1B over the same four
+blocks (the idle time of orders played in unit costs, the messages sent). Two gloo ranks on CPU, one
+run through the grader's harness for the whole module; each schedule runs two steps and the second is
+recorded (the first also infers the stages' shapes)."""
 
 from __future__ import annotations
 
@@ -61,26 +63,38 @@ def pipelining_main(ctx) -> dict:
 
 
 def _observe(rank: int) -> dict:
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleLoopedBFS
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                              ScheduleLoopedBFS)
+
+    from grader import probes
 
     x, y = batch()
     out = {}
-    for name, schedule_class in (("interleaved", ScheduleInterleaved1F1B), ("looped_bfs", ScheduleLoopedBFS)):
+    num_stages = 2 * WORLD
+    for name, schedule_class in (("interleaved", ScheduleInterleaved1F1B), ("looped_bfs", ScheduleLoopedBFS),
+                                 ("1f1b", Schedule1F1B)):
         log, live = [], [0, 0]
-        num_stages = 2 * WORLD
         blocks = build_blocks(num_stages)
-        mine = list(range(rank, num_stages, WORLD))  # torch's default placement for several stages per rank
-        stages = [PipelineStage(Recorder(blocks[s], s, log, live), s, num_stages, torch.device("cpu")) for s in mine]
+        if schedule_class is Schedule1F1B:  # the same four blocks, two contiguous ones per rank
+            mine = [rank]
+            stages = PipelineStage(Recorder(nn.Sequential(*blocks[2 * rank:2 * rank + 2]), rank, log, live), rank,
+                                   WORLD, torch.device("cpu"))
+        else:
+            mine = list(range(rank, num_stages, WORLD))  # torch's default placement for several stages per rank
+            stages = [PipelineStage(Recorder(blocks[s], s, log, live), s, num_stages, torch.device("cpu"))
+                      for s in mine]
         schedule = schedule_class(stages, MICROBATCHES, loss_fn=F.mse_loss)
         for _ in range(2):
             log.clear()
             live[:] = [0, 0]
-            losses = []
-            if rank == 0:
-                schedule.step(x)
-            else:
-                schedule.step(target=y, losses=losses)
-        out[name] = {"stages": mine, "log": log, "peak": live[1]}
+            losses, events = [], []
+            with probes.watch_collectives(events):
+                if rank == 0:
+                    schedule.step(x)
+                else:
+                    schedule.step(target=y, losses=losses)
+        sends = sum(1 for e in events if e["op"] in ("send", "isend"))
+        out[name] = {"stages": mine, "log": log, "peak": live[1], "sends": sends}
 
     blocks = build_blocks(WORLD)
     schedule = ScheduleGPipe(PipelineStage(blocks[rank], rank, WORLD, torch.device("cpu")), MICROBATCHES,
@@ -120,6 +134,55 @@ def test_the_mean_of_the_micro_batch_losses_is_the_whole_batch_loss(ranks):
     assert sum(losses) == pytest.approx(MICROBATCHES * whole, rel=1e-6)
 
 
+def idle_time(orders: list[list[tuple[int, str]]], num_stages: int, cost: int) -> int:
+    """Play each rank's (stage, "F"/"B") order in unit time, every operation taking ``cost`` units: the
+    k-th forward of stage s after the k-th of stage s - 1, its backward after the next stage's (after its
+    own forward on the last stage). The idle units of one rank (all ranks idle alike)."""
+    done: dict[tuple[int, str, int], int] = {}
+    ops = []
+    for order in orders:
+        seen: dict[tuple[int, str], int] = {}
+        ops.append([])
+        for stage, kind in order:
+            k = seen.get((stage, kind), 0)
+            seen[(stage, kind)] = k + 1
+            ops[-1].append((stage, kind, k))
+    clock, position = [0] * len(ops), [0] * len(ops)
+    while any(position[r] < len(o) for r, o in enumerate(ops)):
+        moved = False
+        for r, order in enumerate(ops):
+            while position[r] < len(order):
+                stage, kind, k = order[position[r]]
+                if kind == "F":
+                    after = (stage - 1, "F", k) if stage > 0 else None
+                else:
+                    after = (stage + 1, "B", k) if stage < num_stages - 1 else (stage, "F", k)
+                if after is not None and after not in done:
+                    break
+                clock[r] = max(clock[r], done[after] if after else 0) + cost
+                done[(stage, kind, k)] = clock[r]
+                position[r] += 1
+                moved = True
+        assert moved, "the orders wait for each other"
+    span = max(done.values())
+    idle = {span - cost * len(order) for order in ops}
+    assert len(idle) == 1
+    return idle.pop()
+
+
+@pytest.mark.slow
+def test_interleaving_divides_the_idle_time_by_v_and_multiplies_the_rank_crossings(ranks):
+    v = 2  # stages per rank; a 1F1B stage is v blocks, so each of its operations costs v units
+    for r in ranks:
+        assert sorted({stage for stage, _ in r["interleaved"]["log"]}) == r["interleaved"]["stages"]
+    interleaved = idle_time([r["interleaved"]["log"] for r in ranks], v * WORLD, cost=1)
+    one_f_one_b = idle_time([r["1f1b"]["log"] for r in ranks], WORLD, cost=v)
+    assert (interleaved, one_f_one_b) == (2, 4)  # 1/v of the idle time
+    # Each micro-batch crosses vW - 1 = 3 rank boundaries each way instead of W - 1 = 1.
+    assert sum(r["interleaved"]["sends"] for r in ranks) == 2 * MICROBATCHES * (v * WORLD - 1) == 24
+    assert sum(r["1f1b"]["sends"] for r in ranks) == 2 * MICROBATCHES * (WORLD - 1) == 8
+
+
 @pytest.mark.slow
 def test_looped_bfs_finishes_one_stage_before_the_next_and_holds_more(ranks):
     for rank, r in enumerate(ranks):
@@ -129,4 +192,4 @@ def test_looped_bfs_finishes_one_stage_before_the_next_and_holds_more(ranks):
         interleaved = [stage for stage, op in r["interleaved"]["log"] if op == "F"]
         assert interleaved.index(second) < max(i for i, s in enumerate(interleaved) if s == first)
     assert ranks[0]["looped_bfs"]["peak"] == 2 * MICROBATCHES
-    assert ranks[0]["interleaved"]["peak"] < ranks[0]["looped_bfs"]["peak"]
+    assert ranks[0]["interleaved"]["peak"] == 5 < ranks[0]["looped_bfs"]["peak"]  # M = 2W: the peaks differ
