@@ -83,11 +83,23 @@ def event(op: str, group: list[int], via: str = "functional", size: int = 64) ->
     return {"op": op, "via": via, "group": group, "bytes": size, "dtype": "float32"}
 
 
-def step_events(rank: int) -> list[dict]:
-    """A right step's collectives: DTensor's among the rank's row, FSDP's among its column."""
+LAYERS = len(MODEL.layers)
+MARK = {"op": "mark", "what": "forward-returned", "via": None, "group": None, "bytes": 0}
+
+
+def step_events(rank: int, units: list[int] | None = None, gathers_per_block: int = 2) -> list[dict]:
+    """A right step's collectives: DTensor's among the rank's row, FSDP's among its column. In the forward (up to
+    the mark) the root's unit and each block's are gathered among the column (``units``: their bytes), and the
+    sequence ``gathers_per_block`` times per block, before the head and for the logits among the row."""
     tp, dp = v.groups_of(rank, WORLD, TP)
-    return [event("all_gather_into_tensor", tp), event("reduce_scatter_tensor", tp),
-            event("all_gather_into_tensor", dp, via="c10d"), event("reduce_scatter_tensor", dp, via="c10d")]
+    units = [6208] + [10368] * LAYERS if units is None else units
+    forward = [event("all_gather_into_tensor", dp, via="c10d", size=size) for size in units]
+    for _ in range(LAYERS):
+        forward += [event("all_gather_into_tensor", tp, size=2048)] * gathers_per_block
+        forward += [event("reduce_scatter_tensor", tp, size=4096)]
+    forward += [event("all_gather_into_tensor", tp, size=2048), event("all_gather_into_tensor", tp, size=6144)]
+    return forward + [dict(MARK), event("all_gather_into_tensor", tp), event("reduce_scatter_tensor", tp),
+                      event("all_gather_into_tensor", dp, via="c10d"), event("reduce_scatter_tensor", dp, via="c10d")]
 
 
 def record(rank: int, params: dict | None = None, **changes) -> dict:
@@ -118,6 +130,8 @@ def run_all(observations: list[dict]) -> dict:
     v.check_dp_shards(g, observations, WORLD, TP, SHAPES)
     v.check_sequence_parallel(g, observations, WORLD, TP, rank_side.SEQ, NAMES)
     v.check_subgroups(g, observations, WORLD, TP)
+    v.check_units(g, observations, WORLD, TP, LAYERS)
+    v.check_forward_gathers(g, observations, WORLD, TP, LAYERS)
     if v.check_training_error(g, observations, WORLD):
         v.check_matches_dense(g, observations, reference(), WORLD, TP)
     return verdicts(g)
@@ -299,3 +313,35 @@ def test_parallelize_raising_in_fully_shard_is_recorded_on_dp_shards_and_explain
     got = verdicts(g)
     assert got["tp-placements"][0] == "fail" and "fully_shard ran first" in got["tp-placements"][1]
     assert got["matches-dense"][0] == "not-checked"
+
+
+def with_steps(**kwargs) -> list[dict]:
+    """Every rank's record with each step's collectives made by step_events(rank, **kwargs)."""
+    out = records()
+    for rank, obs in enumerate(out):
+        for step in obs["steps"]:
+            step["events"] = step_events(rank, **kwargs)
+    return out
+
+
+def test_the_root_alone_sharded_fails_block_units_with_one_gather_of_the_whole_model():
+    """pytorch/examples' fsdp_tp_example.py: one fully_shard on the root, over "dp"."""
+    got = run_all(with_steps(units=[37312]))
+    status, message = got["block-units"]
+    assert status == "fail" and "one all-gather of 37312 bytes among its data-parallel group [0, 2]" in message
+    assert "in one FSDP unit" in message and "fully_shard each block first" in message
+    assert got["dp-shards"][0] == got["gathers-per-forward"][0] == got["matches-dense"][0] == "pass"
+    status, message = run_all(with_steps(units=[6208] + [3456] * 9))["block-units"]
+    assert status == "fail" and "10 all-gathers" in message and "not each layer inside it" in message
+
+
+def test_a_plan_without_prepare_module_input_gathers_each_input_again_and_fails():
+    """wq, wk and wv each gather the norm's sequence-split output: 4 per block, 14 in all, where 8 do."""
+    assert v.most_forward_gathers(LAYERS) == 8
+    got = run_all(with_steps(gathers_per_block=4))
+    status, message = got["gathers-per-forward"]
+    assert status == "fail" and "made 14 all-gathers of activations among its tensor-parallel group [0, 1]" in message
+    assert "8 at most" in message and "PrepareModuleInput" in message
+    assert got["matches-dense"][0] == got["block-units"][0] == "pass"
+    # The logits left sharded for loss_parallel (torchtitan): one gather fewer, fine.
+    assert run_all(with_steps(gathers_per_block=2))["gathers-per-forward"] == ("pass", "")

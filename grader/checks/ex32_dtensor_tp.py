@@ -9,7 +9,9 @@ global ranks of every collective's group from parallelize on.
 
 Grader side: the dense model trained in one process on every group's batch at once (float32, SGD by
 hand); each rank's logits and parameters compared with its part of the dense ones, as its placements
-say; the rest from the records (ex32_verdicts holds the verdicts).
+say; the rest from the records (ex32_verdicts holds the verdicts), among them what one forward sends: an
+all-gather of each FSDP unit among the "dp" group (each block and the root), and DTensor's all-gathers of
+activations among the "tp" group (at most two per block, one before the head, one for the logits).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def grade(g: Grader) -> None:
     model = build_model()
     shapes = {name: list(p.shape) for name, p in model.named_parameters()}
     names = list(shapes)
+    if all(world_size // tp_size_for(world_size) < 2 for world_size in g.world_sizes):
+        g.skip("block-units", "needs a data-parallel size of 2 or more: one data-parallel rank gathers nothing, its "
+               "shards are the whole parameters")
     for world_size in g.world_sizes:
         tp_size = tp_size_for(world_size)
         observations = g.run("rank_main", world_size, kwargs={"tp_size": tp_size}).results()
@@ -70,5 +75,9 @@ def grade(g: Grader) -> None:
         verdicts.check_dp_shards(g, observations, world_size, tp_size, shapes)
         verdicts.check_sequence_parallel(g, observations, world_size, tp_size, SEQ, names)
         verdicts.check_subgroups(g, observations, world_size, tp_size)
+        if world_size // tp_size > 1:  # one data-parallel rank gathers nothing: its shards are whole
+            verdicts.check_units(g, observations, world_size, tp_size, len(model.layers))
+        verdicts.check_forward_gathers(g, observations, world_size, tp_size, len(model.layers))
         if verdicts.check_training_error(g, observations, world_size):
             verdicts.check_matches_dense(g, observations, reference_run(world_size, tp_size), world_size, tp_size)
+

@@ -8,7 +8,7 @@ rank's coordinate in it, global and local shape, its local values), what each no
 forward (a DTensor or not, its placements, its local shape), the first forward's output (local values and
 placements), and after each of three SGD steps on its data-parallel group's batch the local values of
 every parameter. Every collective from parallelize on is recorded with the global ranks of the group it
-ran in (``watch_groups``). An exception in parallelize is recorded with the torch API it came from (the
+ran in (``watch_groups``), with a mark where each forward returned. An exception in parallelize is recorded with the torch API it came from (the
 mesh, parallelize_module, fully_shard) and the line of the learner's file; one in training with its step.
 """
 
@@ -221,6 +221,9 @@ def rank_main(ctx: RankContext) -> dict:
                    initial=local_values(model), norms={}, output=None)
         hooks = [m.register_forward_pre_hook(_norm_recorder(obs["norms"], name))
                  for name, m in model.named_modules() if isinstance(m, nn.RMSNorm)]
+        # Where each step's forward ends in its events: what comes before is what one forward sends.
+        model.register_forward_hook(lambda *_: events.append({"op": "mark", "what": "forward-returned",
+                                                               "via": None, "group": None, "bytes": 0}))
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         _shorten_timeouts(mesh)
         try:

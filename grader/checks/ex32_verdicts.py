@@ -26,7 +26,8 @@ COLWISE = ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight", 
            "output.weight")
 ROWWISE = ("attention.wo.weight", "feed_forward.w2.weight")
 NORMS = ("attention_norm.weight", "ffn_norm.weight", "norm.weight")
-CHECKS = ("mesh", "tp-placements", "dp-shards", "sequence-parallel", "subgroups", "matches-dense")
+CHECKS = ("mesh", "tp-placements", "dp-shards", "sequence-parallel", "subgroups", "block-units", "gathers-per-forward",
+          "matches-dense")
 STAGE_CHECK = {"device_mesh": "mesh", "parallelize_module": "tp-placements", "fully_shard": "dp-shards"}
 FSDP_OPS = probes.ALL_GATHERS + probes.REDUCE_SCATTERS
 LOGITS_TOLERANCE = 1e-4  # absolute, float32 logits of size ~1 summed in another order
@@ -301,6 +302,88 @@ def check_subgroups(g: Grader, observations: list[dict], world_size: int, tp_siz
                          "sub-mesh the plan and fully_shard get", rank=rank, world_size=world_size)
                 return
     g.record("subgroups", True)
+
+
+# --- what one forward sends ------------------------------------------------------------------------------
+
+
+def forward_events(events: list[dict]) -> list[dict] | None:
+    """The events of a step before its forward returned (None when the mark is missing)."""
+    end = next((i for i, e in enumerate(events) if e.get("op") == "mark"), None)
+    return None if end is None else events[:end]
+
+
+def _gathers(events: list[dict], group: list[int], via: str) -> list[dict]:
+    return [e for e in events if e.get("op") in probes.ALL_GATHERS and e.get("via") == via and e.get("group") == group]
+
+
+def check_units(g: Grader, observations: list[dict], world_size: int, tp_size: int, layers: int) -> None:
+    """Each step's forward gathers each block's parameters in an all-gather of its own among the data-parallel
+    group, and the root's own parameters in one more: the FSDP units are the blocks and the root."""
+    for rank, obs in enumerate(observations):
+        _, dp = groups_of(rank, world_size, tp_size)
+        for step, record in enumerate(obs.get("steps", [])):
+            events = forward_events(record["events"])
+            if events is None:
+                continue
+            gathers = _gathers(events, dp, "c10d")
+            if len(gathers) == layers + 1:
+                continue
+            sizes = [e["bytes"] for e in gathers]
+            if len(gathers) == 1:
+                seen = (f"one all-gather of {sizes[0]} bytes among its data-parallel group {dp}: every parameter of "
+                        "the model in one FSDP unit, the root's, gathered whole at the start of each forward and "
+                        "held until it ends. fully_shard each block first (for block in model.layers: "
+                        "fully_shard(block, mesh=mesh[\"dp\"])), then the root")
+            elif len(gathers) > layers + 1:
+                seen = (f"{len(gathers)} all-gathers among its data-parallel group {dp} ({_bytes_list(sizes)} bytes): "
+                        "units smaller than a block; each block is one unit (fully_shard(block)), not each layer "
+                        "inside it")
+            else:
+                seen = (f"{len(gathers)} all-gather(s) among its data-parallel group {dp} ({_bytes_list(sizes)} "
+                        "bytes): some blocks are not units of their own")
+            g.record("block-units", False, f"rank {rank}, step {step + 1}: the forward made {seen}; expected one "
+                     f"all-gather per block ({layers}) and one of the root's own parameters", rank=rank,
+                     world_size=world_size)
+            return
+    g.record("block-units", True)
+
+
+def _bytes_list(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes[:6])) + (", ..." if len(sizes) > 6 else "")
+
+
+def most_forward_gathers(layers: int) -> int:
+    """Activation all-gathers one forward needs at most: once before attention and once before the MLP in each
+    block (PrepareModuleInput), once before the head, and once for the logits when they are made whole."""
+    return 2 * layers + 2
+
+
+def check_forward_gathers(g: Grader, observations: list[dict], world_size: int, tp_size: int, layers: int) -> None:
+    """DTensor's all-gathers of activations among the tensor-parallel group in each step's forward: at most
+    most_forward_gathers, whichever way the plan gets there."""
+    most = most_forward_gathers(layers)
+    for rank, obs in enumerate(observations):
+        tp, _ = groups_of(rank, world_size, tp_size)
+        if len(tp) < 2:
+            continue
+        for step, record in enumerate(obs.get("steps", [])):
+            events = forward_events(record["events"])
+            if events is None:
+                continue
+            gathers = _gathers(events, tp, "functional")
+            if len(gathers) <= most:
+                continue
+            g.record("gathers-per-forward", False,
+                     f"rank {rank}, step {step + 1}: the forward made {len(gathers)} all-gathers of activations among "
+                     f"its tensor-parallel group {tp} ({_bytes_list([e['bytes'] for e in gathers])} bytes); it needs "
+                     f"{most} at most: the sequence gathered once before each block's attention and once before its "
+                     f"MLP ({layers} blocks), once before the head, and once for the logits. A sequence-split input "
+                     "that reaches wq, wk and wv (or w1) as it is is gathered by each of them: PrepareModuleInput("
+                     "input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)) on attention and on "
+                     "feed_forward gathers it once", rank=rank, world_size=world_size)
+            return
+    g.record("gathers-per-forward", True)
 
 
 # --- against the dense model ----------------------------------------------------------------------------
