@@ -56,3 +56,34 @@ def test_the_saved_model_is_read_back_or_refused_with_a_reason(tmp_path):
     torch.save(fsdp_job.build_model().state_dict(), tmp_path / "out" / "model.pt")
     saved, why = fsdp_job.saved_model(str(tmp_path))
     assert why == "" and set(saved) == set(fsdp_job.build_model().state_dict())
+
+
+def _shard(rank: int, name: str = "w") -> bytes:
+    return torch.full((128,), float(10 * rank + len(name)), dtype=torch.float32).numpy().tobytes()
+
+
+def test_files_holding_only_their_own_shards_pass_and_the_whole_tensor_in_each_file_fails():
+    prints = [{"tok_embeddings.weight": _shard(r)} for r in range(2)]
+    right = [{"files": {f"__{r}_0.distcp": b"head" + _shard(r) + b"tail"}, "prints": prints[r]} for r in range(2)]
+    assert ex.own_shards_verdict(right) == (True, "")
+    # full_tensor() on every rank, then torch.save into rank{r}.pt: each file holds both shards.
+    whole = _shard(0) + _shard(1)
+    wrong = [{"files": {f"rank{r}.pt": b"head" + whole}, "prints": prints[r]} for r in range(2)]
+    ok, message = ex.own_shards_verdict(wrong)
+    assert not ok and "rank 1's files (rank1.pt) hold rank 0's shard of 'tok_embeddings.weight'" in message
+    missing = [{"files": {"__0_0.distcp": b""}, "prints": prints[0]}, right[1]]
+    ok, message = ex.own_shards_verdict(missing)
+    assert not ok and "rank 0's shard of 'tok_embeddings.weight' is in none of the files rank 0 wrote" in message
+    ok, message = ex.own_shards_verdict([{"files": {"a": b"x"}, "prints": {}}, {"files": {}, "prints": {}}])
+    assert not ok and "no sharded parameter was found" in message
+
+
+def test_a_whole_parameter_held_while_writing_fails_and_names_the_file_and_line():
+    assert ex.whole_model_verdict([{"whole": []}, {"whole": []}]) == (True, "")
+    records = [{"whole": [{"file": "rank0.pt", "where": "line 72, in save_checkpoint",
+                           "names": ["tok_embeddings.weight", "tok_embeddings.weight (its momentum)"]}]}, {"whole": []}]
+    ok, message = ex.whole_model_verdict(records)
+    assert not ok and "rank 0 held the whole of tok_embeddings.weight and 1 more as it wrote rank0.pt" in message
+    assert "(line 72, in save_checkpoint)" in message
+    # What a rank sent is validated: anything but a list of entries with names is left out.
+    assert ex.whole_model_verdict([{"whole": "everything"}, {"whole": [{"names": "x"}]}]) == (True, "")
