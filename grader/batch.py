@@ -191,7 +191,7 @@ class WorkerProcess:
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            report = protocol.read_answer(self._lines(time.monotonic() + wait_s))
+            report = protocol.read_answer(self._lines(time.monotonic() + wait_s), request_id=request["id"])
             report.path = submission.path
             return _readable(report.to_dict())
         except queue.Empty:

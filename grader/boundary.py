@@ -32,11 +32,18 @@ class Unreadable(Exception):
 HEADER = struct.Struct("!Q")
 
 
-def read_frame(stream) -> bytes | None:
+MAX_REQUEST_BYTES = 64 * 2**20  # one request to the host (a run's arguments)
+
+
+def read_frame(stream, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
+    """One frame from a blocking ``stream``; None at its end, or when the length is over ``limit``
+    (the stream was written into by something else: nothing after it can be trusted to be framed)."""
     header = _read_exactly(stream, HEADER.size)
     if header is None:
         return None
     (size,) = HEADER.unpack(header)
+    if size > limit:
+        return None
     return _read_exactly(stream, size)
 
 

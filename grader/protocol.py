@@ -25,6 +25,7 @@ import importlib
 import json
 import os
 import sys
+import uuid
 from typing import Callable, Iterable
 
 from grader import catalog
@@ -47,7 +48,7 @@ def request(path: str, exercise_id: str | None, options: GradeOptions, shown_as:
     """The request to grade ``path`` (sent with its absolute path: the worker may start elsewhere);
     ``sandbox``: the tool that gives its ranks a sandbox of their own (:func:`grade_in_sandbox`)."""
     return {"path": os.path.abspath(path), "shown_as": shown_as or path, "exercise_id": exercise_id,
-            "options": options.to_dict(), "sandbox": sandbox}
+            "options": options.to_dict(), "sandbox": sandbox, "id": uuid.uuid4().hex}
 
 
 def wait_s(path: str, exercise_id: str | None, options: GradeOptions) -> float:
@@ -68,7 +69,12 @@ def answer(req: dict, session, send: Callable[[dict], None]) -> Report | None:
     from grader.grading import grade_file
 
     options = GradeOptions.from_dict(req.get("options") or {})
-    events = lambda kind, **info: send({"type": "event", "kind": kind, **info})  # noqa: E731
+    reply_to = req.get("id")
+
+    def send_tagged(message: dict) -> None:  # every answer line names the request it answers
+        send({**message, "id": reply_to})
+
+    events = lambda kind, **info: send_tagged({"type": "event", "kind": kind, **info})  # noqa: E731
     try:
         if req.get("sandbox"):
             report = grade_in_sandbox(req["path"], req.get("exercise_id"), options, events, tool=req["sandbox"])
@@ -76,19 +82,23 @@ def answer(req: dict, session, send: Callable[[dict], None]) -> Report | None:
             report = grade_file(req["path"], session(options) if callable(session) else session, options,
                                 req.get("exercise_id"), on_event=events)
     except Exception as exc:  # the grader's own failure on this file: said as such, the worker goes on
-        send({"type": "error", "why": f"{type(exc).__name__}: {exc}"})
+        send_tagged({"type": "error", "why": f"{type(exc).__name__}: {exc}"})
         return None
     report.path = req.get("shown_as") or report.path
-    send({"type": "report", "report": report.to_dict()})
+    send_tagged({"type": "report", "report": report.to_dict()})
     return report
 
 
-def read_answer(lines: Iterable[bytes | str], on_event=None) -> Report:
+def read_answer(lines: Iterable[bytes | str], on_event=None, request_id: str | None = None) -> Report:
     """The report from an answer's lines, calling ``on_event(kind, **info)`` for each event; Failed when
-    the lines end first, cannot be read, or say the grader failed."""
+    the lines end first, cannot be read, say the grader failed, or (``request_id``) answer another request."""
     try:
         for line in lines:
             message = json.loads(line)
+            if not isinstance(message, dict):
+                raise ValueError("a line that is not an object")
+            if request_id is not None and message.get("id") != request_id:
+                raise Failed("a line that answers no request of this client (forged, or left from another one)")
             kind = message.get("type")
             if kind == "event":
                 if on_event is not None:
@@ -96,7 +106,7 @@ def read_answer(lines: Iterable[bytes | str], on_event=None) -> Report:
             elif kind == "report":
                 return report_from_dict(message["report"])
             elif kind in ("error", "stale", "refused"):
-                raise Failed(message.get("why", kind))
+                raise Failed(str(message.get("why", kind))[:2000])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise Failed(f"an answer that cannot be read: {exc}") from None
     raise Failed("the answer ended before the report")

@@ -79,8 +79,12 @@ def main() -> None:
             data = read_frame(inbox)
             if data is None:
                 return
-            request = pickle.loads(data)
-            op = request.get("op")
+            try:
+                request = pickle.loads(data)
+                op = request.get("op")
+            except Exception:  # written into this process's input by something else: nothing more is read
+                send({"type": "failed", "why": "a request that cannot be read"})
+                return
             try:
                 if op == "close":
                     return
