@@ -7,6 +7,7 @@ import json
 import click
 
 from grader import results as R
+from grader.untrusted import clean_line, clean_text
 from grader.checks.shared.wording import describe_exit
 from grader.results import (ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report,
                             RunProblem)
@@ -23,14 +24,15 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
 
     lines = []
     head = f"Exercise {report.exercise}: {report.title}" if report.exercise else "ddp-grade"
-    lines.append(style(head, bold=True) + f"   {report.path}")
+    lines.append(style(head, bold=True) + f"   {clean_line(report.path)}")
     if report.in_one_process:
         lines.append(f"in one process (world sizes simulated), {report.seconds:.1f} s")
     elif report.backend:
         sizes = ", ".join(str(s) for s in report.world_sizes) or "-"
         lines.append(f"{report.backend}, world size{'s' if len(report.world_sizes) > 1 else ''} {sizes}, "
                      f"{report.seconds:.1f} s")
-    problem, details = problem_of(report), details_of(report)
+    # Everything below may hold what a submission printed or raised: shown as text, never as terminal control.
+    problem, details = clean_text(problem_of(report) or ""), clean_text(details_of(report))
     if problem:
         colour = "yellow" if report.status in (UNUSABLE, TIMEOUT) else "red"
         lines.append("")
@@ -45,18 +47,18 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
             label, colour = _LABELS[c.status]
             lines.append(f"  {style(label, fg=colour)}  {c.id.ljust(width)}  {c.title}")
             if c.status == FAIL:
-                for msg_line in c.message.splitlines():
+                for msg_line in clean_text(c.message).splitlines():
                     lines.append(f"        {msg_line}")
                 if c.hint:
                     lines.append(style(f"        hint: {c.hint}", dim=True))
             elif c.status in (SKIP, NOT_CHECKED) and c.message:
-                lines.append(style(f"        {c.message}", dim=True))
+                lines.append(style(f"        {clean_line(c.message)}", dim=True))
             elif c.status == ERROR and verbose:
-                lines.append(style(f"        {c.message}", dim=True))
+                lines.append(style(f"        {clean_line(c.message)}", dim=True))
     for section in report.sections:
         lines.append("")
-        lines.append(style(f"{section['title']}:", bold=True))
-        lines.extend("  " + ln for ln in section["text"].splitlines())
+        lines.append(style(f"{clean_line(section['title'])}:", bold=True))
+        lines.extend("  " + ln for ln in clean_text(section["text"]).splitlines())
     if details and (verbose or report.status == TIMEOUT or problem):
         lines.append("")
         lines.append(style("details:", bold=True))
@@ -135,7 +137,8 @@ def render_junit(report: Report) -> str:
     from xml.etree import ElementTree as ET
 
     counts = report.counts()
-    problem, details = problem_of(report), details_of(report)
+    # Everything below may hold what a submission printed or raised: shown as text, never as terminal control.
+    problem, details = clean_text(problem_of(report) or ""), clean_text(details_of(report))
     name = f"ddp-grade.exercise-{report.exercise}" if report.exercise else "ddp-grade"
     classname = f"exercise{report.exercise}" if report.exercise else "ddp-grade"
     suite = ET.Element("testsuite", {
@@ -183,7 +186,7 @@ def render_junit(report: Report) -> str:
 
 def _xml_text(text: str) -> str:
     """Drop the characters XML 1.0 cannot hold (a rank's output may contain any byte)."""
-    return "".join(ch for ch in str(text) if ch in "\t\n\r" or (ord(ch) >= 0x20 and ch not in "\ufffe\uffff"
+    return "".join(ch for ch in clean_text(text) if ch in "\t\n\r" or (ord(ch) >= 0x20 and ch not in "\ufffe\uffff"
                                                                   and not 0xD800 <= ord(ch) <= 0xDFFF))
 
 
@@ -347,6 +350,7 @@ _PROBLEM_WORDS = {
     R.IMPORT_ERROR: lambda p: f"importing {p.file} failed: {p.exception}: {p.message}{_at(p.where, False)}",
     R.MISSING_NAME: lambda p: f"{p.file} does not define {p.name}",
     R.NOT_IMPLEMENTED: lambda p: f"not implemented yet: {p.name}",
+    R.UNREADABLE: lambda p: p.message,
     R.STOPPED: lambda p: "a rank was stopped before it finished",
     R.RAISED: _raised,
     R.MISMATCHED_COLLECTIVE: _raised,
