@@ -93,6 +93,8 @@ def assert_guarantees(result, seconds: float, sessions, path: Path, digest_befor
         assert not os.path.exists(s.tmp), "the run's temporary folder was left behind"
     assert _digest(path) == digest_before, "the learner's file changed"
     assert len(result.output) < MAX_SHOWN_CHARS, f"{len(result.output)} characters shown"
+    raw = re.findall(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", result.output)
+    assert raw == [], f"control characters reached the terminal: {sorted(set(raw))}"
 
 
 def _param(path: Path):

@@ -1,0 +1,234 @@
+"""A submission decides nothing: whatever its ranks send or do to the grader's processes, under
+``--sandbox`` with each tool present and through ``batch``, it gets the verdict its code deserves,
+within its deadline plus a margin, and every other submission keeps its own row.
+
+The hostile files are in tests/hostile/ (graded plain by tests/test_hostile.py too); the sandboxed
+ones that must not see something are in tests/sandboxed/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from grader import sandbox
+
+pytestmark = pytest.mark.slow
+
+HOSTILE = ROOT / "tests" / "hostile"
+SANDBOXED = ROOT / "tests" / "sandboxed"
+SOLUTION = ROOT / "solutions" / "01_setup.py"
+TOOLS = [pytest.param(name, marks=pytest.mark.skipif(sandbox._tool(name) is None, reason=f"{name} does not work here"))
+         for name in (sandbox.BWRAP, sandbox.UNSHARE)]
+ANY_TOOL = pytest.mark.skipif(sandbox.tool() is None, reason="no sandbox tool works here")
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+MARGIN_S = 10.0
+
+
+def run(args: list[str], tool: str | None, state: Path, *, env: dict | None = None,
+        watch_memory: bool = False) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``python -m grader ARGS`` (sandboxed by ``tool``), and the peak resident memory of that
+    process itself (not of what it starts) when ``watch_memory``."""
+    full_env = {**os.environ, "DDP_GRADE_STATE_DIR": str(state), "DDP_GRADE_SERVER": "0", **(env or {})}
+    if tool:
+        full_env[sandbox.TOOL_ENV] = tool
+    proc = subprocess.Popen([sys.executable, "-m", "grader", *args], env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak = [0]
+
+    def watch() -> None:
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            peak[0] = max(peak[0], int(line.split()[1]) * 1024)
+            except OSError:
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True) if watch_memory else None
+    if watcher:
+        watcher.start()
+    out, err = proc.communicate(timeout=600)
+    if watcher:
+        watcher.join()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), peak[0]
+
+
+def report_of(done: subprocess.CompletedProcess) -> dict:
+    return json.loads(done.stdout)
+
+
+# --- one grading under --sandbox ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_forged_all_pass_report_fails(tool, tmp_path):
+    """The rank writes a well-formed all-pass report into every pipe of the grader process in its
+    sandbox: the grader outside reads that as something it cannot read, and the file fails."""
+    done, _ = run([str(HOSTILE / "01_forges_verdict.py"), "--sandbox", "--format", "json"], tool, tmp_path)
+    report = report_of(done)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert report["status"] == "failed" and report["exit_code"] == 1
+    assert not all(c["status"] == "pass" for c in report["checks"])
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_gigabyte_without_a_newline_keeps_the_grader_small(tool, tmp_path):
+    started = time.monotonic()
+    done, peak = run([str(HOSTILE / "01_floods_the_grader.py"), "--sandbox", "--timeout", "60", "--format", "json"],
+                     tool, tmp_path, watch_memory=True)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert 0 < peak < 2**30, f"the ddp-grade process reached {peak / 2**20:.0f} MiB"
+    assert time.monotonic() - started < 60 + MARGIN_S + 60  # the deadline, the margin, the sandbox's start
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_children_over_the_memory_limit_are_caught(tool, tmp_path):
+    done, _ = run([str(HOSTILE / "01_forking_memory_hog.py"), "--sandbox", "--timeout", "60",
+                   "--memory-limit", "512"], tool, tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "memory limit" in done.stdout
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_stopped_grader_process_ends_as_a_timeout_within_the_deadline(tool, tmp_path):
+    done, _ = run([str(HOSTILE / "01_stops_the_grader.py"), "--sandbox", "--timeout", "10", "--format", "json"],
+                  tool, tmp_path)
+    report = report_of(done)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert report["status"] == "timeout"
+    assert report["seconds"] < 10 + MARGIN_S, report["seconds"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_fifos_and_links_in_what_the_ranks_leave_do_not_hang_the_grader(tool, tmp_path):
+    """33's checkpoint folder holds a FIFO and a link (a right answer otherwise); 21's log is a FIFO."""
+    done, _ = run([str(HOSTILE / "33_fifo_in_checkpoint.py"), "--sandbox", "-q"], tool, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    done, _ = run([str(HOSTILE / "21_log_is_a_fifo.py"), "--sandbox", "-q", "--format", "json"], tool, tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    assert report_of(done)["seconds"] < 120 + MARGIN_S
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_control_sequences_never_reach_the_terminal(tool, tmp_path):
+    done, _ = run([str(HOSTILE / "01_prints_escapes.py"), "--sandbox", "-v"], tool, tmp_path)
+    assert done.returncode == 1
+    assert "clipboard set" in done.stdout
+    assert CONTROL.findall(done.stdout) == [] and CONTROL.findall(done.stderr) == []
+    as_json, _ = run([str(HOSTILE / "01_prints_escapes.py"), "--sandbox", "--format", "json"], tool, tmp_path)
+    assert "\x1b" not in as_json.stdout and "clipboard set" in report_of(as_json)["problem"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_rank_sees_neither_the_kit_nor_another_submission(tool, tmp_path):
+    other = tmp_path / "class" / "bob" / "01_setup.py"
+    other.parent.mkdir(parents=True)
+    shutil.copy(SOLUTION, other)
+    env = {"DDP_GRADE_TEST_KIT": str(ROOT), "DDP_GRADE_TEST_OTHER": str(other),
+           sandbox.PASS_ENV: "DDP_GRADE_TEST_KIT DDP_GRADE_TEST_OTHER"}
+    inside = tmp_path / "class" / "eve" / "01_setup.py"
+    inside.parent.mkdir(parents=True)
+    shutil.copy(SANDBOXED / "01_reads_kit.py", inside)
+    done, _ = run([str(inside), "--sandbox", "-q"], tool, tmp_path, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    outside, _ = run([str(inside), "-q"], None, tmp_path, env=env)  # the file does look
+    assert outside.returncode == 1 and "can read" in outside.stdout
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_state_folder_that_loops_is_no_traceback(tool, tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(tmp_path / "loop")
+    for args in ([str(SOLUTION), "--sandbox", "-q"], ["batch", str(SOLUTION), "--sandbox", "-q"]):
+        done, _ = run(args, tool, loop)
+        assert "Traceback" not in done.stderr + done.stdout, done.stderr[-2000:]
+        assert done.returncode in (0, 2), done.stderr[-2000:]
+
+
+# --- batch: one submission, one row ----------------------------------------------------------------------
+
+
+def _class(tmp_path: Path, files: dict[str, Path]) -> Path:
+    learners = tmp_path / "class"
+    for name, source in files.items():
+        (learners / name).mkdir(parents=True)
+        shutil.copy(source, learners / name / "01_setup.py")
+    return learners
+
+
+def _batch(folder: Path, tmp_path: Path, *args: str, tool: str | None = None) -> tuple[dict, subprocess.CompletedProcess]:
+    done, _ = run(["batch", str(folder), "--format", "json", "-q", "--timeout", "30", *args], tool, tmp_path)
+    return json.loads(done.stdout), done
+
+
+@ANY_TOOL
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_right_answer_between_hostile_ones_keeps_its_row(jobs, tmp_path):
+    learners = _class(tmp_path, {"a_forger": HOSTILE / "01_forges_verdict.py", "b_right": SOLUTION,
+                                 "c_flood": HOSTILE / "01_floods_the_grader.py", "d_right": SOLUTION})
+    data, done = _batch(learners, tmp_path, "--jobs", jobs, "--sandbox")
+    status = {r["submission"]: r["status"] for r in data["reports"]}
+    assert status["b_right/01_setup.py"] == status["d_right/01_setup.py"] == "passed", status
+    assert status["a_forger/01_setup.py"] == "failed" and status["c_flood/01_setup.py"] == "failed", status
+    right = next(r for r in data["reports"] if r["submission"] == "b_right/01_setup.py")
+    assert all(c["status"] in ("pass", "skip") for c in right["checks"])
+    assert done.returncode == 1
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_without_a_sandbox_a_forged_line_costs_only_its_own_row(jobs, tmp_path):
+    """Unsandboxed, a rank can reach its worker's pipe: the forged line names no request of the batch,
+    so that row cannot be graded, and a fresh worker grades the next submission."""
+    learners = _class(tmp_path, {"a_forger": HOSTILE / "01_forges_verdict.py", "b_right": SOLUTION,
+                                 "c_right": SOLUTION})
+    data, done = _batch(learners, tmp_path, "--jobs", jobs, "--no-sandbox")
+    status = {r["submission"]: r["status"] for r in data["reports"]}
+    assert status["b_right/01_setup.py"] == status["c_right/01_setup.py"] == "passed", status
+    assert status["a_forger/01_setup.py"] in ("failed", "unusable"), status
+
+
+def test_links_among_submissions_are_refused_without_a_byte_of_their_target(tmp_path):
+    secret = tmp_path / "outside" / "secret.py"
+    secret.parent.mkdir()
+    token = f"SECRET_TOKEN={uuid.uuid4().hex}"
+    secret.write_text(f"# {token}\nraise SystemExit('{token}')\n")
+    learners = _class(tmp_path, {"bob": SOLUTION})
+    (learners / "alice").mkdir()
+    (learners / "alice" / "01_setup.py").symlink_to(learners / "bob" / "01_setup.py")
+    (learners / "carol").mkdir()
+    (learners / "carol" / "01_setup.py").symlink_to(secret)
+    (learners / "dave").symlink_to(learners / "bob")
+    for mode in ("--sandbox", "--no-sandbox") if sandbox.tool() else ("--no-sandbox",):
+        data, done = _batch(learners, tmp_path, mode)
+        status = {r["submission"]: r["status"] for r in data["reports"]}
+        assert status["bob/01_setup.py"] == "passed"
+        for name in ("alice/01_setup.py", "carol/01_setup.py", "dave"):
+            assert status[name] == "unusable", status
+            assert "symbolic link" in next(r["problem"] for r in data["reports"] if r["submission"] == name)
+        assert token not in done.stdout + done.stderr
+        assert done.returncode == 2
+
+
+@ANY_TOOL
+def test_a_name_with_control_characters_stays_one_row(tmp_path):
+    learners = tmp_path / "class"
+    odd = learners / "ev\x1b]0;x\x07il\nname"
+    odd.mkdir(parents=True)
+    shutil.copy(SOLUTION, odd / "01_setup.py")
+    done, _ = run(["batch", str(learners), "--sandbox"], None, tmp_path)
+    assert CONTROL.findall(done.stdout + done.stderr) == []
+    rows = [line for line in done.stdout.splitlines() if "evil name" in line]
+    assert len(rows) == 1 and "passed" in rows[0], done.stdout
