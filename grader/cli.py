@@ -71,15 +71,18 @@ def main():
 @format_option()
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False, writable=True), metavar="FILE",
               help="Also write the report as JUnit XML to FILE (for CI dashboards).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Also write what each rank did over time: PATH ending in .html is a page with the verdicts "
+                   "beside the lanes; any other name, Chrome trace JSON (opens in Perfetto).")
 @quiet_option
-@click.option("-v", "--verbose", is_flag=True, help="Show every detail, also of passing runs.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every detail, also of passing runs (and every timeline).")
 @click.option("--no-server", is_flag=True,
               help="Grade in this process only: neither use nor start the warm grading server "
                    "(also DDP_GRADE_SERVER=0).")
 @click.option("--sandbox", is_flag=True,
               help="For untrusted code: grade in Linux namespaces (loopback only, home folder hidden, "
                    "nothing outlives the run); needs bwrap or unshare (see `ddp-grade doctor`).")
-def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server, sandbox):
+def grade(path, exercise_id, options, fmt, junit_path, trace_path, quiet, verbose, no_server, sandbox):
     """Grade one exercise file (this is also what `ddp-grade PATH` does).
 
     Without PATH, grades the next unfinished exercise of the kit (see `ddp-grade list`);
@@ -125,7 +128,21 @@ def grade(path, exercise_id, options, fmt, junit_path, quiet, verbose, no_server
                 f.write(render_junit(report))
         except OSError as exc:
             _fail(f"cannot write {junit_path}: {exc.strerror or exc}")
+    if trace_path:
+        _write_trace(trace_path, report)
     raise SystemExit(report.exit_code)
+
+
+def _write_trace(path: str, report) -> None:
+    """--trace: the report's timelines as a page or a Chrome trace (exit 2 when the file cannot be written)."""
+    from grader import timeline_view
+
+    try:
+        runs = timeline_view.write(path, report.to_dict())
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc.strerror or exc}")
+    if not runs:
+        click.echo(f"ddp-grade: {path} holds no lanes: no rank recorded a timeline in this grading", err=True)
 
 
 def _grade_here(path, options, exercise_id, progress, quiet):

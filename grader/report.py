@@ -8,6 +8,8 @@ import click
 
 from grader import results as R
 from grader.untrusted import clean_line, clean_text
+from grader import timeline_view
+from grader.timeline import is_timeline
 from grader.checks.shared.wording import describe_exit
 from grader.results import (ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report,
                             RunProblem)
@@ -56,9 +58,14 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
             elif c.status == ERROR and verbose:
                 lines.append(style(f"        {clean_line(c.message)}", dim=True))
     for section in report.sections:
+        body = section["text"]
+        if is_timeline(section):  # drawn under -v, or where the exercise's schedule is the point
+            body = timeline_view.section_text(section, verbose, width=timeline_view.WIDTH - 2)
+            if not body:
+                continue
         lines.append("")
         lines.append(style(f"{clean_line(section['title'])}:", bold=True))
-        lines.extend("  " + ln for ln in clean_text(section["text"]).splitlines())
+        lines.extend("  " + ln for ln in clean_text(body).splitlines())
     if details and (verbose or report.status == TIMEOUT or problem):
         lines.append("")
         lines.append(style("details:", bold=True))

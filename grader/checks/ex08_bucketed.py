@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.compare import tensor_difference
 from grader.child import RankContext
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 MIB = 2**20
 # Caps in bytes (given to the learner in MiB), each chosen so that a common
@@ -121,6 +122,7 @@ def _bucket_names(buckets, model: torch.nn.Module) -> list[list[str]]:
     return out
 
 
+@rank_timeline.traced
 def bucket_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
@@ -150,22 +152,28 @@ def _observe_plan(ctx: RankContext, BucketedDDP, plan: str, events: list) -> dic
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
     steps = []
-    for step in range(STEPS):
-        x, y = (t.to(ctx.device) for t in make_batch(step, ctx.rank))
-        first = len(events)
-        out = ddp(x, **forward_kwargs(step))
-        loss = F.mse_loss(out, y.to(out.dtype))
-        loss.backward()
-        events.append({"op": "backward-returned"})
-        ddp.finish_gradient_synchronization()
-        events.append({"op": "finish-returned"})
-        grads = {n: None if p.grad is None else p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
-        step_events = [dict(e) for e in events[first:]]
-        optimizer.step()
-        optimizer.zero_grad()
-        steps.append({"grads": grads, "events": step_events, "state": _state(model)})
+    with rank_timeline.region(training(plan)):
+        for step in range(STEPS):
+            x, y = (t.to(ctx.device) for t in make_batch(step, ctx.rank))
+            first = len(events)
+            out = ddp(x, **forward_kwargs(step))
+            loss = F.mse_loss(out, y.to(out.dtype))
+            loss.backward()
+            events.append({"op": "backward-returned"})
+            ddp.finish_gradient_synchronization()
+            events.append({"op": "finish-returned"})
+            grads = {n: None if p.grad is None else p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
+            step_events = [dict(e) for e in events[first:]]
+            optimizer.step()
+            optimizer.zero_grad()
+            steps.append({"grads": grads, "events": step_events, "state": _state(model)})
     return {"layouts": layouts, "after_init": after_init, "steps": steps,
             "train_buckets": len(getattr(ddp, "buckets", None) or [])}
+
+
+def training(plan: str) -> str:
+    """What the timeline calls the training steps of ``plan``."""
+    return f"{plan}, {STEPS} training steps"
 
 
 # --- in the grader --------------------------------------------------------------------
@@ -173,7 +181,9 @@ def _observe_plan(ctx: RankContext, BucketedDDP, plan: str, events: list) -> dic
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        results = g.run("bucket_main", world_size).results()
+        outcome = g.run("bucket_main", world_size)
+        timelines.keep(g, outcome, f"world size {world_size}", draw=(training("float32"),))
+        results = outcome.results()
         for plan in PLANS:
             observations = [r[plan] for r in results]
             if plan in LAYOUT_PLANS:

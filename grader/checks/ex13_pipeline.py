@@ -24,17 +24,19 @@ The report's sections hold, per schedule, ``data = {"schedule", "runs": [{"world
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections import Counter
 
 import torch
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.child import RankContext
 from grader.compare import first_difference
 from grader.results import NOT_IMPLEMENTED
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 SCHEDULES = ("gpipe", "1f1b")
 WIDTHS = (40, 64, 96, 80, 72)  # stage r maps WIDTHS[r] features to WIDTHS[r + 1]: every link has its own size
@@ -86,6 +88,11 @@ def cases_for(schedule: str, world_size: int) -> list[dict]:
     ]
 
 
+def region_name(case: dict) -> str:
+    """What the timeline calls the measured step of a run."""
+    return f"the step of {case['num_microbatches']} micro-batches"
+
+
 def activation_bytes(case: dict, link: int) -> int:
     """Bytes of one micro-batch's activation from stage ``link`` to stage ``link + 1`` (and of its gradient)."""
     return case["rows"] * WIDTHS[link + 1] * 4
@@ -126,6 +133,7 @@ class ObservedStage(nn.Module):
             return self.body(x)
         k = sum(1 for e in self.observed if e["op"] == "F")
         self.observed.append({"op": "F", "mb": k, "rows": rows})
+        rank_timeline.label(f"F{k}")
         with torch.autograd.graph.saved_tensors_hooks(self._packer(k), _unpack):
             out = self.body(x)
         if isinstance(out, torch.Tensor) and out.requires_grad:
@@ -147,6 +155,7 @@ class ObservedStage(nn.Module):
     def _backward_hook(self, k: int):
         def hook(grad):
             self.observed.append({"op": "B", "mb": k, "rows": 0})
+            rank_timeline.label(f"B{k}")
         return hook
 
 
@@ -154,6 +163,7 @@ def _unpack(saved: _Saved):
     return saved.tensor
 
 
+@rank_timeline.traced
 def pipeline_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
@@ -172,11 +182,12 @@ def _observe(ctx: RankContext) -> dict:
             batch = batch.to(ctx.device) if rank == 0 else None
             target = target.to(ctx.device) if rank == world_size - 1 else None
             first = len(events)
-            if case["schedule"] == "gpipe":  # the default schedule
-                returned = pipeline_step(stage, batch, target, case["num_microbatches"], loss_fn)
-            else:
-                returned = pipeline_step(stage, batch, target, case["num_microbatches"], loss_fn,
-                                         schedule=case["schedule"])
+            with rank_timeline.region(region_name(case)) if case["measure"] else contextlib.nullcontext():
+                if case["schedule"] == "gpipe":  # the default schedule
+                    returned = pipeline_step(stage, batch, target, case["num_microbatches"], loss_fn)
+                else:
+                    returned = pipeline_step(stage, batch, target, case["num_microbatches"], loss_fn,
+                                             schedule=case["schedule"])
             steps.append({
                 "returned": {"type": type(returned).__name__,
                              "value": float(returned) if isinstance(returned, (int, float)) else None},
@@ -200,6 +211,7 @@ def grade(g: Grader) -> None:
             cases = cases_for(schedule, world_size)
             try:
                 outcome = g.run("pipeline_main", world_size, kwargs={"cases": cases})
+                timelines.keep(g, outcome, f"{schedule}, world size {world_size}", shown=world_size == sizes[-1])
             except g.Stopped as stop:
                 if schedule == "gpipe" and stop.problem.kind == NOT_IMPLEMENTED:
                     raise  # the stub: "not implemented yet" says it all

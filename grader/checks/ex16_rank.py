@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.child import RankContext
 
 BATCH, HEADS, CHUNK, HEAD_DIM = 2, 2, 4, 8  # CHUNK: positions per rank (even, so that zigzag halves it)
@@ -256,9 +256,14 @@ def _fingerprints(full: dict, ctx: RankContext, members: list[int], zigzag: bool
     return out
 
 
-def _run_case(ctx: RankContext, call, scenario: str, events: list, learner, learner_file: str, *,
-              rows: list[int], length: int, members: list[int], zigzag: bool = False, count: bool = True,
-              measure: bool = False) -> dict:
+def _run_case(ctx: RankContext, call, scenario: str, *args, **kwargs) -> dict:
+    with rank_timeline.region(scenario):  # one part of the timeline per scenario
+        return _run_scenario(ctx, call, scenario, *args, **kwargs)
+
+
+def _run_scenario(ctx: RankContext, call, scenario: str, events: list, learner, learner_file: str, *,
+                  rows: list[int], length: int, members: list[int], zigzag: bool = False, count: bool = True,
+                  measure: bool = False) -> dict:
     """Forward and backward of one scenario on this rank's chunk: the tensors, the messages, the block
     products (``count``) and the most other ranks' blocks held at once (``measure``)."""
     full = make_inputs(scenario, length)
@@ -270,7 +275,7 @@ def _run_case(ctx: RankContext, call, scenario: str, events: list, learner, lear
     watch = _watch_class() if count or measure else _NoWatch
     forward_watch = watch(lambda: held.probe("in forward"))
     first = len(events)
-    with memory.watch_saved(held.saved), forward_watch:
+    with memory.watch_saved(held.saved), forward_watch, rank_timeline.phase("forward", scenario):
         out = call(q, k, v)
     forward_events = [dict(e) for e in events[first:]]
     run = {"output": _plain(out), "forward_events": forward_events, "backward_events": [],
@@ -296,6 +301,7 @@ def _run_case(ctx: RankContext, call, scenario: str, events: list, learner, lear
     return run
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []

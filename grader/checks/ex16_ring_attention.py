@@ -28,6 +28,7 @@ from grader.checks.ex16_rank import (ATOL, BACKWARD_PER_BLOCK, BATCH, CHUNK, DTY
                                      groups_of, make_inputs, positions, uneven_lengths, uneven_positions)
 from grader.checks.ex16_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found in this module)
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 from grader.compare import tensor_difference
 
 
@@ -72,12 +73,16 @@ def grade(g: Grader) -> None:
     runs = [g.Run("rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
     if largest >= 2:  # chunks of different lengths, each pattern in a run of its own: gloo may abort a rank there
         runs += [g.Run("uneven_main", largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
+    started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     held_decided = False
     zigzag_seen = set()
     lines = []
     for world_size in g.world_sizes:
-        observations = next(outcomes).results()
+        outcome = next(outcomes)
+        timelines.keep(g, outcome, f"world size {world_size}", shown=world_size == largest, draw=("plain",),
+                       started=started)
+        observations = outcome.results()
         expected = expected_for(world_size)
         check_outputs(g, observations, expected, world_size)
         check_gradients(g, observations, expected, world_size)

@@ -19,6 +19,7 @@ from grader.checks import ex34_verdicts as verdicts
 from grader.checks.ex34_rank import LR, SCHEDULES, STEPS, build_model, loss_fn, make_batch, n_microbatches
 from grader.checks.ex34_rank import rank_main  # noqa: F401  (the driver g.run("rank_main") finds in this module)
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 # --- in the grader: one process, the same micro-batches -------------------------------------------
@@ -54,7 +55,9 @@ def grade(g: Grader) -> None:
         g.stop("a pipeline of one stage has nothing to schedule: grade with --world-size 2 or more")
     runs = []
     for world_size in sizes:
-        observations = g.run("rank_main", world_size).results()
+        outcome = g.run("rank_main", world_size)
+        timelines.keep(g, outcome, f"world size {world_size}", shown=world_size == sizes[-1], draw=("GPipe", "1F1B"))
+        observations = outcome.results()
         for schedule in SCHEDULES:
             per_rank = [o.get(schedule) for o in observations]
             if any(obs is None for obs in per_rank):

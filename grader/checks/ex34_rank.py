@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.child import RankContext
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
@@ -172,12 +172,14 @@ class StageWatch:
                 return forward(stage, chunk, *args, **kwargs)
             key = (int(stage.stage_index), int(chunk))
             watch.actions.append(("F", *key))
-            with torch.autograd.graph.saved_tensors_hooks(watch._pack(key), _unpack):
+            with rank_timeline.phase("forward", f"F{key[1]} s{key[0]}"), \
+                    torch.autograd.graph.saved_tensors_hooks(watch._pack(key), _unpack):
                 return forward(stage, chunk, *args, **kwargs)
 
         def observed_backward(stage, chunk, *args, **kwargs):
             watch.actions.append(("B", int(stage.stage_index), int(chunk)))
-            return backward(stage, chunk, *args, **kwargs)
+            with rank_timeline.phase("backward", f"B{int(chunk)} s{int(stage.stage_index)}"):
+                return backward(stage, chunk, *args, **kwargs)
 
         with probes.patched(_PipelineStageBase, "__init__", observed_init), \
                 probes.patched(_PipelineStageBase, "forward_one_chunk", observed_forward), \
@@ -219,6 +221,7 @@ def _values(modules) -> dict:
             for i, module in enumerate(modules) for name, p in module.named_parameters()}
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []
@@ -227,7 +230,8 @@ def rank_main(ctx: RankContext) -> dict:
         build_pipeline, train_step = ctx.function("build_pipeline"), ctx.function("train_step")
         out = {}
         for schedule in SCHEDULES:
-            out[schedule] = obs = _one_schedule(ctx, schedule, build_pipeline, train_step, events, watch)
+            with rank_timeline.region(schedule):
+                out[schedule] = obs = _one_schedule(ctx, schedule, build_pipeline, train_step, events, watch)
             if obs.get("error") or obs.get("returned"):
                 break  # a peer may still wait on this rank's messages: the next schedule would meet them
         return out
