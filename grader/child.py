@@ -387,11 +387,14 @@ def _caller_in_learner_file() -> dict | None:
 def serve(conn) -> None:
     """Entry point of every rank process: wait for the spec on ``conn``, then run it.
 
-    A spare (see harness.Session) waits here until a run needs it; its pipe closing ends it.
+    A spare (see harness.Session) waits here until a run needs it; its pipe closing ends it. While it
+    waits it is in the process group of the command that started the pool, so Ctrl-C at the terminal
+    reaches it too: it ignores that, as the command stops what it started (its spares included).
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec = pickle.loads(conn.recv_bytes())
-    except (EOFError, OSError):
+    except (EOFError, OSError, KeyboardInterrupt):
         os._exit(0)
     main(spec, conn)
 
@@ -403,6 +406,7 @@ def main(spec: dict, conn) -> None:
         os.setpgrp()
     except OSError:
         pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # in a group of its own now: as in any process
     for name in LAUNCHER_VARIABLES:
         os.environ.pop(name, None)
     for name, value in spec["env"].items():

@@ -345,7 +345,10 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     if exercise_id:
         ex = _kit_call(lambda: kit.require_exercise(exercise_id))
     tty = _color()
-    grading.warm_up(dynamo=ex.preload_dynamo if ex else True, exercises=[ex])
+    try:
+        grading.warm_up(dynamo=ex.preload_dynamo if ex else True, exercises=[ex])
+    except KeyboardInterrupt:
+        _stopped_watching()
 
     with harness.Session(limits=options.limits, spares=True) as session:
         def once(n: int) -> None:
@@ -362,9 +365,19 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
 
         try:
             watch_loop(path, once, poll_s=poll_s, max_grades=max_grades)
-        except KeyboardInterrupt:
-            click.echo("\nStopped watching.")
+        except KeyboardInterrupt:  # the ranks of a grading under way are stopped already; the session ends below
+            _stopped_watching(exit_now=False)
     raise SystemExit(EXIT_OK)
+
+
+def _stopped_watching(exit_now: bool = True) -> None:
+    """Ctrl-C in watch: one line, and exit 0 once what it started has stopped (a second Ctrl-C cannot cut that short)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo("\nStopped watching.")
+    if exit_now:
+        raise SystemExit(EXIT_OK)
 
 
 @main.command()

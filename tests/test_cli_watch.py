@@ -147,3 +147,63 @@ def test_watch_of_an_unknown_exercise_is_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "unknown exercise '99'" in result.output
     missing = CliRunner().invoke(main, ["watch", str(tmp_path / "nope.py")])
     assert missing.exit_code == 2 and "no such file" in missing.output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_ctrl_c_to_the_whole_process_group_stops_watch_with_one_line_and_leaves_nothing(tmp_path):
+    """As a terminal sends it: SIGINT to the foreground process group (the command, its warm pool, its spares),
+    here while the ranks of a grading are running. One line, exit 0 (as documented), no traceback from any
+    process, and no process left."""
+    import signal
+    import subprocess
+    import time
+    import uuid
+
+    import background
+
+    f = tmp_path / "01_setup.py"
+    shutil.copy(ROOT / "solutions" / "01_setup.py", f)
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "DDP_GRADE_TEST_TAG": tag, "DDP_GRADE_STATE_DIR": str(tmp_path / "state")}
+    command = subprocess.Popen([sys.executable, "-m", "grader", "watch", str(f)], cwd=ROOT, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.extend(command.stdout), daemon=True)
+    reader.start()
+
+    def wait_for(ready, what: str, within_s: float = 120) -> None:
+        deadline = time.monotonic() + within_s
+        while not ready():
+            assert command.poll() is None and time.monotonic() < deadline, f"{what}: {''.join(out)[-2000:]}"
+            time.sleep(0.05)
+
+    def ranks() -> list[int]:  # the processes of a run: each leads a process group of its own
+        found = []
+        for pid in background.processes_carrying(tag):
+            try:
+                if pid != command.pid and os.getpgid(pid) == pid:
+                    found.append(pid)
+            except ProcessLookupError:
+                pass
+        return found
+
+    try:
+        wait_for(lambda: any("grading 1 of" in line for line in out), "the first grading")
+        f.write_text(f.read_text() + "\nimport time\n\ntime.sleep(300)  # the ranks wait here on import\n")
+        wait_for(lambda: ranks(), "the second grading's ranks")
+        os.killpg(command.pid, signal.SIGINT)
+        command.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if command.poll() is None:
+            os.killpg(command.pid, signal.SIGKILL)
+            command.wait()
+    errors = command.stderr.read()
+    assert command.returncode == 0, errors[-2000:]
+    shown = "".join(out) + errors
+    assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-3000:]
+    after = out[next(i for i, line in enumerate(out) if "grading 1 of" in line) + 1:]
+    assert [line.strip() for line in after if line.strip() and not line.startswith("Passed! Next")] == \
+        ["Stopped watching."]
+    assert background.processes_carrying(tag) == []
