@@ -40,26 +40,52 @@ def invoke(*args, input=None):
     return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
 
 
+def _row(output: str, exercise_id: str) -> str:
+    """The line of ``list``'s output for one exercise."""
+    return next(ln for ln in output.splitlines() if ln[3:].startswith(f"{exercise_id}  "))
+
+
 def test_list_shows_every_exercise_not_started_and_marks_the_first(kit_copy):
     result = invoke("list")
     assert result.exit_code == 0
     lines = result.output.splitlines()
-    assert lines[0].startswith("-> 01") and lines[0].endswith("not started")
+    assert _row(result.output, "01").startswith("-> 01") and _row(result.output, "01").endswith("not started")
     shipped = [ex for ex in catalog.exercises() if (kit_copy / "exercises" / ex.filename).exists()]
     assert sum("not started" in ln for ln in lines) == len(shipped)
     assert "Next: 01" in result.output
 
 
+def test_list_fits_80_columns_with_the_tracks_their_progress_and_each_exercise_s_minutes(kit_copy, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    Progress().record_grading("02", "passed")
+    Progress().record_grading("22", "passed")
+    output = invoke("list").output
+    lines = output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    headings = [ln for ln in lines if ln and not ln.startswith(" ") and "passed" in ln and "(" in ln]
+    assert headings == ["Data parallel (01-10): 1/10 passed", "Beyond data parallel (11-19): 0/9 passed",
+                        "Debugging (21-29): 1/9 passed", "Production APIs (31-34): 0/4 passed",
+                        "Capacity planning (41-43): 0/3 passed"]
+    for heading, first, last in zip(headings, ("01", "11", "21", "31", "41"), ("10", "19", "29", "34", "43")):
+        below = lines[lines.index(heading):]
+        assert [ln[3:5] for ln in below if ln[3:5].isdigit()][:1] == [first]
+        assert _row(output, last) in below
+    for ex in catalog.exercises():
+        assert f"  {ex.minutes:>2} min  " in _row(output, ex.id)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert max(len(line) for line in invoke("list").output.splitlines()) <= 100
+
+
 def test_list_shows_an_edited_file_in_progress_and_a_passed_one_passed(kit_copy):
     path = kit_copy / "exercises" / "01_setup.py"
     path.write_text(path.read_text() + "\n# only a comment\n")
-    assert "not started" in invoke("list").output.splitlines()[0]  # comments do not count
+    assert "not started" in _row(invoke("list").output, "01")  # comments do not count
     path.write_text(path.read_text() + "\nX = 1\n")
-    assert invoke("list").output.splitlines()[0].endswith("in progress")
+    assert _row(invoke("list").output, "01").endswith("in progress")
     Progress().record_grading("01", "passed")
-    lines = invoke("list").output.splitlines()
-    assert lines[0].startswith("   01") and lines[0].endswith("passed")
-    assert lines[1].startswith("-> 02")
+    output = invoke("list").output
+    assert _row(output, "01").startswith("   01") and _row(output, "01").endswith("passed")
+    assert _row(output, "02").startswith("-> 02")
 
 
 def test_hint_shows_the_next_level_each_time_and_remembers(kit_copy):
