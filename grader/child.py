@@ -186,12 +186,14 @@ def describe_exception(exc: BaseException, learner_path: str | None = None, phas
     """A plain-data account of an exception: type, message, traceback, learner's frame."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     where = None
+    raised_here = False  # the innermost frame is the learner's: raised by its own line (a stub's TODO, an assert)
     if learner_path:
         target = os.path.abspath(learner_path)
         link = exc.__traceback__
         while link is not None:
             code = link.tb_frame.f_code
-            if os.path.abspath(code.co_filename) == target:
+            raised_here = os.path.abspath(code.co_filename) == target
+            if raised_here:
                 # co_qualname (3.11+) names methods with their class: "SimpleDDP.__init__"
                 name = getattr(code, "co_qualname", code.co_name)
                 where = {"line": link.tb_lineno, "function": name,
@@ -206,6 +208,7 @@ def describe_exception(exc: BaseException, learner_path: str | None = None, phas
         "message": str(exc)[:2000],
         "traceback": tb[-MAX_TRACEBACK_CHARS:],
         "where": where,
+        "raised_in_learner": raised_here,
         "phase": phase,
     }
     if isinstance(exc, MissingName):

@@ -220,9 +220,12 @@ def _subject(p: RunProblem) -> str:
 
 
 def _at(where, with_function: bool = True) -> str:
+    """" (07_ring.py line 30, in ring_all_reduce: `dist.send(t, dst)`)": the learner's frame and its line."""
     if where is None:
         return ""
-    return f" (line {where.line}, in {where.function})" if with_function else f" (line {where.line})"
+    code = f": `{where.code}`" if getattr(where, "code", "") else ""
+    function = f", in {where.function}" if with_function and where.function else ""
+    return f" ({where.file} line {where.line}{function}{code})"
 
 
 def _raised(p: RunProblem) -> str:
@@ -239,6 +242,8 @@ def _exited(p: RunProblem) -> str:
         return _raised(p)
     else:
         text = f"{_subject(p)} {describe_exit(p.evidence.get('exitcode'))} before it finished"
+        if p.evidence.get("said"):
+            text += f"; its last words: {p.evidence['said']}"
     return text + _aftermath(p)
 
 
@@ -342,7 +347,8 @@ def _location(r: RankRecord) -> str:
     """", at 03_train.py line 14 in setup_ddp, inside all_reduce (torch/...)" from a rank's stack."""
     parts = []
     if r.where is not None and r.stack:
-        parts.append(f"at {r.where.file} line {r.where.line} in {r.where.function}")
+        code = f" (`{r.where.code}`)" if getattr(r.where, "code", "") else ""
+        parts.append(f"at {r.where.file} line {r.where.line} in {r.where.function}{code}")
     if r.inside:
         parts.append(f"inside {r.inside}")
     return ": " + ", ".join(parts) if parts else ""

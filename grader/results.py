@@ -71,6 +71,7 @@ class Location:
     file: str
     line: int
     function: str
+    code: str = ""  # the text of that line
 
 
 @dataclass

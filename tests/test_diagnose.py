@@ -88,3 +88,72 @@ def test_a_hard_coded_master_port_in_03_is_reported_by_the_rendezvous_watch_not_
     assert problem.timeout_s is None  # not the 60 s deadline: a rank reported it after its grace period
     assert problem.evidence["port"] == "29500" and problem.evidence["grader_port"] != "29500"
     assert "MASTER_PORT" in problem_of(report)
+
+
+def _learner_file(tmp_path, body: str) -> str:
+    path = tmp_path / "32_dtensor_tp.py"
+    path.write_text(body)
+    return str(path)
+
+
+def test_a_learners_exception_is_shown_with_its_file_line_and_the_lines_text(tmp_path):
+    from grader.child import describe_exception, import_learner
+
+    path = _learner_file(tmp_path, "import torch\n\ndef train_step(x):\n    return x.float() @ x.bfloat16()\n")
+    module = import_learner(path)
+    try:
+        module.train_step(__import__("torch").ones(2, 2))
+    except RuntimeError as exc:
+        error = describe_exception(exc, path)
+    assert error["where"] == {"line": 4, "function": "train_step", "code": "return x.float() @ x.bfloat16()"}
+    assert error["raised_in_learner"] is True  # by a C++ operator: no Python frame below the learner's
+    outcome = WorldOutcome(2, [RankOutcome(0, "error", error=error), RankOutcome(1, "killed")])
+    problem = diagnose.failure_problem(outcome, path)
+    assert problem.kind == results.RAISED and problem.where.code == "return x.float() @ x.bfloat16()"
+    text = problem_text(problem)
+    assert text.startswith("rank 0 raised RuntimeError: ")
+    assert "(32_dtensor_tp.py line 4, in train_step: `return x.float() @ x.bfloat16()`)" in text
+    assert problem.to_dict()["where"]["code"] == "return x.float() @ x.bfloat16()"  # the JSON report has it too
+
+
+def test_not_implemented_yet_is_only_a_not_implemented_error_raised_at_the_learners_own_line(tmp_path):
+    from grader.child import describe_exception, import_learner
+
+    path = _learner_file(tmp_path, "import torch\n\ndef parallelize(model):\n    # TODO: the plan\n"
+                                   "    raise NotImplementedError\n\n"
+                                   "def train(x):\n    return x.redistribute()\n\n"
+                                   "def step(x):\n    return torch.ops.aten.not_there(x)\n")
+    module = import_learner(path)
+
+    class Inside:  # stands for torch: a NotImplementedError from a library the learner called
+        def redistribute(self):
+            raise NotImplementedError("Operator aten.x is not supported with use_local_output=False")
+
+    errors = []
+    for call in (module.parallelize, lambda _: module.train(Inside())):
+        try:
+            call(None)
+        except NotImplementedError as exc:
+            errors.append(describe_exception(exc, path))
+    stub, inside = (diagnose.failure_problem(WorldOutcome(1, [RankOutcome(0, "error", error=e)]), path) for e in errors)
+    assert stub.kind == results.NOT_IMPLEMENTED and problem_text(stub) == "not implemented yet: parallelize"
+    assert inside.kind == results.RAISED and inside.where.line == 8
+    text = problem_text(inside)
+    assert "raised NotImplementedError: Operator aten.x is not supported" in text and "not implemented yet" not in text
+    assert "line 8, in train: `return x.redistribute()`" in text
+    # Raised by C++ below the learner's line (no Python frame of torch's): the line is not a raise, not a stub.
+    error = dict(errors[1], where={"line": 11, "function": "step", "code": "return torch.ops.aten.not_there(x)"},
+                 raised_in_learner=True)
+    assert diagnose.failure_problem(WorldOutcome(1, [RankOutcome(0, "error", error=error)]), path).kind == results.RAISED
+
+
+def test_a_rank_that_aborted_is_shown_with_gloos_own_line():
+    output = ("epoch 0\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+              "  what():  [enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 64 vs 48\n")
+    outcome = WorldOutcome(3, [RankOutcome(0, "killed"), RankOutcome(1, "exited", exitcode=-6, output=output),
+                               RankOutcome(2, "killed")])
+    problem = diagnose.failure_problem(outcome, LEARNER)
+    text = problem_text(problem)
+    assert text.startswith("rank 1 was killed by SIGABRT before it finished; its last words: what():  [enforce fail")
+    assert "64 vs 48" in text and problem.evidence["said"].startswith("what():")
+    assert diagnose.last_words("a\nb\n") == "b" and diagnose.last_words("") == ""

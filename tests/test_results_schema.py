@@ -73,7 +73,7 @@ def test_a_run_problem_is_carried_as_documented_fields():
         for name, type_text in rank_fields.items():
             assert conforms(rank[name], type_text), (rank["rank"], name)
     assert (problem["kind"], problem["status"], problem["rank"], problem["timeout_s"]) == ("stuck-in-collective", "timeout", 1, 60.0)
-    assert problem["where"] == {"file": "03_train.py", "line": 14, "function": "train_ddp"}
+    assert problem["where"] == {"file": "03_train.py", "line": 14, "function": "train_ddp", "code": ""}
     assert problem["ranks"][1]["inside"].startswith("all_reduce")
     assert data["problem"].startswith("timed out after 60 s: rank 1 was still running")
     assert "03_train.py line 14 in train_ddp" in data["problem"] and "epoch 0" in data["details"]
