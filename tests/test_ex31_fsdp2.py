@@ -400,3 +400,29 @@ def test_an_exception_in_train_step_fails_training_names_the_cause_and_leaves_th
     assert got["global-clip"][0] == "not-checked"
     g = grading()
     assert v.check_no_error(g, _records(2), 2)
+
+
+def test_train_step_raising_stops_the_grading_with_its_line_not_a_hint_for_another_cause():
+    """A dtype error in the learner's train_step is the run's failure: shown with the learner's frame and the
+    exception, not as matches-single-process with a hint about clearing gradients."""
+    from grader import results
+    from grader.report import problem_text
+
+    record = {"type": "RuntimeError", "message": "expected m1 and m2 to have the same dtype, but got: BFloat16 != float",
+              "traceback": "Traceback ...\nRuntimeError: expected m1 and m2 to have the same dtype", "phase": "run",
+              "where": {"line": 57, "function": "train_step", "code": "logits = model(tokens).float() @ head"},
+              "raised_in_learner": False}
+    records = [{"error": "RuntimeError: Connection closed by peer", "steps": [],
+                "error_record": dict(record, message="Connection closed by peer", where=None)},
+               {"error": "RuntimeError: expected m1 and m2 ...", "steps": [], "error_record": record}]
+    g = grading()
+    with pytest.raises(g.Stopped) as stopped:
+        v.check_no_error(g, records, 2)
+    problem = stopped.value.problem
+    assert (problem.kind, problem.rank, problem.where.line) == (results.RAISED, 1, 57)
+    text = problem_text(problem)
+    assert text.startswith("rank 1 raised RuntimeError: expected m1 and m2 to have the same dtype")
+    assert "line 57, in train_step: `logits = model(tokens).float() @ head`" in text
+    assert "(train_step, step 1)" in text and "rank 0 could not finish without it" in text
+    got = {c.id: c.status for c in g.results("stopped")}
+    assert got["matches-single-process"] == got["mixed-precision"] == "error"  # not run, neither failed nor hinted

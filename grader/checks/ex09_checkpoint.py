@@ -31,6 +31,7 @@ from grader.compare import first_difference
 from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
 from grader.checks.interface import Grader
+from grader.checks.shared.learner_errors import learner_error
 
 EPOCHS_BEFORE_SAVE = 2
 TOTAL_EPOCHS = 3
@@ -96,7 +97,7 @@ def _cpu(value):
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
+    return learner_error(exc, 500)  # with the learner's frame: file, line and its text
 
 
 def save_main(ctx: RankContext) -> dict:

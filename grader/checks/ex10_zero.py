@@ -25,6 +25,7 @@ from grader import probes
 from grader.child import RankContext
 from grader.compare import first_difference
 from grader.checks.interface import Grader
+from grader.checks.shared.learner_errors import learner_error
 
 LAYERS = 6  # equal layers: the parameters split evenly over 2, 3 or 6 ranks
 WIDTH = 16
@@ -97,7 +98,7 @@ def _wrap(model: nn.Module, ctx: RankContext) -> DDP:
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
+    return learner_error(exc, 300)  # with the learner's frame: file, line and its text
 
 
 def _train_step(ddp: DDP, optimizer, step: int, ctx: RankContext):

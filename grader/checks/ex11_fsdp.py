@@ -38,6 +38,7 @@ from grader.checks.ex11_traffic import padded
 from grader.child import RankContext
 from grader.compare import tensor_difference
 from grader.checks.interface import Grader
+from grader.checks.shared.learner_errors import learner_error
 
 # Every unit's trainable size divides by 2, 3 and 4 (no padding): 576, 600, 600, 900 elements; and no
 # unit's slice has another unit's size (a collective's size then names its unit, whichever tensor was recorded).
@@ -155,7 +156,7 @@ def unit_sizes(plan: str) -> dict[str, int]:
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:400]
+    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
 
 
 def _state(wrapper) -> dict:

@@ -11,6 +11,7 @@ from torch import nn
 
 from grader import probes
 from grader.child import RankContext
+from grader.checks.shared.learner_errors import learner_error
 
 D_MODEL = 16  # the MLP's input and output features
 HIDDEN = 48  # divisible by 2, 3 and 4
@@ -76,7 +77,7 @@ def block(n: int, rank: int, world_size: int) -> slice:
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:300]
+    return learner_error(exc, 300)  # with the learner's frame: file, line and its text
 
 
 def _plain(value):

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from grader import memory, probes, rank_timeline
 from grader.child import RankContext
+from grader.checks.shared.learner_errors import learner_error
 
 BATCH, HEADS, CHUNK, HEAD_DIM = 2, 2, 4, 8  # CHUNK: positions per rank (even, so that zigzag halves it)
 DTYPE = torch.float64
@@ -222,7 +223,7 @@ def _plain(value):
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:400]
+    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
 
 
 def _agree(ok: bool, ctx: RankContext) -> bool:

@@ -14,6 +14,7 @@ from torch import nn
 
 from grader import memory, probes
 from grader.child import RankContext
+from grader.checks.shared.learner_errors import learner_error
 
 D, HIDDEN, TOKENS, EXPERTS, TOP_K = 8, 16, 16, 12, 2  # EXPERTS: divisible by 2, 3 and 4
 DTYPE = torch.float64
@@ -150,7 +151,7 @@ def _plain(value):
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:400]
+    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
 
 
 def _agree(ok: bool, ctx: RankContext) -> bool:

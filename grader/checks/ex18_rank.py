@@ -14,6 +14,7 @@ from torch import nn
 
 from grader import memory, probes
 from grader.child import RankContext
+from grader.checks.shared.learner_errors import learner_error
 
 # SEQ and HIDDEN divisible by 2, 3 and 4 (see sizes); no HIDDEN / W equals D_MODEL, so that what autograd saves
 # of a hidden block is told from what it saves of the model's width by its last dimension.
@@ -118,7 +119,7 @@ def _plain(value):
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:400]
+    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
 
 
 def _agree(ok: bool, ctx: RankContext, group=None) -> bool:

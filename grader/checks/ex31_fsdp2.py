@@ -30,6 +30,8 @@ from grader import probes
 from grader.checks import ex31_verdicts as verdicts
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared.dtensors import local_values
+from grader.checks.shared.learner_errors import learner_error
+from grader.child import describe_exception
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 96, 32, 3, 4, 96
 BATCH, SEQ = 2, 16  # per rank
@@ -102,7 +104,7 @@ def make_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
+    return learner_error(exc, 500)  # with the learner's frame: file, line and its text
 
 
 def _describe(module: nn.Module) -> list[dict]:
@@ -171,6 +173,7 @@ def rank_main(ctx: RankContext) -> dict:
             raise
         except Exception as exc:
             obs["error"] = _error(exc)
+            obs["error_record"] = describe_exception(exc, ctx.learner_path)
             return obs
         try:
             obs["state"] = _full_state(sharded)

@@ -15,6 +15,7 @@ import torch
 
 from grader import probes
 from grader.checks.interface import Grader
+from grader.checks.shared.learner_errors import checked_record, stop_on_learner_error
 from grader.compare import tensor_difference
 
 ALL_GATHERS, REDUCE_SCATTERS = probes.ALL_GATHERS, probes.REDUCE_SCATTERS
@@ -129,6 +130,11 @@ def check_no_error(g: Grader, observations: list[dict], world_size: int) -> bool
         return True
     failed.sort(key=lambda item: any(w in item[1]["error"].lower() for w in ("by peer", "timed out", "timeout")))
     rank, obs = failed[0]
+    if checked_record(obs.get("error_record")) is not None:
+        # The learner's train_step raised: the run failed, which no check's hint explains; the grading stops
+        # with the exception and the learner's line, as for any exception a driver lets through.
+        stop_on_learner_error(g, world_size, [(r, o.get("error_record")) for r, o in failed],
+                              f"train_step, step {len(obs['steps']) + 1}")
     g.record("matches-single-process", False,
              f"rank {rank}: at step {len(obs['steps']) + 1}, train_step raised {obs['error']}",
              rank=rank, world_size=world_size)

@@ -15,6 +15,7 @@ mesh, parallelize_module, fully_shard) and the line of the learner's file; one i
 from __future__ import annotations
 
 import contextlib
+import os
 import traceback
 from datetime import timedelta
 
@@ -26,7 +27,8 @@ from torch.distributed.tensor import DTensor
 
 from grader import probes
 from grader.checks.shared.dtensors import describe, local_values
-from grader.child import RankContext
+from grader.checks.shared.learner_errors import learner_error
+from grader.child import RankContext, describe_exception
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN = 96, 32, 3, 4, 96  # exercise 31's transformer
 BATCH, SEQ = 2, 16  # per data-parallel group
@@ -146,7 +148,7 @@ def describe_error(exc: BaseException, learner_path: str) -> dict:
     for frame in frames:
         path = frame.filename.replace("\\", "/")
         if frame.filename == learner_path:
-            line = f"line {frame.lineno}: {(frame.line or '').strip()}"
+            line = f"{os.path.basename(learner_path)} line {frame.lineno}: {(frame.line or '').strip()}"
         elif "/distributed/tensor/parallel/" in path and stage in (None, "device_mesh"):
             stage = "parallelize_module"
         elif "/distributed/fsdp/" in path and stage in (None, "device_mesh"):
@@ -242,5 +244,6 @@ def rank_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            obs["error"] = f"{type(exc).__name__}: {exc}"[:600]
+            obs["error"] = learner_error(exc, 600)
+            obs["error_record"] = describe_exception(exc, ctx.learner_path)
         return obs

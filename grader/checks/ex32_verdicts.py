@@ -18,6 +18,7 @@ import torch
 
 from grader import probes
 from grader.checks.interface import Grader
+from grader.checks.shared.learner_errors import checked_record, stop_on_learner_error
 from grader.checks.shared.dtensors import expected_local, parse
 from grader.checks.shared.dtensors import find as _find
 from grader.compare import tensor_difference
@@ -396,6 +397,11 @@ def check_training_error(g: Grader, observations: list[dict], world_size: int) -
         return True
     failed.sort(key=lambda item: any(w in item[1]["error"].lower() for w in ("by peer", "timed out", "timeout")))
     rank, obs = failed[0]
+    if checked_record(obs.get("error_record")) is not None:
+        # The learner's parallelized model raised in a step: the run failed, which no check's hint explains;
+        # the grading stops with the exception and the learner's line, as for any exception a driver lets through.
+        stop_on_learner_error(g, world_size, [(r, o.get("error_record")) for r, o in failed],
+                              f"step {len(obs['steps']) + 1}: logits = model(tokens), loss_fn, backward, SGD")
     g.record("matches-dense", False, f"rank {rank}: step {len(obs['steps']) + 1} raised {obs['error']} (the grader's "
              "step: logits = model(tokens), loss_fn, backward, SGD)", rank=rank, world_size=world_size)
     return False

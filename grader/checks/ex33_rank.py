@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from grader import memory, probes, wire
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import local
+from grader.checks.shared.learner_errors import learner_error, learner_frame
 
 D_IN, DIM, HIDDEN, BLOCKS, D_OUT = 16, 48, 96, 2, 12
 GLOBAL_BATCH = 12
@@ -422,10 +423,12 @@ class Watch:
 
 
 def _error(exc: BaseException) -> str:
+    """The exception with the learner's frame (file, line and its text)."""
     if isinstance(exc, CheckpointException) and exc.failures:  # its text holds every rank's traceback
         rank, (cause, _) = min(exc.failures.items(), key=lambda item: item[0])
-        return f"CheckpointException (ranks {sorted(exc.failures)}); rank {rank}'s: {type(cause).__name__}: {cause}"[:500]
-    return f"{type(exc).__name__}: {exc}"[:500]
+        text = f"CheckpointException (ranks {sorted(exc.failures)}); rank {rank}'s: {type(cause).__name__}: {cause}"
+        return text[:500] + learner_frame(exc)
+    return learner_error(exc, 500)
 
 
 def _setup(ctx: RankContext, watch: Watch):
