@@ -401,3 +401,44 @@ def test_another_ranks_block_is_found_in_memory_and_copies_leave_nothing_behind(
     copy = torch.randn(4, dtype=torch.float64)
     raw = ex16_rank._block_bytes(copy)
     assert len(raw) == 32 and not copy.any()
+
+
+def test_a_wrong_backward_at_every_logit_scale_is_grads_match_not_an_overflow():
+    """A backward wrong at ordinary logits is not a matter of stability, even where the forward is stable."""
+    observations = right_observations(2)
+    for obs in observations:
+        for scenario in ("plain", "large"):
+            obs[scenario]["grads"]["v"] = obs[scenario]["grads"]["v"] * 2
+    got = grade_all(observations, 2)
+    assert got["grads-match"][0] == "fail"
+    g = grading(2)
+    ex.check_gradients(g, observations, expected(2), 2)
+    ex.check_stable(g, observations, expected(2)["large"], 2)
+    stable = next(c for c in g.results(None) if c.id == "stable-large-logits")
+    assert stable.status == "not-checked" and stable.likely_cause == "grads-match"
+    assert "overflows" not in stable.message
+    # Wrong only at large logits: the forward is stable, the backward overflows.
+    observations = right_observations(2)
+    observations[1]["large"]["grads"]["q"] = observations[1]["large"]["grads"]["q"] * float("nan")
+    status, message = grade_all(observations, 2)["stable-large-logits"]
+    assert status == "fail" and "rank 1" in message and "the output is right (the forward is stable)" in message
+    assert "q hold inf or NaN" in message
+
+
+def test_an_output_right_to_float32_only_is_named_so_not_the_own_chunk_on_rank_0():
+    """Rank 0's causal output is attention over its own chunk: that candidate is the right answer, and must not
+    be matched at a tolerance looser than the check's."""
+    observations = right_observations(3)
+    out = observations[0]["causal"]["output"]
+    observations[0]["causal"]["output"] = out.float().double()  # float32 rounding: off by about 1e-8
+    status, message = grade_all(observations, 3)["causal-matches"]
+    assert status == "fail" and "rank 0" in message
+    assert "own chunk alone" not in message and "right to float32's precision only" in message
+    # Another rank's output that really is its own chunk's attention is still named.
+    data = ex16_rank.make_inputs("causal", 3 * ex16_rank.CHUNK)
+    rows = ex16_rank.positions(1, 3)
+    own = ex.attention(*(ex._chunk(data[n], rows) for n in ("q", "k", "v")), True)
+    observations[0]["causal"]["output"] = out
+    observations[1]["causal"]["output"] = own
+    status, message = grade_all(observations, 3)["causal-matches"]
+    assert status == "fail" and "it equals attention over this rank's own chunk alone" in message

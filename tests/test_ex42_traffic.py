@@ -94,3 +94,15 @@ def test_every_step_time_case_reaches_each_link_and_term():
     assert any(t.bubble_s for t in times) and any(t.dp_s for t in times) and any(t.pp_s for t in times)
 
 
+def test_flops_measured_says_how_many_configurations_are_wrong_not_only_the_first():
+    truths = {name: float(records[0]["flops"]) for name, records in RECORDS.items()}
+    right = {name: {"value": {"flops": flops}} for name, flops in truths.items()}
+    g = grading("42")
+    ex42.check_flops(g, right, RECORDS)
+    assert verdicts(g)["flops-measured"][0] == "pass"
+    wrong = {name: {"value": {"flops": flops * (0.5 if i % 2 else 1.0)}} for i, (name, flops) in enumerate(truths.items())}
+    off = sum(1 for i in range(len(truths)) if i % 2)
+    g = grading("42")
+    ex42.check_flops(g, wrong, RECORDS)
+    status, message = verdicts(g)["flops-measured"]
+    assert status == "fail" and f"(and {off - 1} more of the {len(truths)} configurations)" in message

@@ -28,6 +28,7 @@ from grader.checks.ex16_rank import (ATOL, BACKWARD_PER_BLOCK, BATCH, CHUNK, DTY
                                      groups_of, make_inputs, positions, uneven_lengths, uneven_positions)
 from grader.checks.ex16_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found in this module)
 from grader.checks.interface import Grader
+from grader.diagnose import last_words
 from grader.checks.shared import timelines
 from grader.compare import tensor_difference
 
@@ -124,8 +125,25 @@ def _compare(got, want: torch.Tensor, whole: torch.Tensor, name: str):
 
 
 def _close(got, want: torch.Tensor) -> bool:
+    """Whether ``got`` equals ``want`` within the checks' own tolerance (never looser: an "it equals ..."
+    diagnosis must not match what the check itself would have passed)."""
     return isinstance(got, torch.Tensor) and got.shape == want.shape and \
-        torch.allclose(got.double(), want, rtol=1e-7, atol=1e-7 * float(want.abs().max() or 1.0))
+        torch.allclose(got.double(), want, rtol=RTOL, atol=ATOL * max(float(want.abs().max()), 1e-30))
+
+
+FLOAT32_PRECISION = 1e-5  # relative to the output's largest value: float32 rounding after a softmax and a sum
+
+
+def _float32_words(got, want: torch.Tensor) -> str:
+    """What a wrong output that is right to float32's precision says: a step ran in float32."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return ""
+    scale = max(float(want.abs().max()), 1e-30)
+    off = float((got.double() - want).abs().max())
+    if off > FLOAT32_PRECISION * scale:
+        return ""
+    return (f"; it is right to float32's precision only (off by {off:.2g}, {off / scale:.1g} of its largest value): "
+            "a step ran in float32 where q, k and v are float64 (a buffer or constant made without dtype=q.dtype)")
 
 
 def _failed_run(run: dict, name: str = "ring_attention") -> str | None:
@@ -145,6 +163,7 @@ def explain_output(got, scenario: str, rank: int, world_size: int, rows: list[in
     causal = scenario == "causal"
     own = _chunk(q, rows), _chunk(k, rows), _chunk(v, rows)
     n = CHUNK * world_size
+    right = _chunk(attention(q, k, v, causal), rows)
     candidates = [
         ("attention without the 1/sqrt(head_dim) scale", _chunk(attention(q, k, v, causal, scale=False), rows)),
         ("attention over this rank's own chunk alone: the other ranks' blocks never entered the result",
@@ -160,9 +179,9 @@ def explain_output(got, scenario: str, rank: int, world_size: int, rows: list[in
               "diagonal block were counted"), _chunk(attention(q, k, v, mask=upper & ~own_block), rows)),
         ]
     for words, value in candidates:
-        if _close(got, value):
+        if _close(got, value) and not _close(value, right):  # a candidate that is the right answer explains nothing
             return f"; it equals {words}"
-    return ""
+    return _float32_words(got, right)
 
 
 def check_outputs(g, observations: list[dict], expected: dict, world_size: int) -> None:
@@ -237,18 +256,33 @@ def check_gradients(g, observations: list[dict], expected: dict, world_size: int
 
 
 def check_stable(g, observations: list[dict], want: dict, world_size: int) -> None:
+    """Large logits give the right output and gradients. What is wrong at ordinary logits too (the same rank's
+    non-causal run) is not a matter of stability: left to matches-attention or grads-match."""
+    ordinary = reference("plain", CHUNK * world_size, False)
     for rank, obs in enumerate(observations):
         run = obs.get("large")
         rows = positions(rank, world_size)
         failed = _failed_run(run)
         if failed is None:
             found = _compare(run["output"], _chunk(want["output"], rows), want["output"], "output")
-            problem = None if found is None else f"the output: {found}"
-            if problem is None:
+            if found is not None:
+                plain = obs.get("plain") or {}
+                if _compare(plain.get("output"), _chunk(ordinary["output"], rows), ordinary["output"], "output"):
+                    g.not_checked("stable-large-logits", "matches-attention", "the output is wrong at ordinary "
+                                  "logits too", world_size=world_size)
+                    return
+                problem = f"the output: {found}"
+            else:
                 grads = _grads_problem(run, want, rows)
-                problem = None if grads is None else f"the gradients: {grads[1]}"
-            if problem is None:
-                continue
+                if grads is None:
+                    continue
+                if _grads_problem(obs.get("plain") or {}, ordinary, rows) is not None:
+                    g.not_checked("stable-large-logits", "grads-match", "the gradients are wrong at ordinary logits "
+                                  "too: the backward is wrong whatever the logits", world_size=world_size)
+                    return
+                problem = (f"the output is right (the forward is stable) but the gradients are not: {grads[1]}. The "
+                           "backward overflows where the forward did not: recompute the probabilities from the saved "
+                           "log-sum-exp (or subtract each row's maximum there too)")
             bad = [name for name, t in [("output", run["output"]), *run["grads"].items()]
                    if isinstance(t, torch.Tensor) and not bool(torch.isfinite(t).all())]
             failed = problem + (f" ({', '.join(bad)} hold inf or NaN)" if bad else "")
@@ -530,8 +564,8 @@ def _ranks(numbers: list[int]) -> str:
 
 
 def _last_line(output: str) -> str:
-    lines = [line for line in (output or "").splitlines() if line.strip()]
-    return f"; its last output: {lines[-1].strip()[:200]}" if lines else ""
+    said = last_words(output)  # gloo's own line when it aborted the process
+    return f"; its last output: {said[:200]}" if said else ""
 
 
 # --- the report's section -----------------------------------------------------------------------

@@ -122,18 +122,23 @@ def check_traffic(g: Grader, answers: dict, records: dict) -> None:
 
 
 def check_flops(g: Grader, answers: dict, records: dict) -> None:
+    """Every configuration is judged: the message shows the first wrong one and says how many others are."""
+    failures = []
     for name, answer in answers.items():
         problem = cases.error_of(answer)
         truth = records[name][0]["flops"]
         plan = cases.describe(cases.CONFIGS[name])
         if problem:
-            g.record("flops-measured", False, f"{name}, {plan}: step_time {problem}")
-            return
+            failures.append(f"{name}, {plan}: step_time {problem}")
+            continue
         estimate = answer["value"].get("flops")
         if not isinstance(estimate, float) or abs(estimate - truth) > cases.EXACT:
-            g.record("flops-measured", False, f"{name}, {plan}: " +
-                     cases.compare_line("FLOPs", estimate, truth, "FLOPs").replace("measured", "counted by FlopCounterMode"))
-            return
+            failures.append(f"{name}, {plan}: " + cases.compare_line("FLOPs", estimate, truth, "FLOPs")
+                            .replace("measured", "counted by FlopCounterMode"))
+    if failures:
+        more = f" (and {len(failures) - 1} more of the {len(answers)} configurations)" if len(failures) > 1 else ""
+        g.record("flops-measured", False, failures[0] + more)
+        return
     g.record("flops-measured", True, f"FLOPs as FlopCounterMode counted them in all {len(answers)} configurations")
 
 
