@@ -1,38 +1,46 @@
-"""The kit's cost model of a parallel training plan (exercises 41-43, `ddp-grade plan`, the
-capacity quiz): bytes each rank holds, bytes it sends, FLOPs it computes and the time of a step.
+"""The kit's cost model of a parallel training plan (exercises 41-43, `ddp-grade plan`, the capacity quiz):
+bytes each rank holds, bytes it sends, FLOPs it computes and the time of a step.
 
-Pure Python, no torch. Every formula here is the one the stubs of 41-43 state, and
-``tests/test_capacity_measured.py`` holds it against what real runs of the same transformer
-measure (storages alive, bytes autograd saves, each collective's payload, FlopCounterMode), so the
-reference cannot drift from what PyTorch does.
+Pure Python, no torch. ``tests/test_capacity_measured.py`` holds every term against what real runs of the
+same transformer measure (storages alive, bytes autograd saves, each collective's payload, FlopCounterMode),
+so the model cannot drift from what PyTorch does. Searches, clusters and scenarios are in
+:mod:`grader.capacity_plans`, the published runs the model is held to in :mod:`grader.capacity_published`.
 
-The transformer (GPT-style, untied head, no bias in the head):
-    token embedding V x h, position embedding s x h,
-    L layers of: LayerNorm, fused QKV Linear(h, 3h), attention (softmax, dropout on the
-    probabilities), out Linear(h, h), dropout, residual; LayerNorm, Linear(h, 4h), GELU,
-    Linear(4h, h), dropout, residual;
-    final LayerNorm, head Linear(h, V, bias=False).
+The transformer. Its defaults are GPT-style, the model of exercises 41-43: token and position embeddings;
+L layers of LayerNorm, fused QKV Linear(h, 3h), attention (softmax, dropout on the probabilities), out
+Linear(h, h), dropout, residual; LayerNorm, Linear(h, 4h), GELU, Linear(4h, h), dropout, residual; a final
+LayerNorm and an untied head without bias. Frontier models (Llama 3, Mixtral, DeepSeek-V3) change:
+``kv_heads`` (grouped-query attention), ``ffn`` and ``mlp="swiglu"`` (gate, up, SiLU(gate) x up, down),
+``norm="rmsnorm"``, ``bias=False``, ``positions="rope"`` (no position embedding), ``dropout=False`` and
+``experts`` (mixture-of-experts MLPs: ``top_k`` of ``experts`` routed, ``shared_experts`` always on, the
+first ``dense_layers`` layers dense).
 
-Rank order (Megatron's): tensor-parallel ranks innermost, then data-parallel, then pipeline:
-    rank = (pp_index * dp + dp_index) * tp + tp_index.
-Rank 0 (first stage, tensor rank 0, data rank 0) is the rank every figure describes.
+The plan. Rank order (Megatron's): tensor-parallel innermost, then context, then data, then pipeline:
+    rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index;
+expert-parallel groups are ``ep`` consecutive data-parallel indices. Rank 0 (first pipeline rank, every
+other index 0) is the rank every figure describes. Beyond 41-43: ``sp`` (sequence parallelism beside
+tensor parallelism), ``cp`` (context parallelism: K and V all-gathered), ``vpp`` and ``stage_layers``
+(interleaved virtual stages, stages of unequal depth), ZeRO 1-3 with pipeline stages, ``vocab_parallel``
+(embeddings and head split over the tensor-parallel ranks), ``attention="flash"``, ``ep`` and
+``capacity_factor`` (experts over ranks, slots per expert).
 
-Sources: Rajbhandari et al. 2020 (ZeRO, section 3 and figure 1), Korthikanti et al. 2022
-(activation memory, table 2), Narayanan et al. 2021 (pipeline bubble), Kaplan et al. 2020
-(6 FLOPs per parameter per token), Patarasuk and Yuan 2009 (ring all-reduce 2(n-1)/n).
+Sources: Rajbhandari et al. 2020 (ZeRO), Korthikanti et al. 2022 (activations, sequence parallelism),
+Narayanan et al. 2021 (pipeline bubble, interleaving), Kaplan et al. 2020 (6 FLOPs per parameter per
+token), Patarasuk and Yuan 2009 (ring all-reduce 2(n-1)/n), Llama 3 (section 3.3.2), GShard (capacity).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
-from dataclasses import asdict, dataclass, field, fields
+import math
+from dataclasses import dataclass, field, fields
 
-SCHEDULES = ("gpipe", "1f1b")
-PRECISIONS = ("bf16-mixed", "fp32")
-RECOMPUTES = ("none", "selective", "full")
-DIMENSIONS = ("dp", "tp", "pp")
-COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "send")
+from grader.capacity_layout import (  # noqa: F401  (part of this module's interface)
+    ATTENTIONS, PRECISIONS, RECOMPUTES, SCHEDULES, PlanError, chunk_layers, expert_ffn, ffn, in_flight, is_moe,
+    kv_heads, layout, peak_in_flight, schedule, validate,
+)
+
+DIMENSIONS = ("dp", "tp", "pp", "cp", "ep", "edp")
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "send", "all-to-all")
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,18 @@ class ModelSpec:
     heads: int
     vocab: int
     seq_len: int
+    kv_heads: int = 0              # 0: as many as heads
+    ffn: int = 0                   # 0: 4 x hidden
+    mlp: str = "gelu"              # or "swiglu"
+    norm: str = "layernorm"        # or "rmsnorm"
+    bias: bool = True              # biases in the layers' linear maps
+    positions: str = "learned"     # or "rope": no position embedding
+    dropout: bool = True           # dropout after attention's probabilities, out and the MLP
+    experts: int = 0               # 0: dense MLPs
+    top_k: int = 1
+    expert_ffn: int = 0            # 0: ffn
+    shared_experts: int = 0
+    dense_layers: int = 0          # the first layers keep a dense MLP
 
 
 @dataclass(frozen=True)
@@ -55,10 +75,20 @@ class Plan:
     schedule: str = "1f1b"
     precision: str = "bf16-mixed"
     recompute: str = "none"
+    sp: bool = False               # sequence parallelism in the tensor-parallel group
+    cp: int = 1                    # context-parallel ranks
+    vpp: int = 1                   # virtual stages (model chunks) per pipeline rank
+    stage_layers: tuple = ()       # layers of each virtual stage in order; () splits evenly
+    vocab_parallel: bool = False   # embeddings and head split over the tensor-parallel ranks
+    attention: str = "explicit"    # or "flash": neither scores nor probabilities kept
+    ep: int = 1                    # expert-parallel ranks (inside the data-parallel group)
+    capacity_factor: float = 1.0   # an expert's slots per rank: ceil(factor x tokens x top_k / experts)
+    scatter_gather: bool = False   # pipeline sends split over the tensor-parallel ranks, gathered after
+    dp_overlap: bool = True        # data-parallel traffic overlaps compute (False: after the last backward)
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
 
 @dataclass(frozen=True)
@@ -66,7 +96,7 @@ class Cluster:
     gpus: int
     gpus_per_node: int
     peak_flops: float            # per GPU, dense bf16, FLOP/s (fp32 plans compute at half: TF32)
-    mfu: float                   # the fraction of peak that compute achieves
+    mfu: float                   # the fraction of peak that compute achieves (one per GPU kind)
     memory_bytes: float          # per GPU
     intra_node_bandwidth: float  # bytes/s a GPU sends to a GPU of its node
     inter_node_bandwidth: float  # bytes/s a GPU sends to a GPU of another node
@@ -88,9 +118,12 @@ class Traffic:
     dp: dict = field(default_factory=dict)  # collective name -> bytes rank 0 sends per step
     tp: dict = field(default_factory=dict)
     pp: dict = field(default_factory=dict)
+    cp: dict = field(default_factory=dict)
+    ep: dict = field(default_factory=dict)
+    edp: dict = field(default_factory=dict)  # the experts' data-parallel group
 
     def total(self) -> float:
-        return sum(sum(d.values()) for d in (self.dp, self.tp, self.pp))
+        return sum(sum(getattr(self, d).values()) for d in DIMENSIONS)
 
 
 @dataclass
@@ -103,72 +136,93 @@ class StepTime:
     bubble_s: float
     exposed_dp_s: float
     total_s: float
+    cp_s: float = 0.0
+    ep_s: float = 0.0
 
 
-class PlanError(ValueError):
-    """A plan that cannot run on this model (sizes that do not divide, a combination refused)."""
+# The fields exercises 41-43 define (their dataclasses are the GPT-style part of these).
+EXERCISE_FIELDS = {"ModelSpec": ("layers", "hidden", "heads", "vocab", "seq_len"),
+                   "Plan": ("dp", "tp", "pp", "zero", "micro_batch", "micro_batches", "schedule", "precision",
+                            "recompute"),
+                   "StepTime": ("flops", "compute_s", "dp_s", "tp_s", "pp_s", "bubble_s", "exposed_dp_s", "total_s")}
 
 
-# --- checks on input -----------------------------------------------------------------------------------
+def exercise_plan(model: ModelSpec, plan: Plan) -> bool:
+    """True when model and plan use no field beyond 41-43's (the GPT-style model and plans)."""
+    return all(getattr(model, f.name) == f.default for f in fields(ModelSpec) if f.name not in
+               EXERCISE_FIELDS["ModelSpec"]) and \
+        all(getattr(plan, f.name) == f.default for f in fields(Plan) if f.name not in EXERCISE_FIELDS["Plan"])
 
 
-def validate(model: ModelSpec, plan: Plan, world_size: int | None = None) -> None:
-    """Raise PlanError, saying what and why, when ``plan`` cannot run ``model``."""
-    for name in ("layers", "hidden", "heads", "vocab", "seq_len"):
-        if getattr(model, name) < 1:
-            raise PlanError(f"model.{name} must be at least 1, not {getattr(model, name)}")
-    if model.hidden % model.heads:
-        raise PlanError(f"hidden {model.hidden} is not divisible by heads {model.heads}")
-    for name in ("dp", "tp", "pp", "micro_batch", "micro_batches"):
-        if getattr(plan, name) < 1:
-            raise PlanError(f"plan.{name} must be at least 1, not {getattr(plan, name)}")
-    if plan.zero not in (0, 1, 2, 3):
-        raise PlanError(f"plan.zero must be 0, 1, 2 or 3, not {plan.zero}")
-    if plan.schedule not in SCHEDULES:
-        raise PlanError(f"plan.schedule must be one of {', '.join(SCHEDULES)}, not {plan.schedule!r}")
-    if plan.precision not in PRECISIONS:
-        raise PlanError(f"plan.precision must be one of {', '.join(PRECISIONS)}, not {plan.precision!r}")
-    if plan.recompute not in RECOMPUTES:
-        raise PlanError(f"plan.recompute must be one of {', '.join(RECOMPUTES)}, not {plan.recompute!r}")
-    if model.layers % plan.pp:
-        raise PlanError(f"{plan.pp} pipeline stages do not divide {model.layers} layers")
-    if model.heads % plan.tp:
-        raise PlanError(f"tensor-parallel size {plan.tp} does not divide {model.heads} heads")
-    if plan.zero >= 2 and plan.pp > 1:
-        raise PlanError(f"ZeRO stage {plan.zero} with {plan.pp} pipeline stages is refused: gradients "
-                        "sharded over data-parallel ranks would be reduced once per micro-batch per stage")
-    if world_size is not None and plan.world_size != world_size:
-        raise PlanError(f"dp x tp x pp = {plan.dp} x {plan.tp} x {plan.pp} = {plan.world_size}, "
-                        f"not the world size {world_size}")
+# --- counts -----------------------------------------------------------------------------------------------
 
 
-# --- counts ---------------------------------------------------------------------------------------------
+def _linear(rows: int, cols: int, tp: int, bias: bool, split_bias: bool) -> int:
+    """A Linear's weight (split over tp) and its bias (split with the weight, or whole)."""
+    return rows * cols // tp + ((cols // tp if split_bias else cols) if bias else 0)
+
+
+def mlp_params(model: ModelSpec, tp: int, width: int) -> int:
+    """One MLP of ``width`` on one tensor rank: gelu fc1 and fc2, or swiglu's gate, up and down."""
+    h, b = model.hidden, model.bias
+    first = 2 if model.mlp == "swiglu" else 1
+    return first * _linear(h, width, tp, b, True) + _linear(width, h, tp, b, False)
+
+
+def norm_params(model: ModelSpec) -> int:
+    return 2 * model.hidden if model.norm == "layernorm" else model.hidden
+
+
+def layer_parts(model: ModelSpec, tp: int, ep: int = 1, layer: int = 0) -> tuple[int, int]:
+    """(dense, expert) parameters of one layer on one tensor rank. Split as Megatron-LM splits them: QKV
+    and the first MLP matrices by output features (weight and bias), out and the last by input features
+    (their biases whole), norms and a router whole; experts spread over ep ranks."""
+    h, d = model.hidden, model.hidden // model.heads
+    qkv = h + 2 * kv_heads(model) * d
+    dense = _linear(h, qkv, tp, model.bias, True) + _linear(h, h, tp, model.bias, False) + 2 * norm_params(model)
+    if not is_moe(model, layer):
+        return dense + mlp_params(model, tp, ffn(model)), 0
+    dense += h * model.experts + model.shared_experts * mlp_params(model, tp, expert_ffn(model))
+    return dense, model.experts // ep * mlp_params(model, tp, expert_ffn(model))
 
 
 def layer_params(model: ModelSpec, tp: int) -> int:
-    """Parameters of one transformer layer on one tensor-parallel rank.
+    """Parameters of one (dense) transformer layer on one tensor-parallel rank."""
+    return sum(layer_parts(model, tp))
 
-    Split (Megatron): QKV and fc1 by output features (weight and bias), out and fc2 by input
-    features (weight; their biases whole), both LayerNorms whole."""
-    h = model.hidden
-    return 12 * h * h // tp + 7 * h // tp + 6 * h
+
+def rank_parts(model: ModelSpec, plan: Plan, rank: int = 0) -> list[tuple[int, int]]:
+    """(dense, expert) parameters of each of ``rank``'s chunks: its layers, the embeddings on the first
+    virtual stage, the final norm and the head on the last (split over tp when vocab_parallel)."""
+    h, V = model.hidden, model.vocab
+    vocab = V // plan.tp if plan.vocab_parallel else V
+    out = []
+    for c, layers in enumerate(chunk_layers(model, plan, rank)):
+        parts = [layer_parts(model, plan.tp, plan.ep, i) for i in layers]
+        dense, expert = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        if rank == 0 and c == 0:
+            dense += vocab * h + (model.seq_len * h if model.positions == "learned" else 0)
+        if rank == plan.pp - 1 and c == plan.vpp - 1:
+            dense += norm_params(model) + h * vocab
+        out.append((dense, expert))
+    return out
 
 
 def stage_params(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
-    """Parameters one rank of pipeline stage ``stage`` holds before any ZeRO sharding.
-    The embeddings sit on the first stage, the final norm and the head on the last; under
-    tensor parallelism they stay whole on every tensor-parallel rank."""
-    h, V, s = model.hidden, model.vocab, model.seq_len
-    count = model.layers // plan.pp * layer_params(model, plan.tp)
-    if stage == 0:
-        count += V * h + s * h
-    if stage == plan.pp - 1:
-        count += 2 * h + h * V
-    return count
+    """Parameters one rank of pipeline stage ``stage`` holds before any ZeRO sharding."""
+    return sum(d + e for d, e in rank_parts(model, plan, stage))
 
 
 def total_params(model: ModelSpec) -> int:
     return stage_params(model, Plan())
+
+
+def active_params(model: ModelSpec) -> int:
+    """Parameters one token's forward uses: every dense one, top_k of the routed experts."""
+    if not model.experts:
+        return total_params(model)
+    routed = (model.layers - model.dense_layers) * (model.experts - model.top_k) * mlp_params(model, 1, expert_ffn(model))
+    return total_params(model) - routed
 
 
 def shard(count: int, ranks: int) -> int:
@@ -186,40 +240,84 @@ def optimizer_bytes_per_param(plan: Plan) -> int:
     return 12 if plan.precision == "bf16-mixed" else 8
 
 
+def buffers(model: ModelSpec, plan: Plan, rank: int = 0) -> list[tuple[int, int]]:
+    """(elements, ranks sharing it) of each flat buffer ZeRO shards: one per chunk for the dense
+    parameters (over dp x cp), one per chunk for the experts' (over dp / ep)."""
+    out = []
+    for dense, expert in rank_parts(model, plan, rank):
+        out.append((dense, plan.dp * plan.cp))
+        if expert:
+            out.append((expert, plan.dp // plan.ep))
+    return out
+
+
 # --- exercise 41: memory ----------------------------------------------------------------------------------
 
 
-def layer_activations(model: ModelSpec, plan: Plan) -> int:
-    """Bytes one layer keeps for backward for one micro-batch (Korthikanti et al. 2022 table 2,
-    for any element size e; masks are 1 byte)."""
-    s, b, h, a = model.seq_len, plan.micro_batch, model.hidden, model.heads
-    e, t = element_bytes(plan), plan.tp
+def tokens(model: ModelSpec, plan: Plan) -> int:
+    """Tokens of one micro-batch on one context-parallel rank."""
+    return model.seq_len // plan.cp * plan.micro_batch
+
+
+def expert_capacity(model: ModelSpec, plan: Plan) -> int:
+    """Slots each expert keeps for one rank's micro-batch (GShard's capacity)."""
+    return math.ceil(plan.capacity_factor * tokens(model, plan) * model.top_k / model.experts)
+
+
+def layer_activations(model: ModelSpec, plan: Plan, layer: int = 0) -> int:
+    """Bytes one layer keeps for backward for one micro-batch on one rank (Korthikanti et al. 2022's
+    count for any element size e: masks 1 byte; RMSNorm's and flash attention's statistics in fp32).
+    Outside the tensor-parallel region (norms' inputs, QKV's and the MLP's inputs, two dropout masks):
+    whole, or split over tp under sequence parallelism; inside it, split over tp."""
+    s, h, a, t = model.seq_len, model.hidden, model.heads, plan.tp
+    n, e = tokens(model, plan), element_bytes(plan)
+    split = t if plan.sp else 1
     if plan.recompute == "full":
-        return e * s * b * h  # the layer's input only
-    replicated = (4 * e + 2) * s * b * h  # both norms' inputs, QKV's and fc1's inputs, two dropout masks
-    split = 12 * e * s * b * h // t  # Q, K, V, out's input, GELU's input and output
-    if plan.recompute == "selective":
-        return replicated + split
-    return replicated + split + (2 * e + 1) * a * s * s * b // t  # softmax out, mask, dropout out
+        return e * n * h // split  # the layer's input only
+    outside = (4 * e + (2 if model.dropout else 0)) * n * h // split
+    if model.norm == "rmsnorm":
+        outside += 2 * 4 * n // split  # each norm's 1/rms, fp32
+    d, kv = h // a, kv_heads(model)
+    if plan.attention == "flash":  # Q, K and V as one tensor, the output, log-sum-exp
+        inside = e * n * (2 * h + 2 * kv * d) // t + 4 * n * a // t
+    else:
+        inside = 4 * e * n * h // t  # Q, K, V (K and V repeated to every head), out's input
+        if plan.recompute == "none":
+            inside += (2 * e + 1 if model.dropout else e) * a * n * s // t  # softmax out, mask, dropout out
+    if not is_moe(model, layer):
+        width = 4 if model.mlp == "swiglu" else 2  # swiglu: gate, SiLU(gate), up, their product
+        return outside + inside + width * e * n * ffn(model) // t
+    return outside + inside + moe_activations(model, plan)
 
 
-def in_flight(plan: Plan, stage: int = 0) -> int:
-    """Micro-batches whose activations a stage holds at its peak: GPipe runs every forward first,
-    1F1B at most as many as stages lie from this one to the last."""
-    if plan.schedule == "gpipe":
-        return plan.micro_batches
-    return min(plan.pp - stage, plan.micro_batches)
+def moe_activations(model: ModelSpec, plan: Plan) -> int:
+    """A mixture-of-experts MLP's (tp 1): the router's probabilities (fp32) and top-k indices, each slot's
+    token index, the local experts' inputs and activations (every slot, filled or not), each choice's slot
+    index, the rows the choices pick from the experts' outputs and their gates; then the shared experts."""
+    n, e, h = tokens(model, plan), element_bytes(plan), model.hidden
+    k, E, f = model.top_k, model.experts, expert_ffn(model)
+    width = 4 if model.mlp == "swiglu" else 2
+    slots = E * expert_capacity(model, plan)  # rows this rank sends (and receives, and computes)
+    router = 4 * n * E + 8 * n * k
+    experts = 8 * slots + e * slots * h + width * e * slots * f
+    combine = 8 * n * k + e * n * k * h + e * n * k
+    shared = model.shared_experts * width * e * n * f
+    return router + experts + combine + shared
+
+
+def chunk_activations(model: ModelSpec, plan: Plan, rank: int = 0) -> list[int]:
+    return [sum(layer_activations(model, plan, i) for i in layers) for layers in chunk_layers(model, plan, rank)]
 
 
 def training_memory(model: ModelSpec, plan: Plan) -> MemoryBreakdown:
     validate(model, plan)
-    count = stage_params(model, plan, 0)
-    e = element_bytes(plan)
-    sharded = shard(count, plan.dp)
-    params = e * (sharded if plan.zero >= 3 else count)
-    grads = e * (sharded if plan.zero >= 2 else count)
-    optimizer = optimizer_bytes_per_param(plan) * (sharded if plan.zero >= 1 else count)
-    activations = model.layers // plan.pp * layer_activations(model, plan) * in_flight(plan, 0)
+    e, k = element_bytes(plan), optimizer_bytes_per_param(plan)
+    whole = sum(count for count, _ in buffers(model, plan))
+    part = sum(shard(count, ranks) for count, ranks in buffers(model, plan))
+    params = e * (part if plan.zero >= 3 else whole)
+    grads = e * (part if plan.zero >= 2 else whole)
+    optimizer = k * (part if plan.zero >= 1 else whole)
+    activations = peak_in_flight(plan, chunk_activations(model, plan, 0))
     return MemoryBreakdown(params, grads, optimizer, activations, params + grads + optimizer + activations)
 
 
@@ -231,72 +329,170 @@ def ring_factor(collective: str, n: int) -> float:
     if n <= 1:
         return 0.0
     return {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": (n - 1) / n,
-            "send": 1.0}[collective]
+            "send": 1.0, "all-to-all": (n - 1) / n}[collective]
+
+
+def group_size(plan: Plan, dimension: str) -> int:
+    return {"dp": plan.dp * plan.cp, "tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "ep": plan.ep,
+            "edp": plan.dp // plan.ep}[dimension]
+
+
+def layer_collectives(model: ModelSpec, plan: Plan, layer: int = 0) -> list[tuple[str, str, int, int]]:
+    """The collectives one layer costs one micro-batch on rank 0: (dimension, collective, calls, bytes)."""
+    t, e, h = plan.tp, element_bytes(plan), model.hidden
+    activation = e * tokens(model, plan) * h
+    full = plan.recompute == "full"
+    out = []
+    if t > 1 and not plan.sp:  # 2 forward (+2 recomputed), 2 backward
+        out.append(("tp", "all-reduce", 6 if full else 4, activation))
+    elif t > 1:  # per block: gather, scatter forward; gather the input again and the gradient, scatter backward
+        out += [("tp", "all-gather", 8 if full else 6, activation), ("tp", "reduce-scatter", 6 if full else 4, activation)]
+    if plan.cp > 1:  # K and V gathered forward, gathered again and their gradients reduce-scattered backward
+        kv = e * model.seq_len * plan.micro_batch * 2 * kv_heads(model) * (h // model.heads) // t
+        out += [("cp", "all-gather", 3 if full else 2, kv), ("cp", "reduce-scatter", 1, kv)]
+    if plan.ep > 1 and is_moe(model, layer):  # dispatch and combine forward (+recomputed), and both backward
+        out.append(("ep", "all-to-all", 6 if full else 4, e * model.experts * expert_capacity(model, plan) * h))
+    return out
+
+
+def collective_list(model: ModelSpec, plan: Plan) -> list[tuple[str, str, int, int]]:
+    """Every collective rank 0 takes part in per step: (dimension, collective, calls, bytes of the whole
+    buffer each call). A reduce-scatter's and an all-gather's buffer over dp is the padded flat buffer;
+    ZeRO keeps one flat buffer per chunk (dense parameters over dp x cp, experts over dp / ep)."""
+    validate(model, plan)
+    m, t, e, h = plan.micro_batches, plan.tp, element_bytes(plan), model.hidden
+    out: list = []
+    for count, ranks in buffers(model, plan):
+        dimension = "dp" if ranks == plan.dp * plan.cp else "edp"
+        padded = e * ranks * shard(count, ranks)
+        if ranks > 1 and plan.zero == 0:
+            out.append((dimension, "all-reduce", 1, e * count))
+        elif ranks > 1 and plan.zero in (1, 2):
+            out.append((dimension, "reduce-scatter", m if plan.zero == 2 else 1, padded))
+            out.append((dimension, "all-gather", 1, padded))
+        elif ranks > 1:
+            out.append((dimension, "all-gather", 2 * m, padded))  # before each forward and each backward
+            out.append((dimension, "reduce-scatter", m, padded))
+    layers = [i for c in chunk_layers(model, plan) for i in c]
+    for i in layers:
+        out += [(d, name, m * calls, size) for d, name, calls, size in layer_collectives(model, plan, i)]
+    activation = e * tokens(model, plan) * h
+    if t > 1 and plan.sp:  # gradients of what each rank computed on its own tokens: norms, row-parallel biases
+        chunks = chunk_layers(model, plan)
+        for c, layers in enumerate(chunks):
+            kept = len(layers) * (2 * norm_params(model) + (2 * h if model.bias else 0))
+            kept += model.seq_len * h if c == 0 and model.positions == "learned" else 0
+            kept += norm_params(model) if plan.pp == 1 and c == len(chunks) - 1 else 0
+            out.append(("tp", "all-reduce", m if plan.zero >= 2 else 1, e * kept))
+    if t > 1 and plan.vocab_parallel:  # the embedding's partial sums; the head's on the last stage
+        out.append(("tp", "reduce-scatter" if plan.sp else "all-reduce", m, activation))
+        if plan.sp:
+            out.append(("tp", "all-gather", m, activation))
+        if plan.pp == 1:
+            out += _head_collectives(model, plan, activation)
+    if plan.pp > 1:  # each chunk's output forward; each chunk's input gradient but the first's backward
+        split = t if plan.sp or plan.scatter_gather else 1
+        out.append(("pp", "send", m * (2 * plan.vpp - 1), activation // split))
+        if plan.scatter_gather and t > 1 and not plan.sp:  # what rank 0 receives, gathered in its node
+            out.append(("tp", "all-gather", m * (2 * plan.vpp - 1), activation))
+    return merged(out)
+
+
+def merged(entries: list) -> list:
+    """Entries of one dimension, collective and buffer size added up, in first-seen order."""
+    out: dict = {}
+    for dimension, name, calls, size in entries:
+        if calls:
+            key = (dimension, name, size)
+            out[key] = out.get(key, 0) + calls
+    return [(d, name, calls, size) for (d, name, size), calls in out.items()]
+
+
+def _head_collectives(model: ModelSpec, plan: Plan, activation: int) -> list:
+    """A vocabulary-parallel head: its input gathered (sp) or its gradient all-reduced; the cross entropy's
+    max, sum of exponentials and target logit all-reduced in fp32."""
+    m, n = plan.micro_batches, tokens(model, plan)
+    out = [("tp", "all-gather", 2 * m, activation), ("tp", "reduce-scatter", m, activation)] if plan.sp else \
+        [("tp", "all-reduce", m, activation)]
+    return out + [("tp", "all-reduce", 3 * m, 4 * n)]
 
 
 def collectives(model: ModelSpec, plan: Plan) -> dict:
-    """Every collective rank 0 takes part in per step: (dimension, collective) -> (calls, bytes of
-    the whole buffer each call). The buffer of a reduce-scatter and an all-gather is the padded
-    flat buffer (dp x shard)."""
-    validate(model, plan)
-    d, t, p, m = plan.dp, plan.tp, plan.pp, plan.micro_batches
-    e = element_bytes(plan)
-    count = stage_params(model, plan, 0)
-    padded = d * shard(count, d)
+    """collective_list as {(dimension, collective): (calls, bytes of the whole buffer each call)}, for
+    plans whose calls of one kind all carry the same buffer (41-43's); PlanError otherwise."""
     out: dict = {}
-    if d > 1:
-        if plan.zero == 0:
-            out[("dp", "all-reduce")] = (1, e * count)
-        elif plan.zero in (1, 2):
-            calls = m if plan.zero == 2 else 1  # sharded gradients cannot wait for the last micro-batch
-            out[("dp", "reduce-scatter")] = (calls, e * padded)
-            out[("dp", "all-gather")] = (1, e * padded)
-        else:
-            out[("dp", "all-gather")] = (2 * m, e * padded)  # before each forward and each backward
-            out[("dp", "reduce-scatter")] = (m, e * padded)
-    if t > 1:
-        per_layer = 6 if plan.recompute == "full" else 4  # 2 forward (+2 recomputed), 2 backward
-        activation = e * plan.micro_batch * model.seq_len * model.hidden
-        out[("tp", "all-reduce")] = (m * model.layers // p * per_layer, activation)
-    if p > 1:
-        activation = e * plan.micro_batch * model.seq_len * model.hidden
-        out[("pp", "send")] = (m, activation)  # the first stage sends activations, receives gradients
+    for dimension, name, calls, size in collective_list(model, plan):
+        key = (dimension, name)
+        if key in out and out[key][1] != size:
+            raise PlanError(f"{dimension} {name} carries buffers of several sizes: use collective_list")
+        out[key] = (out.get(key, (0, size))[0] + calls, size)
     return out
 
 
 def communication(model: ModelSpec, plan: Plan) -> Traffic:
     traffic = Traffic()
-    for (dimension, name), (calls, size) in collectives(model, plan).items():
-        n = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}[dimension]
-        getattr(traffic, dimension)[name] = calls * size * ring_factor(name, n)
+    for dimension, name, calls, size in collective_list(model, plan):
+        sent = calls * size * ring_factor(name, group_size(plan, dimension))
+        kept = getattr(traffic, dimension)
+        kept[name] = kept.get(name, 0.0) + sent
     return traffic
 
 
-def layer_flops(model: ModelSpec, plan: Plan) -> int:
-    """Matmul FLOPs of one layer's forward for one micro-batch on one tensor-parallel rank."""
-    s, b, h = model.seq_len, plan.micro_batch, model.hidden
-    return (24 * b * s * h * h + 4 * b * s * s * h) // plan.tp
+def layer_flops(model: ModelSpec, plan: Plan, layer: int = 0) -> int:
+    """Matmul FLOPs of one layer's forward for one micro-batch on one rank: 2 per weight per token
+    (experts: per slot), and QK^T and times V over the whole sequence (4 b s_q s h; not halved for a
+    causal mask, as FlopCounterMode counts them)."""
+    h, t, n = model.hidden, plan.tp, tokens(model, plan)
+    d = h // model.heads
+    weights = h * (h + 2 * kv_heads(model) * d) + h * h
+    width = 3 if model.mlp == "swiglu" else 2
+    out = 2 * n * weights // t + 4 * n * model.seq_len * h // t
+    if not is_moe(model, layer):
+        return out + 2 * n * width * h * ffn(model) // t
+    slots = model.experts * expert_capacity(model, plan)
+    routed = 2 * slots * width * h * expert_ffn(model) // t
+    return out + 2 * n * h * model.experts + routed + 2 * n * model.shared_experts * width * h * expert_ffn(model) // t
+
+
+def attention_core_flops(model: ModelSpec, plan: Plan) -> int:
+    return 4 * tokens(model, plan) * model.seq_len * model.hidden // plan.tp
+
+
+def head_flops(model: ModelSpec, plan: Plan) -> int:
+    """The head's forward for one micro-batch on one rank (whole, or split over tp when vocab_parallel)."""
+    vocab = model.vocab // plan.tp if plan.vocab_parallel else model.vocab
+    return 2 * tokens(model, plan) * model.hidden * vocab
+
+
+def layer_step_flops(model: ModelSpec, plan: Plan, layer: int = 0) -> int:
+    """One layer's FLOPs for one micro-batch: forward, backward twice the forward, what is recomputed;
+    flash attention's backward recomputes QK^T (2.5 times its forward, as torch counts it)."""
+    forward = layer_flops(model, plan, layer)
+    total = 3 * forward
+    if plan.attention == "flash":
+        total += attention_core_flops(model, plan) // 2
+    if plan.recompute == "full":
+        total += forward
+    elif plan.recompute == "selective":
+        total += attention_core_flops(model, plan)
+    return total
 
 
 def flops(model: ModelSpec, plan: Plan) -> int:
-    """FLOPs rank 0 computes per step: 3 x forward (backward is 2 x), recomputation added, the
-    head's 6 b s h V on the last stage (rank 0's when pp == 1); embeddings are lookups."""
+    """FLOPs rank 0 computes per step, the head's on the last stage (rank 0's when pp == 1); embeddings
+    are lookups."""
     validate(model, plan)
-    s, b, h, V = model.seq_len, plan.micro_batch, model.hidden, model.vocab
-    layers = model.layers // plan.pp
-    per_micro = 3 * layers * layer_flops(model, plan)
-    if plan.recompute == "full":
-        per_micro += layers * layer_flops(model, plan)
-    elif plan.recompute == "selective":
-        per_micro += layers * 4 * b * s * s * h // plan.tp
+    per_micro = sum(layer_step_flops(model, plan, i) for c in chunk_layers(model, plan) for i in c)
     if plan.pp == 1:
-        per_micro += 6 * b * s * h * V
+        per_micro += 3 * head_flops(model, plan)
     return plan.micro_batches * per_micro
 
 
 def group_span(plan: Plan, dimension: str) -> int:
     """How many consecutive ranks one group of ``dimension`` spans (tp innermost, pp outermost)."""
-    return {"tp": plan.tp, "dp": plan.tp * plan.dp, "pp": plan.tp * plan.dp * plan.pp}[dimension]
+    t, c, d = plan.tp, plan.cp, plan.dp
+    return {"tp": t, "cp": t * c, "ep": t * c * plan.ep, "dp": t * c * d, "edp": t * c * d,
+            "pp": t * c * d * plan.pp}[dimension]
 
 
 def link(cluster: Cluster, plan: Plan, dimension: str) -> tuple[float, float]:
@@ -308,124 +504,55 @@ def link(cluster: Cluster, plan: Plan, dimension: str) -> tuple[float, float]:
 
 def latency_steps(collective: str, n: int) -> int:
     """Messages in sequence in a ring collective: 2(n-1) for an all-reduce, n-1 for the others."""
-    return {"all-reduce": 2 * (n - 1), "reduce-scatter": n - 1, "all-gather": n - 1, "send": 1}[collective]
+    return {"all-reduce": 2 * (n - 1), "send": 1}.get(collective, n - 1)
+
+
+def collective_seconds(plan: Plan, cluster: Cluster, dimension: str, name: str, calls: int, size: float) -> float:
+    """Bytes over the link's bandwidth plus a latency per message in sequence, for each call."""
+    n = group_size(plan, dimension)
+    bandwidth, latency = link(cluster, plan, dimension)
+    return calls * (size * ring_factor(name, n) / bandwidth + latency_steps(name, n) * latency)
+
+
+def layer_seconds(model: ModelSpec, plan: Plan, cluster: Cluster, layer: int, rate: float) -> float:
+    """One layer's compute and critical traffic for one micro-batch."""
+    return layer_step_flops(model, plan, layer) / rate + sum(
+        collective_seconds(plan, cluster, *entry) for entry in layer_collectives(model, plan, layer))
 
 
 def step_time(model: ModelSpec, plan: Plan, cluster: Cluster) -> StepTime:
+    """Rank 0's step. busy: its compute and the communication on its critical path (tp, pp, cp, ep).
+    The pipeline runs at the pace of the rank with the most layers (rank 0's per micro-batch, plus a layer's
+    time for each layer more; the head's work is not counted in the pace) and fills and drains in (pp - 1)
+    / vpp of that pace: bubble_s = pipeline time - busy. Data-parallel traffic overlaps compute."""
     validate(model, plan, cluster.gpus)
     work = flops(model, plan)
     rate = cluster.peak_flops * cluster.mfu * (1.0 if plan.precision == "bf16-mixed" else 0.5)
     compute_s = work / rate
-    seconds = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
-    for (dimension, name), (calls, size) in collectives(model, plan).items():
-        n = {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}[dimension]
-        bandwidth, latency = link(cluster, plan, dimension)
-        seconds[dimension] += calls * (size * ring_factor(name, n) / bandwidth + latency_steps(name, n) * latency)
-    busy = compute_s + seconds["tp"] + seconds["pp"]
-    bubble_s = busy * (plan.pp - 1) / plan.micro_batches
-    exposed = max(0.0, seconds["dp"] - compute_s)
-    return StepTime(float(work), compute_s, seconds["dp"], seconds["tp"], seconds["pp"], bubble_s, exposed,
-                    busy + bubble_s + exposed)
-
-
-# --- exercise 43: the plan -------------------------------------------------------------------------------
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in order (a square root's worth of trials: any --layers answers at once)."""
-    small = [k for k in range(1, int(n ** 0.5) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
-
-
-MICRO_BATCHES = (1, 2, 4, 8)
-TENSOR_PARALLEL = (1, 2, 4, 8)
-
-
-def candidate_plans(model: ModelSpec, cluster: Cluster, global_batch_tokens: int):
-    """Every plan 43 may choose from: bf16-mixed, tp in 1, 2, 4, 8 inside a node, pp a divisor of
-    the layers, dp the rest of the GPUs, ZeRO 0-3, both schedules, every recomputation, micro-batch
-    sizes 1, 2, 4, 8, and as many micro-batches as the global batch then needs."""
-    if global_batch_tokens % model.seq_len:
-        raise PlanError(f"global batch of {global_batch_tokens} tokens is not a whole number of "
-                        f"{model.seq_len}-token sequences")
-    sequences = global_batch_tokens // model.seq_len
-    for tp, pp in itertools.product(TENSOR_PARALLEL, divisors(model.layers)):
-        if tp > cluster.gpus_per_node or model.heads % tp or cluster.gpus % (tp * pp):
-            continue
-        dp = cluster.gpus // (tp * pp)
-        for b in MICRO_BATCHES:
-            if sequences % (dp * b):
-                continue
-            m = sequences // (dp * b)
-            for zero, schedule, recompute in itertools.product((0, 1, 2, 3), SCHEDULES, RECOMPUTES):
-                if zero >= 2 and pp > 1:
-                    continue
-                yield Plan(dp, tp, pp, zero, b, m, schedule, "bf16-mixed", recompute)
-
-
-def fits(model: ModelSpec, plan: Plan, cluster: Cluster) -> bool:
-    return training_memory(model, plan).total <= cluster.memory_bytes
-
-
-@functools.lru_cache(maxsize=64)  # the arguments are frozen dataclasses: 43's report and checks ask twice
-def best_plan(model: ModelSpec, cluster: Cluster, global_batch_tokens: int) -> Plan | None:
-    """The fastest plan that fits, by exhaustive search (ties: fewer bytes, then the first found)."""
-    best, key = None, None
-    for plan in candidate_plans(model, cluster, global_batch_tokens):
-        memory = training_memory(model, plan).total
-        if memory > cluster.memory_bytes:
-            continue
-        candidate = (step_time(model, plan, cluster).total_s, memory)
-        if key is None or candidate < key:
-            best, key = plan, candidate
-    return best
-
-
-def limits(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[str]:
-    """What holds a plan back, in words: memory, the bubble, communication on a slow link."""
-    memory = training_memory(model, plan)
-    time = step_time(model, plan, cluster)
-    said = []
-    if memory.total > cluster.memory_bytes:
-        said.append(f"memory: {memory.total / 1e9:.1f} GB does not fit in {cluster.memory_bytes / 1e9:.0f} GB")
-    elif memory.total > 0.9 * cluster.memory_bytes:
-        said.append(f"memory: {memory.total / 1e9:.1f} GB of {cluster.memory_bytes / 1e9:.0f} GB")
-    share = lambda x: x / time.total_s if time.total_s else 0.0  # noqa: E731
-    if share(time.bubble_s) >= 0.05:
-        said.append(f"bubble: {share(time.bubble_s):.0%} of the step idle ({plan.pp} stages, "
-                    f"{plan.micro_batches} micro-batches)")
-    for dimension, seconds in (("tp", time.tp_s), ("pp", time.pp_s), ("dp", time.exposed_dp_s)):
-        if share(seconds) >= 0.05:
-            where = "across nodes" if link(cluster, plan, dimension)[0] == cluster.inter_node_bandwidth \
-                and cluster.inter_node_bandwidth != cluster.intra_node_bandwidth else "inside a node"
-            said.append(f"{dimension} communication {where}: {share(seconds):.0%} of the step")
-    if plan.recompute != "none" and share(time.compute_s) > 0:
-        said.append(f"recomputation ({plan.recompute}) adds compute")
-    return said or ["compute"]
-
-
-# --- scenarios ------------------------------------------------------------------------------------------
-
-H100 = Cluster(gpus=64, gpus_per_node=8, peak_flops=989e12, mfu=0.4, memory_bytes=80e9,
-               intra_node_bandwidth=450e9, inter_node_bandwidth=50e9,
-               intra_node_latency=5e-6, inter_node_latency=2e-5)
-
-
-def on(cluster: Cluster, gpus: int) -> Cluster:
-    return Cluster(**{**asdict(cluster), "gpus": gpus})
-
-
-SCENARIOS = {  # 43's three: a model, its cluster, its global batch in tokens
-    "8B on 64 GPUs": (ModelSpec(layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192), on(H100, 64), 4 * 2**20),
-    "70B on 1,024 GPUs": (ModelSpec(layers=80, hidden=8192, heads=64, vocab=128256, seq_len=8192), on(H100, 1024),
-                          4 * 2**20),
-    "405B on 16,384 GPUs": (ModelSpec(layers=126, hidden=16384, heads=128, vocab=128256, seq_len=8192),
-                            on(H100, 16384), 16 * 2**20),
-}
+    seconds = dict.fromkeys(DIMENSIONS, 0.0)
+    for entry in collective_list(model, plan):
+        seconds[entry[0]] += collective_seconds(plan, cluster, *entry)
+    critical = seconds["tp"] + seconds["pp"] + seconds["cp"] + seconds["ep"]
+    busy = compute_s + critical
+    m = plan.micro_batches
+    mine = [sum(len(c) for c in chunk_layers(model, plan, r)) for r in range(plan.pp)]
+    extra = 0.0  # per micro-batch: a rank with more layers sets the pace, a mean layer's compute and traffic each
+    if max(mine) > mine[0]:
+        extra = (max(mine) - mine[0]) * sum(layer_seconds(model, plan, cluster, i, rate)
+                                            for i in range(model.layers)) / model.layers
+    bubble_s = (busy + m * extra) * (plan.pp - 1) / (m * plan.vpp) + m * extra
+    data = seconds["dp"] + seconds["edp"]
+    exposed = max(0.0, data - compute_s) if plan.dp_overlap else data
+    return StepTime(float(work), compute_s, seconds["dp"] + seconds["edp"], seconds["tp"], seconds["pp"], bubble_s,
+                    exposed, busy + bubble_s + exposed, seconds["cp"], seconds["ep"])
 
 
 def to_dict(value) -> dict:
     """A dataclass of this module as plain data."""
     return {f.name: getattr(value, f.name) for f in fields(value)}
 
+
+def exercise_dict(value) -> dict:
+    """A ModelSpec, Plan or StepTime with 41-43's fields only (their dataclasses are built from it)."""
+    return {name: getattr(value, name) for name in EXERCISE_FIELDS[type(value).__name__]}
 

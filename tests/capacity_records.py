@@ -17,7 +17,9 @@ def verdicts(g: Grading) -> dict:
 
 
 def answer(value) -> dict:
-    return {"value": {k: (v if isinstance(v, (dict, str)) else float(v)) for k, v in capacity.to_dict(value).items()}}
+    """An answer as the worker reads it back from a learner's dataclass of 41-43 (their fields only)."""
+    known = capacity.exercise_dict(value) if type(value).__name__ in capacity.EXERCISE_FIELDS else capacity.to_dict(value)
+    return {"value": {k: (v if isinstance(v, (dict, str)) else float(v)) for k, v in known.items()}}
 
 
 def record_for(name: str) -> dict:

@@ -10,7 +10,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
+import shlex
+
 from grader import capacity
+from grader import capacity_plans as plans
+from grader import capacity_published as published
+from grader.commands import plan as plan_module
 from grader.cli import main
 from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from grader.progress import Progress
@@ -32,6 +37,11 @@ def opened(state):
     progress.record_grading("41", "passed")
     progress.record_grading("42", "passed")
     return state
+
+
+def jsonish(value) -> dict:
+    """A dataclass of capacity as `--json` prints it (tuples as lists)."""
+    return json.loads(json.dumps(capacity.to_dict(value)))
 
 
 def invoke(*args):
@@ -85,7 +95,7 @@ def test_opens_with_41_and_42_passed_and_shows_every_part(opened):
     memory = capacity.training_memory(model, plan)
     assert f"{memory.total:,} B" in text and f"{memory.activations:,} B" in text  # bytes, exactly
     assert f"{memory.total / 1e9:,.3f} GB" in text
-    for said in capacity.limits(model, plan, capacity.H100):
+    for said in plans.limits(model, plan, plans.H100):
         assert f"  - {said}" in text
 
 
@@ -95,25 +105,30 @@ def test_json_is_the_cost_models_figures(opened):
     data = json.loads(result.stdout)
     model = capacity.ModelSpec(32, 4096, 32, 128256, 8192)
     plan = capacity.Plan(8, 8, 1, 1, 1, 8, "1f1b", "bf16-mixed", "selective")
-    cluster = capacity.Cluster(**{**capacity.to_dict(capacity.H100), "gpus": 64, "inter_node_bandwidth": 25e9,
+    cluster = capacity.Cluster(**{**capacity.to_dict(plans.H100), "gpus": 64, "inter_node_bandwidth": 25e9,
                                   "memory_bytes": 40e9})
-    assert data["cluster"] == capacity.to_dict(cluster)
-    assert data["plan"] == capacity.to_dict(plan) and data["model"] == capacity.to_dict(model)
+    assert data["cluster"] == jsonish(cluster)
+    assert data["plan"] == jsonish(plan) and data["model"] == jsonish(model)
     memory = capacity.training_memory(model, plan)
-    assert data["memory"] == {**capacity.to_dict(memory), "capacity": 40e9, "fits": memory.total <= 40e9}
+    assert data["memory"] == {**capacity.to_dict(memory), "capacity": 40e9, "fits": memory.total <= 40e9,
+                              "model_states": memory.params + memory.grads + memory.optimizer}
     traffic = capacity.communication(model, plan)
-    assert data["traffic"] == {"dp": traffic.dp, "tp": traffic.tp, "pp": traffic.pp, "total": traffic.total()}
+    assert data["traffic"] == {**capacity.to_dict(traffic), "total": traffic.total()}
     time = capacity.step_time(model, plan, cluster)
     assert data["step_time"] == capacity.to_dict(time)
     assert data["global_batch_tokens"] == 8 * 8 * 8192
     assert data["tokens_per_s_per_gpu"] == pytest.approx(8 * 8 * 8192 / time.total_s / 64)
-    assert data["limits"] == capacity.limits(model, plan, cluster)
+    assert data["limits"] == plans.limits(model, plan, cluster)
+    rates = plans.utilisation(model, plan, cluster)
+    assert (data["mfu"], data["tflops_per_gpu"]) == (rates["mfu"], rates["tflops_per_gpu"]) and data["gpu"] == "H100"
 
 
 def test_the_cluster_defaults_to_h100s_as_many_as_the_plan_uses(opened):
     data = json.loads(invoke(*MODEL_8B, "--dp", "2", "--tp", "2", "--pp", "2", "--json").stdout)
-    assert data["cluster"] == {**capacity.to_dict(capacity.H100), "gpus": 8}
-    assert data["plan"] == capacity.to_dict(capacity.Plan(dp=2, tp=2, pp=2))
+    assert data["cluster"] == {**capacity.to_dict(plans.H100), "gpus": 8}
+    a100 = json.loads(invoke(*MODEL_8B, "--dp", "2", "--gpu", "A100", "--json").stdout)
+    assert a100["cluster"] == {**capacity.to_dict(plans.A100), "gpus": 2} and a100["gpu"] == "A100"
+    assert data["plan"] == jsonish(capacity.Plan(dp=2, tp=2, pp=2))
 
 
 def test_a_plan_that_does_not_fit_is_an_answer(opened):
@@ -129,27 +144,31 @@ def test_a_scenario_shows_the_best_plan_of_the_search(opened, name):
     result = invoke("--scenario", name, "--json")
     assert result.exit_code == EXIT_OK, result.output
     data = json.loads(result.stdout)
-    model, cluster, tokens = capacity.SCENARIOS["70B on 1,024 GPUs"]
-    best = capacity.best_plan(model, cluster, tokens)
-    assert data["scenario"] == "70B on 1,024 GPUs" and data["plan"] == capacity.to_dict(best)
-    assert data["searched"] == len(list(capacity.candidate_plans(model, cluster, tokens)))
-    assert data["limits"] == capacity.limits(model, best, cluster)
+    model, cluster, tokens = plans.SCENARIOS["70B on 1,024 GPUs"]
+    best = plans.best_plan(model, cluster, tokens)
+    assert data["scenario"] == "70B on 1,024 GPUs" and data["plan"] == jsonish(best)
+    assert data["searched"] == len(list(plans.candidate_plans(model, cluster, tokens))) and data["search"] == "43"
+    assert data["limits"] == plans.limits(model, best, cluster)
     text = invoke("--scenario", name).stdout
     assert text.startswith("Scenario: 70B on 1,024 GPUs") and "the fastest that fits:" in text
 
 
 def test_a_scenario_with_a_plan_given_evaluates_that_plan(opened):
-    model, cluster, _ = capacity.SCENARIOS["8B on 64 GPUs"]
+    model, cluster, _ = plans.SCENARIOS["8B on 64 GPUs"]
     data = json.loads(invoke("--scenario", "8B", "--dp", "8", "--tp", "8", "--json").stdout)
-    assert data["plan"] == capacity.to_dict(capacity.Plan(dp=8, tp=8)) and "searched" not in data
+    assert data["plan"] == jsonish(capacity.Plan(dp=8, tp=8)) and "searched" not in data
     assert data["step_time"] == capacity.to_dict(capacity.step_time(model, capacity.Plan(dp=8, tp=8), cluster))
 
 
 def test_best_searches_for_the_model_and_the_gpus(opened):
     result = invoke(*MODEL_8B, "--best", "--global-batch-tokens", "4194304", "--gpus", "64", "--json")
     assert result.exit_code == EXIT_OK, result.output
-    model, cluster, tokens = capacity.SCENARIOS["8B on 64 GPUs"]
-    assert json.loads(result.stdout)["plan"] == capacity.to_dict(capacity.best_plan(model, cluster, tokens))
+    model, cluster, tokens = plans.SCENARIOS["8B on 64 GPUs"]
+    data = json.loads(result.stdout)
+    assert data["search"] == "kit" and data["plan"] == jsonish(plans.best_frontier(model, cluster, tokens))
+    rules = json.loads(invoke(*MODEL_8B, "--best", "--global-batch-tokens", "4194304", "--gpus", "64", "--search", "43",
+                              "--json").stdout)
+    assert rules["search"] == "43" and rules["plan"] == jsonish(plans.best_plan(model, cluster, tokens))
 
 
 def test_best_says_when_no_plan_fits(opened):
@@ -164,8 +183,13 @@ def test_best_says_when_no_plan_fits(opened):
     ([*MODEL_8B, "--tp", "3"], "tensor-parallel size 3 does not divide 32 heads"),
     ([*MODEL_8B, "--pp", "5"], "5 pipeline stages do not divide 32 layers"),
     ([*MODEL_8B, "--dp", "8", "--tp", "8", "--gpus", "32"], "dp x tp x pp = 8 x 8 x 1 = 64, not the world size 32"),
-    ([*MODEL_8B, "--dp", "2", "--pp", "2", "--zero", "3"], "ZeRO stage 3 with 2 pipeline stages is refused"),
+    ([*MODEL_8B, "--tp", "2", "--sp"], "sequence parallelism keeps no whole tensor on a rank"),
+    ([*MODEL_8B, "--pp", "2", "--stage-layers", "8,x"], "--stage-layers takes counts like 8,8 or 0,1x126,0"),
+    ([*MODEL_8B, "--pp", "2", "--stage-layers", "16x3"], "stage_layers needs 2 counts (pp x vpp)"),
+    ([*MODEL_8B, "--cp", "2"], "context parallelism needs attention='flash'"),
+    (["--published", "--dp", "2"], "--published shows the published rows: leave out --dp"),
     ([*MODEL_8B, "--schedule", "interleaved"], "plan.schedule must be one of gpipe, 1f1b"),
+    ([*MODEL_8B, "--pp", "2", "--vpp", "2", "--micro-batches", "3"], "interleaving needs micro_batches (3) to be a"),
     ([*MODEL_8B, "--hidden", "4100"], "hidden 4100 is not divisible by heads 32"),
     (["--scenario", "7B on 8 GPUs"], "no scenario '7B on 8 GPUs'; the scenarios: \"8B on 64 GPUs\""),
     (["--scenario", "8B", "--layers", "4"], "--scenario sets the model: leave out --layers"),
@@ -186,3 +210,67 @@ def test_input_the_cost_model_cannot_use_is_one_line_and_exit_2(opened, args, sa
     assert isinstance(result.exception, SystemExit)  # no traceback
     assert result.stdout == "" and result.stderr.count("\n") == 1
     assert result.stderr.startswith("ddp-grade plan: error: ") and said in result.stderr, result.stderr
+
+
+def run_command(command: str) -> dict:
+    """`ddp-grade plan ... --json` run as the command line says."""
+    words = shlex.split(command)
+    assert words[:2] == ["ddp-grade", "plan"] and words[-1] == "--json"
+    result = invoke(*words[2:])
+    assert result.exit_code == EXIT_OK, (command, result.output)
+    return json.loads(result.stdout)
+
+
+def test_published_json_rows_name_their_source_and_each_command_reproduces_its_figure(opened):
+    result = invoke("--published", "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    rows = json.loads(result.stdout)
+    assert len(rows) == len(published.ROWS) == 3 + 10 + 4 + 24
+    assert {row["source"] for row in rows} == {"Llama 3, Table 4", "Megatron-LM 2021 (Narayanan et al.), Table 1",
+                                               "ZeRO, Figure 1", "Korthikanti et al. 2022, Table 2"}
+    for row in rows:
+        assert {"source", "metric", "published", "kit", "command"} <= set(row)
+        assert row["ratio"] == pytest.approx(row["kit"] / row["published"])
+        assert plan_module.at_path(run_command(row["command"]), row["metric"]) == row["kit"], row["command"]
+
+
+def test_published_text_shows_each_row_and_the_efficiency_of_each_gpu_kind(opened):
+    result = invoke("--published")
+    assert result.exit_code == EXIT_OK, result.output
+    text = result.stdout
+    kinds = ", ".join(f"{name} {kind.mfu:g}" for name, kind in plans.GPU_KINDS.items())
+    assert f"Compute efficiency, one per GPU kind: {kinds}." in text and set(plans.GPU_KINDS) == {"A100", "H100"}
+    for row in plan_module.published_rows():
+        assert f"{row['ratio']:>8.3f}" in text
+    assert "Llama 3, Table 4 (MFU, H100):" in text and "43.0%" in text
+    assert "the table prints DP 4" in text
+
+
+def test_best_on_a_published_scenario_says_what_limits_the_pick_and_the_published_plan(opened):
+    result = invoke("--scenario", "Llama 3 405B, 128K context, on 16,384 GPUs", "--best", "--json")
+    assert result.exit_code == EXIT_OK, result.output
+    data = json.loads(result.stdout)
+    row = published.LLAMA_ROWS[2]
+    assert data["search"] == "kit" and data["published_plan"]["plan"] == jsonish(row.plan)
+    model, cluster, tokens = plans.FRONTIER["Llama 3 405B, 128K context, on 16,384 GPUs"]
+    assert data["plan"] == jsonish(plans.best_frontier(model, cluster, tokens, row.plan))
+    assert data["published_plan"]["limits"] == plans.limits(model, row.plan, cluster)
+    assert data["published_plan"]["why"] == plans.why_differ(model, cluster, plans.best_frontier(model, cluster, tokens,
+                                                                                                   row.plan), row.plan)
+    text = invoke("--scenario", "Llama 3 405B, 128K context, on 16,384 GPUs").stdout
+    assert "The published plan (Llama 3, Table 4):" in text and "Why they differ: " in text
+    assert text.count("What limits it:") == 2
+
+
+def test_the_frontier_model_options_reach_the_model(opened):
+    data = json.loads(invoke("--layers", "4", "--hidden", "64", "--heads", "8", "--vocab", "256", "--seq-len", "128",
+                             "--kv-heads", "2", "--ffn", "160", "--mlp", "swiglu", "--norm", "rmsnorm", "--no-bias",
+                             "--positions", "rope", "--no-dropout", "--tp", "2", "--sp", "--vocab-parallel",
+                             "--attention", "flash", "--pp", "2", "--vpp", "2", "--stage-layers", "0,2x2,0",
+                             "--micro-batches", "4", "--no-dp-overlap", "--json").stdout)
+    model = capacity.ModelSpec(4, 64, 8, 256, 128, kv_heads=2, ffn=160, mlp="swiglu", norm="rmsnorm", bias=False,
+                               positions="rope", dropout=False)
+    plan = capacity.Plan(tp=2, pp=2, micro_batches=4, sp=True, vpp=2, stage_layers=(0, 2, 2, 0), vocab_parallel=True,
+                         attention="flash", dp_overlap=False)
+    assert data["model"] == jsonish(model) and data["plan"] == jsonish(plan)
+    assert data["memory"]["total"] == capacity.training_memory(model, plan).total

@@ -6,6 +6,7 @@ import math
 
 from capacity_records import RECORDS, answer, grading, model_answers, verdicts
 from grader import capacity
+from grader import capacity_plans
 from grader.checks import ex42_traffic as ex42
 from grader.checks.shared import capacity_cases as cases
 
@@ -43,7 +44,7 @@ def test_measured_traffic_applies_the_ring_factor_of_each_group():
 
 def test_flops_must_equal_the_counted_flops():
     g = grading("42")
-    cluster = lambda p: capacity.on(capacity.H100, p.world_size)  # noqa: E731
+    cluster = lambda p: capacity_plans.on(capacity_plans.H100, p.world_size)  # noqa: E731
     right = {n: answer(capacity.step_time(cases.SMALL, p, cluster(p))) for n, p in cases.CONFIGS.items()}
     ex42.check_flops(g, right, RECORDS)
     assert verdicts(g)["flops-measured"][0] == "pass"
@@ -56,7 +57,7 @@ def test_flops_must_equal_the_counted_flops():
 
 def test_the_bubble_is_gpipes_fraction_and_swapping_p_and_m_fails():
     plans = [capacity.Plan(pp=p, micro_batches=m) for p, m in ex42.BUBBLES]
-    times = [answer(capacity.step_time(ex42.BIG, p, capacity.on(capacity.H100, p.world_size))) for p in plans]
+    times = [answer(capacity.step_time(ex42.BIG, p, capacity_plans.on(capacity_plans.H100, p.world_size))) for p in plans]
     for plan, t in zip(plans, times):
         share = t["value"]["bubble_s"] / t["value"]["total_s"]
         assert math.isclose(share, (plan.pp - 1) / (plan.micro_batches + plan.pp - 1))
@@ -92,6 +93,8 @@ def test_every_step_time_case_reaches_each_link_and_term():
     assert any(inter) and not all(inter)
     times = [capacity.step_time(m, p, c) for _, m, p, c in scale]
     assert any(t.bubble_s for t in times) and any(t.dp_s for t in times) and any(t.pp_s for t in times)
+
+
 
 
 def test_flops_measured_says_how_many_configurations_are_wrong_not_only_the_first():

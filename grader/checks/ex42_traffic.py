@@ -7,20 +7,21 @@ field of a step against the kit's cost model at scale, then the refusals)."""
 from __future__ import annotations
 
 from grader import capacity
+from grader import capacity_plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
 from grader.checks.shared.capacity_cases import serve_main  # noqa: F401  (the worker's driver)
 from grader.checks.shared.capacity_run import measure_main  # noqa: F401  (the ranks' driver)
 
 TIME_TOLERANCE = 1e-6  # relative: the same formula in another order of operations
-BIG = capacity.SCENARIOS["70B on 1,024 GPUs"][0]
+BIG = capacity_plans.SCENARIOS["70B on 1,024 GPUs"][0]
 RING_SIZES = (2, 8, 64, 1024)
 BUBBLES = ((4, 8), (8, 4), (2, 16), (16, 2))  # (stages, micro-batches), each dividing BIG's 80 layers
 
 
 def at_scale() -> list:
     """(name, model, plan, cluster): plans that reach every term of a step at scale."""
-    model, h100 = BIG, capacity.H100
+    model, h100 = BIG, capacity_plans.H100
     plans = {
         "data parallel, ZeRO 1, 64 GPUs": capacity.Plan(dp=64, zero=1, micro_batches=4, recompute="full"),
         "FSDP-like, 1,024 GPUs": capacity.Plan(dp=128, tp=8, zero=3, micro_batches=4, recompute="selective"),
@@ -32,11 +33,15 @@ def at_scale() -> list:
     }
     out = []
     for name, plan in plans.items():
-        cluster = capacity.on(h100, plan.world_size)
+        cluster = capacity_plans.on(h100, plan.world_size)
         if name == "tensor parallel across nodes":
             cluster = capacity.Cluster(**{**capacity.to_dict(cluster), "gpus_per_node": 4})
         out.append((name, model, plan, cluster))
     return out
+
+
+def h100s(gpus: int) -> capacity.Cluster:
+    return capacity_plans.on(capacity_plans.H100, gpus)
 
 
 def with_cluster(model, plan, cluster) -> dict:
@@ -58,13 +63,13 @@ def grade(g: Grader) -> None:
     worker = g.worker("serve_main")
     try:
         traffic = cases.ask(g, worker, "communication", [cases.plain(cases.SMALL, p) for p in configs])
-        flops = cases.ask(g, worker, "step_time", [with_cluster(cases.SMALL, p, capacity.on(capacity.H100, p.world_size))
+        flops = cases.ask(g, worker, "step_time", [with_cluster(cases.SMALL, p, h100s(p.world_size))
                                                    for p in configs])
         ring = cases.ask(g, worker, "communication", [cases.plain(BIG, p) for p in rings])
-        bubble = cases.ask(g, worker, "step_time", [with_cluster(BIG, p, capacity.on(capacity.H100, p.world_size))
+        bubble = cases.ask(g, worker, "step_time", [with_cluster(BIG, p, h100s(p.world_size))
                                                     for p in bubbles])
         times = cases.ask(g, worker, "step_time", [with_cluster(*case[1:]) for case in scale])
-        bad = cases.ask(g, worker, "step_time", [with_cluster(cases.SMALL, plan, capacity.on(capacity.H100, gpus))
+        bad = cases.ask(g, worker, "step_time", [with_cluster(cases.SMALL, plan, h100s(gpus))
                                                  for plan, gpus in BAD.values()])
     finally:
         worker.close()
@@ -186,7 +191,7 @@ def check_step_time(g: Grader, answers: list) -> None:
         if problem:
             first = first or f"{name}: step_time {problem}"
             continue
-        reference = capacity.to_dict(capacity.step_time(model, plan, cluster))
+        reference = capacity.exercise_dict(capacity.step_time(model, plan, cluster))
         lines.append(f"{name} ({cases.describe(plan)}):")
         for term, truth in reference.items():
             said = answer["value"].get(term)

@@ -7,17 +7,18 @@ and by tests/test_capacity_measured.py."""
 from __future__ import annotations
 
 from grader import capacity
+from grader import capacity_plans as plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
 from grader.checks.shared.capacity_cases import serve_main  # noqa: F401  (the worker's driver)
 
 NEAR = 1.10  # at most 1.1 times the fastest plan's step time
-NOTHING_FITS = ("405B on 64 GPUs", capacity.SCENARIOS["405B on 16,384 GPUs"][0], capacity.on(capacity.H100, 64), 2**20)
-PLAN_FIELDS = [f for f in capacity.to_dict(capacity.Plan())]
+NOTHING_FITS = ("405B on 64 GPUs", plans.SCENARIOS["405B on 16,384 GPUs"][0], plans.on(plans.H100, 64), 2**20)
+PLAN_FIELDS = list(capacity.EXERCISE_FIELDS["Plan"])
 
 
 def grade(g: Grader) -> None:
-    scenarios = [(name, *scenario) for name, scenario in capacity.SCENARIOS.items()] + [NOTHING_FITS]
+    scenarios = [(name, *scenario) for name, scenario in plans.SCENARIOS.items()] + [NOTHING_FITS]
     worker = g.worker("serve_main")
     try:
         answers = cases.ask(g, worker, "choose_plan",
@@ -70,7 +71,7 @@ def check_allowed(g: Grader, name: str, model, cluster, tokens: int, answer: dic
     if plan is None:
         g.record("plan-allowed", False, f"{name}: choose_plan returned {answer['value']!r}, not a Plan")
         return None
-    if plan not in set(capacity.candidate_plans(model, cluster, tokens)):
+    if plan not in set(plans.candidate_plans(model, cluster, tokens)):
         why = why_not_allowed(model, cluster, tokens, plan)
         g.record("plan-allowed", False, f"{name}: {cases.describe(plan)} is not among the plans allowed: {why}")
         return None
@@ -89,20 +90,20 @@ def why_not_allowed(model, cluster, tokens: int, plan: capacity.Plan) -> str:
                 f"not the global batch of {tokens:,} tokens")
     if plan.precision != "bf16-mixed":
         return "precision must be bf16-mixed"
-    if plan.tp not in capacity.TENSOR_PARALLEL or plan.tp > cluster.gpus_per_node:
+    if plan.tp not in plans.TENSOR_PARALLEL or plan.tp > cluster.gpus_per_node:
         return f"tp must be 1, 2, 4 or 8 and at most {cluster.gpus_per_node} (one node)"
-    return f"micro_batch must be one of {', '.join(map(str, capacity.MICRO_BATCHES))}"
+    return f"micro_batch must be one of {', '.join(map(str, plans.MICRO_BATCHES))}"
 
 
 def compare_plans(name: str, model, cluster, tokens: int, plan: capacity.Plan) -> list[str]:
-    best = capacity.best_plan(model, cluster, tokens)
+    best = plans.best_plan(model, cluster, tokens)
     lines = [f"{name}:"]
     for who, p in (("yours", plan), ("fastest", best)):
         if p is None:
             continue
         memory, time = capacity.training_memory(model, p), capacity.step_time(model, p, cluster)
         lines.append(f"  {who:8} {cases.describe(p)}: {memory.total / 1e9:.1f} GB, {time.total_s:.2f} s a step; "
-                     f"limited by {'; '.join(capacity.limits(model, p, cluster))}")
+                     f"limited by {'; '.join(plans.limits(model, p, cluster))}")
     return lines
 
 
@@ -115,18 +116,18 @@ def check_fits(g: Grader, chosen: list) -> None:
                      f"{memory.params / 1e9:.1f}, grads {memory.grads / 1e9:.1f}, optimizer {memory.optimizer / 1e9:.1f}, "
                      f"activations {memory.activations / 1e9:.1f}), more than {cluster.memory_bytes / 1e9:.0f} GB")
             return
-    g.record("plan-fits", True, f"each plan fits in {capacity.H100.memory_bytes / 1e9:.0f} GB per GPU")
+    g.record("plan-fits", True, f"each plan fits in {plans.H100.memory_bytes / 1e9:.0f} GB per GPU")
 
 
 def check_near(g: Grader, chosen: list) -> None:
     for name, model, cluster, tokens, plan in chosen:
-        best = capacity.best_plan(model, cluster, tokens)
+        best = plans.best_plan(model, cluster, tokens)
         mine, fastest = capacity.step_time(model, plan, cluster).total_s, capacity.step_time(model, best, cluster).total_s
         if mine > NEAR * fastest:
             g.record("plan-near-fastest", False,
                      f"{name}: {cases.describe(plan)} takes {mine:.2f} s a step, {mine / fastest:.2f} x the fastest "
                      f"plan's {fastest:.2f} s ({cases.describe(best)}); limited by "
-                     f"{'; '.join(capacity.limits(model, plan, cluster))}")
+                     f"{'; '.join(plans.limits(model, plan, cluster))}")
             return
     g.record("plan-near-fastest", True, "each plan within 10 % of the fastest")
 

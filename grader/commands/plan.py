@@ -1,14 +1,17 @@
 """``ddp-grade plan``: ask the kit's cost model (:mod:`grader.capacity`) about a parallel training plan.
 
 It opens once exercises 41 (memory) and 42 (traffic and time) have passed: before that, the learner
-would be shown the answers they are writing. Three ways to ask:
+would be shown the answers they are writing. Four ways to ask:
 
-* a plan: the model (``--layers`` ... ``--seq-len``), the plan (``--dp`` ... ``--recompute``) and the
-  cluster (H100 by default, as many GPUs as the plan uses);
-* ``--best``: the fastest plan that fits, searched exhaustively for the model, ``--gpus`` and
-  ``--global-batch-tokens`` (the search of exercise 43, ``capacity.best_plan``);
-* ``--scenario NAME``: one of ``capacity.SCENARIOS`` (model, cluster, global batch), its best plan, or
-  the plan given on the command line.
+* a plan: the model (``--layers`` ... ``--seq-len``, and a frontier model's options), the plan (``--dp``
+  ... ``--recompute``, and the frontier plan's options) and the cluster (``--gpu H100`` or ``A100``, as
+  many GPUs as the plan uses);
+* ``--best``: the fastest plan that fits for the model, ``--gpus`` and ``--global-batch-tokens``, searched
+  by the kit's planner (``--search kit``, :func:`grader.capacity_plans.planner_plans`) or by 43's rules;
+* ``--scenario NAME``: one of 43's scenarios (searched by 43's rules) or of the planner's (with the plan
+  the scenario's paper published beside the pick), its best plan or the plan given;
+* ``--published``: every published figure the model is held to (grader/capacity_published.py), each with
+  the command that reproduces it.
 
 The numbers come from grader.capacity as plain data (``evaluate``); this module alone puts them into
 words. Exit codes: 0 the cost model answered (also "does not fit" and "no plan fits": that is the
@@ -20,17 +23,21 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import click
 
 from grader import capacity
+from grader import capacity_plans as plans
+from grader import capacity_published as published
+from grader.commands import plan_text
 from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from grader.progress import Progress
 
 REQUIRES = ("41", "42")  # the exercises whose answers this command shows
-MODEL_OPTIONS = ("layers", "hidden", "heads", "vocab", "seq_len")
-PLAN_OPTIONS = ("dp", "tp", "pp", "zero", "micro_batch", "micro_batches", "schedule", "precision", "recompute")
+MODEL_OPTIONS = tuple(f.name for f in fields(capacity.ModelSpec))
+PLAN_OPTIONS = tuple(f.name for f in fields(capacity.Plan))
+REQUIRED_MODEL = capacity.EXERCISE_FIELDS["ModelSpec"]
 GB = 1e9  # decimal, as capacity's own messages and the H100's 80 GB
 
 
@@ -50,15 +57,15 @@ def refusal(progress: Progress) -> str | None:
 
 
 def find_scenario(name: str) -> str:
-    """The key of capacity.SCENARIOS that ``name`` means: the name itself, in any case, with or without
-    the thousands comma ("70b on 1024 gpus"), or its model alone ("70B")."""
+    """The key of 43's or the planner's scenarios that ``name`` means: the name itself, in any case, with or
+    without the thousands comma ("70b on 1024 gpus"), or its model alone ("70B")."""
     def norm(text: str) -> str:
         return re.sub(r"[\s,]+", "", text.lower())
 
-    for key in capacity.SCENARIOS:
+    for key in [*plans.SCENARIOS, *plans.FRONTIER]:
         if norm(name) in (norm(key), norm(key.split()[0])):
             return key
-    known = "; ".join(f'"{key}"' for key in capacity.SCENARIOS)
+    known = "; ".join(f'"{key}"' for key in [*plans.SCENARIOS, *plans.FRONTIER])
     raise capacity.PlanError(f"no scenario {name!r}; the scenarios: {known}")
 
 
@@ -77,7 +84,7 @@ def make_cluster(base: capacity.Cluster, given: dict, gpus: int) -> capacity.Clu
     if gpus < 1:
         raise capacity.PlanError(f"--gpus must be at least 1, not {gpus}")
     changes = {}
-    for option, (field, factor, (least, inclusive)) in CLUSTER_OPTIONS.items():
+    for option, (name, factor, (least, inclusive)) in CLUSTER_OPTIONS.items():
         value = given.get(option)
         if value is None:
             continue
@@ -85,10 +92,21 @@ def make_cluster(base: capacity.Cluster, given: dict, gpus: int) -> capacity.Clu
             flag = "--" + option.replace("_", "-")
             bound = f"{'at least' if inclusive else 'above'} {least}"
             raise capacity.PlanError(f"{flag} must be a number {bound}, not {value:g}")
-        changes[field] = value * factor
+        changes[name] = value * factor
     if given.get("mfu") is not None and given["mfu"] > 1:
         raise capacity.PlanError(f"--mfu is the fraction of peak compute achieved, at most 1, not {given['mfu']:g}")
     return replace(base, gpus=gpus, **changes)
+
+
+def parse_layers(text: str) -> tuple:
+    """``--stage-layers``: counts separated by commas, ``NxK`` for N repeated K times ("0,1x126,0")."""
+    out = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*(?:x\s*(\d+))?\s*", item)
+        if not match:
+            raise capacity.PlanError(f"--stage-layers takes counts like 8,8 or 0,1x126,0, not {text!r}")
+        out += [int(match[1])] * int(match[2] or 1)
+    return tuple(out)
 
 
 def plan_tokens(model: capacity.ModelSpec, plan: capacity.Plan) -> int:
@@ -100,32 +118,42 @@ def plan_tokens(model: capacity.ModelSpec, plan: capacity.Plan) -> int:
 
 
 def evaluate(model: capacity.ModelSpec, plan: capacity.Plan, cluster: capacity.Cluster) -> dict:
-    """Everything the cost model says of ``plan`` (rank 0's figures; bytes, seconds, FLOPs)."""
+    """Everything the cost model says of ``plan`` (rank 0's figures; bytes, seconds, FLOPs), and the step
+    as throughput (MFU and TFLOP/s per GPU over every GPU)."""
     capacity.validate(model, plan, cluster.gpus)
     memory = capacity.training_memory(model, plan)
     traffic = capacity.communication(model, plan)
     time = capacity.step_time(model, plan, cluster)
-    tokens = plan_tokens(model, plan)
+    rates = plans.utilisation(model, plan, cluster)
     return {
         "plan": asdict(plan),
-        "global_batch_tokens": tokens,
-        "memory": {**capacity.to_dict(memory), "capacity": cluster.memory_bytes,
-                   "fits": capacity.fits(model, plan, cluster)},
-        "traffic": {"dp": dict(traffic.dp), "tp": dict(traffic.tp), "pp": dict(traffic.pp), "total": traffic.total()},
+        "global_batch_tokens": plan_tokens(model, plan),
+        "memory": {**capacity.to_dict(memory), "model_states": memory.params + memory.grads + memory.optimizer,
+                   "capacity": cluster.memory_bytes, "fits": plans.fits(model, plan, cluster)},
+        "traffic": {**{d: dict(getattr(traffic, d)) for d in capacity.DIMENSIONS}, "total": traffic.total()},
         "step_time": capacity.to_dict(time),
-        "tokens_per_s_per_gpu": tokens / time.total_s / plan.world_size if time.total_s else None,
-        "limits": capacity.limits(model, plan, cluster),
+        "tokens_per_s_per_gpu": rates["tokens_per_s_per_gpu"],
+        "mfu": rates["mfu"],
+        "tflops_per_gpu": rates["tflops_per_gpu"],
+        "limits": plans.limits(model, plan, cluster),
     }
 
 
-def search(model: capacity.ModelSpec, cluster: capacity.Cluster, global_batch_tokens: int) -> dict:
-    """The best plan of exercise 43's search, evaluated; ``plan`` None (and ``why``) when none fits."""
+def search(model: capacity.ModelSpec, cluster: capacity.Cluster, global_batch_tokens: int, rules: str,
+           known: capacity.Plan | None = None) -> dict:
+    """The best plan of 43's search (rules "43") or the planner's ("kit"), evaluated; ``plan`` None (and
+    ``why``) when none fits. ``known``: a published plan of this scenario, evaluated beside the pick."""
     capacity.validate(model, capacity.Plan())
     if global_batch_tokens < 1:
         raise capacity.PlanError(f"--global-batch-tokens must be at least 1, not {global_batch_tokens}")
-    searched = sum(1 for _ in capacity.candidate_plans(model, cluster, global_batch_tokens))
-    best = capacity.best_plan(model, cluster, global_batch_tokens)
-    found = {"searched": searched, "requested_global_batch_tokens": global_batch_tokens}
+    space = plans.candidate_plans if rules == "43" else plans.planner_plans
+    searched = sum(1 for _ in space(model, cluster, global_batch_tokens)) + (known is not None)
+    best = plans.best_plan(model, cluster, global_batch_tokens) if rules == "43" else \
+        plans.best_frontier(model, cluster, global_batch_tokens, known)
+    found = {"searched": searched, "search": rules, "requested_global_batch_tokens": global_batch_tokens}
+    if known is not None:
+        found["published_plan"] = {**evaluate(model, known, cluster), "source": published.LLAMA,
+                                   "why": plans.why_differ(model, cluster, best, known) if best else None}
     if best is not None:
         return {**found, **evaluate(model, best, cluster)}
     if searched == 0:
@@ -139,97 +167,65 @@ def search(model: capacity.ModelSpec, cluster: capacity.Cluster, global_batch_to
 def answer(model: capacity.ModelSpec, cluster: capacity.Cluster, result: dict, scenario: str | None) -> dict:
     """The whole answer: what was asked (model, cluster, scenario) and what the cost model said."""
     return {"scenario": scenario, "model": asdict(model), "parameters": capacity.total_params(model),
-            "cluster": asdict(cluster), **result}
+            "gpu": plans.gpu_kind(cluster), "cluster": asdict(cluster), **result}
 
 
-# --- text -----------------------------------------------------------------------------------------
+def at_path(data: dict, path: str):
+    """The field of ``data`` at a dotted path ("memory.activations")."""
+    for part in path.split("."):
+        data = data[part]
+    return data
 
 
-def _count(n: int, what: str) -> str:
-    return f"{n:,} {what}" + ("" if n == 1 else "s")
+def command_of(row: published.Row) -> str:
+    """The `ddp-grade plan ... --json` command line that answers with ``row``'s plan."""
+    words = ["ddp-grade plan"]
+    for f in fields(capacity.ModelSpec):
+        value = getattr(row.model, f.name)
+        if f.name in REQUIRED_MODEL or value != f.default:
+            words.append(_flag(f.name, value))
+    for f in fields(capacity.Plan):
+        value = getattr(row.plan, f.name)
+        if value != f.default:
+            words.append(_flag(f.name, value))
+    return " ".join([*words, f"--gpu {row.gpu}", "--json"])
 
 
-def _seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us" if s else "0 s"
+def _flag(name: str, value) -> str:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else f"--no-{name.replace('_', '-')}"
+    if isinstance(value, tuple):
+        return f"{flag} {_layers_text(value)}"
+    return f"{flag} {value}"
 
 
-def _bytes_row(name: str, value: float, note: str = "") -> str:
-    return f"  {name:<28}{value / GB:>12,.3f} GB{round(value):>22,} B{note}"
+def _layers_text(counts: tuple) -> str:
+    runs: list = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
-def render_text(data: dict) -> str:
-    m, c = data["model"], data["cluster"]
-    lines = []
-    if data["scenario"]:
-        lines.append(f"Scenario: {data['scenario']}")
-    lines.append(f"Model:   {m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads, vocab {m['vocab']:,}, "
-                 f"sequences of {m['seq_len']:,} tokens ({data['parameters'] / 1e9:.2f} B parameters)")
-    lines.append(f"Cluster: {_count(c['gpus'], 'GPU')} ({c['gpus_per_node']} per node) of "
-                 f"{c['memory_bytes'] / GB:g} GB, {c['peak_flops'] / 1e12:g} TFLOP/s peak at MFU {c['mfu']:g}")
-    lines.append(f"         {c['intra_node_bandwidth'] / GB:g} GB/s inside a node, "
-                 f"{c['inter_node_bandwidth'] / GB:g} GB/s across nodes; latency "
-                 f"{c['intra_node_latency'] * 1e6:g} us and {c['inter_node_latency'] * 1e6:g} us")
-    if "searched" in data:
-        found = "; the fastest that fits:" if data["plan"] else ""
-        lines.append(f"Search:  {_count(data['searched'], 'plan')} for a global batch of "
-                     f"{data['requested_global_batch_tokens']:,} tokens{found}")
-    p = data["plan"]
-    if p is None:
-        lines += ["", f"No plan: {data['why']}."]
-        return "\n".join(lines)
-    lines.append(f"Plan:    dp {p['dp']} x tp {p['tp']} x pp {p['pp']} = {_count(p['dp'] * p['tp'] * p['pp'], 'GPU')}, "
-                 f"ZeRO {p['zero']}, {p['precision']}, recompute {p['recompute']}")
-    lines.append(f"         micro-batch {p['micro_batch']} x {p['micro_batches']} micro-batches ({p['schedule']}): "
-                 f"{data['global_batch_tokens']:,} tokens per step")
-    lines += ["", *memory_lines(data["memory"]), "", *traffic_lines(data["traffic"]), "",
-              *time_lines(data["step_time"], data["tokens_per_s_per_gpu"]), "", "What limits it:"]
-    lines += [f"  - {said}" for said in data["limits"]]
-    return "\n".join(lines)
+def published_rows() -> list[dict]:
+    """Every published row beside the kit's figure, each from ``evaluate`` as a plan of its own."""
+    out = []
+    for row in published.ROWS:
+        data = evaluate(row.model, row.plan, published.cluster_of(row))
+        kit = float(at_path(data, row.metric))
+        out.append({"source": row.source, "row": row.row, "metric": row.metric, "unit": row.unit,
+                    "published": row.published, "kit": kit, "ratio": kit / row.published, "gpu": row.gpu,
+                    "memory_bytes": data["memory"]["total"], "fits": data["memory"]["fits"],
+                    "note": "; ".join(n for n in (row.note, published.READINGS[row.source]) if n),
+                    "command": command_of(row)})
+    return out
 
 
-def memory_lines(memory: dict) -> list[str]:
-    lines = ["Memory per rank (rank 0: first stage, tensor rank 0, data rank 0):"]
-    for name in ("params", "grads", "optimizer", "activations"):
-        lines.append(_bytes_row(name, memory[name]))
-    share = memory["total"] / memory["capacity"]
-    verdict = "fits" if memory["fits"] else "does NOT fit"
-    lines.append(_bytes_row("total", memory["total"],
-                            f"   {verdict} in {memory['capacity'] / GB:g} GB ({share:.0%})"))
-    return lines
-
-
-def traffic_lines(traffic: dict) -> list[str]:
-    lines = ["Traffic per step (bytes rank 0 sends):"]
-    for dimension in capacity.DIMENSIONS:
-        for collective, sent in traffic[dimension].items():
-            lines.append(_bytes_row(f"{dimension} {collective}", sent))
-    if len(lines) == 1:
-        lines.append("  none: dp, tp and pp are all 1")
-    lines.append(_bytes_row("total", traffic["total"]))
-    return lines
-
-
-TIME_TERMS = {  # step_time's terms, in its order, as the grader's report names them, and what each is
-    "compute_s": "compute", "dp_s": "dp communication", "tp_s": "tp communication", "pp_s": "pp communication",
-    "bubble_s": "pipeline bubble", "exposed_dp_s": "dp communication compute does not hide",
-}
-
-
-def time_lines(time: dict, tokens_per_s: float | None) -> list[str]:
-    """step_time's terms by their names (those of the grader's report), each with its share of the step."""
-    total = time["total_s"]
-    lines = ["Step time (rank 0):", f"  {'flops':<28}{time['flops'] / 1e12:>12,.1f} TFLOP"]
-    for term, what in TIME_TERMS.items():
-        share = "overlaps compute" if term == "dp_s" else f"{time[term] / total:>4.0%}" if total else ""
-        lines.append(f"  {term:<28}{_seconds(time[term]):>12}   {share:<16}  {what}")
-    lines.append(f"  {'total_s':<28}{_seconds(total):>12}   {'':<16}  compute + tp + pp + bubble + exposed dp")
-    if tokens_per_s is not None:
-        lines.append(f"  {'tokens/s per GPU':<28}{tokens_per_s:>12,.0f}")
-    return lines
+def efficiencies() -> dict:
+    return {name: kind.mfu for name, kind in plans.GPU_KINDS.items()}
 
 
 # --- the command ------------------------------------------------------------------------------------------
@@ -244,7 +240,7 @@ def _given(values: dict, names) -> list[str]:
     return ["--" + name.replace("_", "-") for name in names if values.get(name) is not None]
 
 
-H = capacity.H100
+H = plans.H100
 
 
 @click.command("plan")
@@ -253,26 +249,56 @@ H = capacity.H100
 @click.option("--heads", type=int, help="Attention heads.")
 @click.option("--vocab", type=int, help="Vocabulary size.")
 @click.option("--seq-len", type=int, help="Tokens per sequence.")
+@click.option("--kv-heads", type=int, help="Key and value heads (grouped-query attention; default: --heads).")
+@click.option("--ffn", type=int, help="The MLP's width (default 4 x --hidden).")
+@click.option("--mlp", help="gelu (fc1, GELU, fc2; default) or swiglu (gate, up, SiLU(gate) x up, down).")
+@click.option("--norm", help="layernorm (default) or rmsnorm.")
+@click.option("--bias/--no-bias", default=None, help="Biases in the layers' linear maps (default: with).")
+@click.option("--positions", help="learned (a position embedding; default) or rope (none).")
+@click.option("--dropout/--no-dropout", default=None, help="Dropout in the layers (default: with).")
+@click.option("--experts", type=int, help="Routed experts of each MoE layer (default 0: dense).")
+@click.option("--top-k", type=int, help="Experts each token is routed to (default 1).")
+@click.option("--expert-ffn", type=int, help="An expert's MLP width (default --ffn).")
+@click.option("--shared-experts", type=int, help="Experts every token passes through (default 0).")
+@click.option("--dense-layers", type=int, help="Leading layers that keep a dense MLP (default 0).")
 @click.option("--dp", type=int, help="Data-parallel size (default 1).")
 @click.option("--tp", type=int, help="Tensor-parallel size (default 1).")
 @click.option("--pp", type=int, help="Pipeline stages (default 1).")
-@click.option("--zero", type=int, help="ZeRO stage 0-3 (default 0; 2 and 3 refused with --pp > 1).")
+@click.option("--zero", type=int, help="ZeRO stage 0-3 (default 0).")
 @click.option("--micro-batch", type=int, help="Sequences per micro-batch (default 1).")
 @click.option("--micro-batches", type=int, help="Micro-batches per step (default 1).")
 @click.option("--schedule", help=f"Pipeline schedule: {', '.join(capacity.SCHEDULES)} (default 1f1b).")
 @click.option("--precision", help=f"{', '.join(capacity.PRECISIONS)} (default bf16-mixed).")
 @click.option("--recompute", help=f"Activation recomputation: {', '.join(capacity.RECOMPUTES)} (default none).")
+@click.option("--sp", is_flag=True, default=None, help="Sequence parallelism in the tensor-parallel group.")
+@click.option("--cp", type=int, help="Context-parallel size (default 1).")
+@click.option("--vpp", type=int, help="Virtual stages (model chunks) per pipeline rank (default 1).")
+@click.option("--stage-layers", help="Layers of each virtual stage in order, e.g. 7,8x14,7 or 0,1x126,0.")
+@click.option("--vocab-parallel", is_flag=True, default=None, help="Embeddings and head split over tp.")
+@click.option("--attention", help=f"{', '.join(capacity.ATTENTIONS)} (default explicit).")
+@click.option("--ep", type=int, help="Expert-parallel size (default 1).")
+@click.option("--capacity-factor", type=float, help="An expert's slots per rank, times tokens x top_k / experts.")
+@click.option("--scatter-gather", is_flag=True, default=None,
+              help="Pipeline sends split over tp and gathered in the node (Megatron-LM 2021).")
+@click.option("--no-dp-overlap", "no_dp_overlap", is_flag=True, default=None,
+              help="Data-parallel traffic after the last backward, not under compute.")
 @click.option("--scenario", metavar="NAME",
-              help="One of the kit's scenarios: " + "; ".join(f'"{k}"' for k in capacity.SCENARIOS)
+              help="A scenario: " + "; ".join(f'"{k}"' for k in [*plans.SCENARIOS, *plans.FRONTIER])
               + ". Its best plan, or the plan given.")
 @click.option("--best", is_flag=True,
               help="Search the fastest plan that fits (needs --gpus and --global-batch-tokens).")
+@click.option("--search", "rules", type=click.Choice(["kit", "43"]),
+              help="The search: the kit's planner, or 43's rules (default: 43's for 43's scenarios).")
+@click.option("--published", "show_published", is_flag=True,
+              help="Every published figure the cost model is held to, beside the kit's, with its command.")
 @click.option("--global-batch-tokens", type=int, help="Tokens per optimizer step (the search's batch; for one plan, "
               "checked against dp x micro-batch x micro-batches x seq-len).")
-@click.option("--gpus", type=int, help="GPUs of the cluster (default: dp x tp x pp).")
+@click.option("--gpu", type=click.Choice(list(plans.GPU_KINDS)), help="The GPU kind (default H100).")
+@click.option("--gpus", type=int, help="GPUs of the cluster (default: dp x tp x pp x cp).")
 @click.option("--gpus-per-node", type=int, help=f"Default {H.gpus_per_node}.")
 @click.option("--peak-tflops", type=float, help=f"Dense bf16 peak per GPU (default {H.peak_flops / 1e12:g}).")
-@click.option("--mfu", type=float, help=f"Fraction of peak the compute achieves (default {H.mfu:g}).")
+@click.option("--mfu", type=float, help=f"Fraction of peak the compute achieves (default {H.mfu:g}, the GPU "
+              "kind's).")
 @click.option("--memory-gb", type=float, help=f"Memory per GPU, GB (default {H.memory_bytes / GB:g}).")
 @click.option("--intra-gbps", type=float,
               help=f"GB/s to a GPU of the same node (default {H.intra_node_bandwidth / GB:g}).")
@@ -283,20 +309,20 @@ H = capacity.H100
 @click.option("--inter-latency-us", type=float,
               help=f"Per message across nodes (default {H.inter_node_latency * 1e6:g}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer as one JSON object (bytes, seconds, FLOPs).")
-def plan_command(scenario, best, global_batch_tokens, gpus, as_json, **given):
+def plan_command(scenario, best, rules, show_published, global_batch_tokens, gpu, gpus, as_json, **given):
     """Ask the kit's cost model about a parallel training plan (opens once 41 and 42 pass).
 
     Shows rank 0's memory (params, grads, optimizer, activations; whether it fits), the bytes it
     sends per step for each dimension and collective, the step time (compute, communication,
-    bubble; tokens/s per GPU) and what limits the plan. The cluster is an H100 one unless told.
+    bubble; MFU, tokens/s per GPU) and what limits the plan. The cluster is an H100 one unless told.
 
     \b
     Examples:
       ddp-grade plan --layers 32 --hidden 4096 --heads 32 --vocab 128256 --seq-len 8192 \\
           --dp 8 --tp 8 --zero 1 --micro-batches 8 --recompute selective
       ddp-grade plan --scenario "70B on 1,024 GPUs"
-      ddp-grade plan --layers 32 --hidden 4096 --heads 32 --vocab 128256 --seq-len 8192 \\
-          --best --gpus 64 --global-batch-tokens 4194304
+      ddp-grade plan --scenario "Llama 3 405B on 16,384 GPUs" --best
+      ddp-grade plan --published
 
     Exit 0 when the cost model answered (a plan that does not fit is an answer too), 1 while
     41 and 42 have not both passed, 2 for a plan, scenario or option it cannot use.
@@ -309,41 +335,76 @@ def plan_command(scenario, best, global_batch_tokens, gpus, as_json, **given):
         click.echo(refused, err=True)
         raise SystemExit(EXIT_FAILED)
     try:
-        data = _answer(scenario, best, global_batch_tokens, gpus, given)
+        if show_published:
+            _only_published(scenario, best, given)
+            rows = published_rows()
+            click.echo(json.dumps(rows, indent=2) if as_json else
+                       plan_text.render_published(rows, efficiencies(), published.READINGS))
+            raise SystemExit(EXIT_OK)
+        data = _answer(scenario, best, rules, global_batch_tokens, gpu, gpus, _normalised(given))
     except capacity.PlanError as exc:
         _fail(str(exc))
-    click.echo(json.dumps(data, indent=2) if as_json else render_text(data))
+    click.echo(json.dumps(data, indent=2) if as_json else plan_text.render_text(data))
     raise SystemExit(EXIT_OK)
 
 
-def _answer(scenario, best, global_batch_tokens, gpus, given: dict) -> dict:
+def _only_published(scenario, best, given: dict) -> None:
+    others = _given(given, [*MODEL_OPTIONS, *PLAN_OPTIONS, "no_dp_overlap"]) + (["--scenario"] if scenario else []) + \
+        (["--best"] if best else [])
+    if others:
+        raise capacity.PlanError(f"--published shows the published rows: leave out {', '.join(others)}")
+
+
+def _normalised(given: dict) -> dict:
+    """The command line's values as the dataclasses' fields (--no-dp-overlap as dp_overlap, layers parsed)."""
+    out = dict(given)
+    if out.pop("no_dp_overlap", None):
+        out["dp_overlap"] = False
+    if out.get("stage_layers") is not None:
+        out["stage_layers"] = parse_layers(out["stage_layers"])
+    return out
+
+
+def _answer(scenario, best, rules, global_batch_tokens, gpu, gpus, given: dict) -> dict:
     """What the command line asks, answered as plain data; PlanError for input that cannot be used."""
     plan_given = _given(given, PLAN_OPTIONS)
+    base = plans.GPU_KINDS[gpu or "H100"]
     if best and plan_given:
         raise capacity.PlanError(f"--best searches the plan: leave out {', '.join(plan_given)}")
     if scenario is not None:
         if _given(given, MODEL_OPTIONS):
             raise capacity.PlanError(f"--scenario sets the model: leave out {', '.join(_given(given, MODEL_OPTIONS))}")
         name = find_scenario(scenario)
-        model, base, tokens = capacity.SCENARIOS[name]
+        model, cluster, tokens = {**plans.SCENARIOS, **plans.FRONTIER}[name]
         tokens = global_batch_tokens if global_batch_tokens is not None else tokens
-        cluster = make_cluster(base, given, gpus if gpus is not None else base.gpus)
+        cluster = make_cluster(replace(base, gpus=cluster.gpus) if gpu else cluster, given,
+                               gpus if gpus is not None else cluster.gpus)
         if best or not plan_given:
-            return answer(model, cluster, search(model, cluster, tokens), name)
+            default = "43" if name in plans.SCENARIOS else "kit"
+            known = _published_plan(name, model, cluster, tokens)
+            return answer(model, cluster, search(model, cluster, tokens, rules or default, known), name)
         return answer(model, cluster, _one_plan(model, cluster, given, global_batch_tokens), name)
-    missing = [o for o in MODEL_OPTIONS if given.get(o) is None]
+    missing = [o for o in REQUIRED_MODEL if given.get(o) is None]
     if missing:
         raise capacity.PlanError(f"the model needs {', '.join('--' + o.replace('_', '-') for o in missing)} "
                                  f"(or --scenario NAME)")
-    model = capacity.ModelSpec(**{o: given[o] for o in MODEL_OPTIONS})
+    model = capacity.ModelSpec(**{o: given[o] for o in MODEL_OPTIONS if given.get(o) is not None})
     if best:
         if gpus is None or global_batch_tokens is None:
             raise capacity.PlanError("--best needs --gpus and --global-batch-tokens")
-        cluster = make_cluster(capacity.H100, given, gpus)
-        return answer(model, cluster, search(model, cluster, global_batch_tokens), None)
+        cluster = make_cluster(base, given, gpus)
+        return answer(model, cluster, search(model, cluster, global_batch_tokens, rules or "kit"), None)
     plan = _plan_of(given)
-    cluster = make_cluster(capacity.H100, given, gpus if gpus is not None else max(plan.world_size, 1))
+    cluster = make_cluster(base, given, gpus if gpus is not None else max(plan.world_size, 1))
     return answer(model, cluster, _one_plan(model, cluster, given, global_batch_tokens), None)
+
+
+def _published_plan(name: str, model, cluster, tokens: int) -> capacity.Plan | None:
+    """The plan a paper published for this scenario's model, cluster and batch, if any."""
+    for row in published.LLAMA_ROWS:
+        if row.model == model and row.plan.world_size == cluster.gpus and plan_tokens(model, row.plan) == tokens:
+            return row.plan
+    return None
 
 
 def _plan_of(given: dict) -> capacity.Plan:

@@ -17,7 +17,7 @@ SMALL = capacity.ModelSpec(layers=4, hidden=32, heads=4, vocab=65, seq_len=16)  
 
 # name -> plan; each runs on dp * tp * pp processes. Together they cover every dimension alone and
 # in pairs, both precisions, every ZeRO stage (dp = 3 pads the flat buffer), every recomputation,
-# both schedules with more and fewer micro-batches than stages.
+# both schedules with more and fewer micro-batches than stages, and GPipe with one stage.
 CONFIGS = {
     "dp2 zero0 fp32": capacity.Plan(dp=2, zero=0, micro_batch=2, micro_batches=2, precision="fp32"),
     "dp2 zero1": capacity.Plan(dp=2, zero=1, micro_batch=2, micro_batches=2),
@@ -32,6 +32,8 @@ CONFIGS = {
     "dp2 tp2 zero1": capacity.Plan(dp=2, tp=2, zero=1, micro_batch=2),
     "dp2 pp2 zero1 full": capacity.Plan(dp=2, pp=2, zero=1, micro_batches=3, recompute="full"),
     "tp2 pp2 gpipe selective": capacity.Plan(tp=2, pp=2, micro_batches=3, schedule="gpipe", recompute="selective"),
+    # one stage under "gpipe": every forward before any backward, so all 3 micro-batches held (not 1)
+    "gpipe one stage": capacity.Plan(dp=2, micro_batches=3, schedule="gpipe"),
 }
 SEED = 41
 
@@ -43,7 +45,7 @@ EXACT = 0.5  # bytes: a float estimate rounds to the measured integer
 
 
 def plain(model: capacity.ModelSpec, plan: capacity.Plan) -> dict:
-    return {"model": capacity.to_dict(model), "plan": capacity.to_dict(plan)}
+    return {"model": capacity.exercise_dict(model), "plan": capacity.exercise_dict(plan)}
 
 
 def describe(plan: capacity.Plan | dict) -> str:

@@ -1,18 +1,21 @@
 """The transformer of :mod:`grader.capacity`, written out for one rank of a parallel plan (runs in a rank).
 
-GPT-style, untied head without bias: token and position embeddings; L layers of LayerNorm, fused
-QKV, explicit attention (QK^T scaled, softmax, dropout on the probabilities, x V), out projection,
-dropout, residual, LayerNorm, fc1, exact GELU, fc2, dropout, residual; final LayerNorm and head.
+GPT-style by default (41-43's): token and position embeddings; L layers of LayerNorm, fused QKV, explicit
+attention (QK^T scaled, softmax, dropout on the probabilities, x V), out projection, dropout, residual,
+LayerNorm, fc1, exact GELU, fc2, dropout, residual; final LayerNorm and an untied head without bias. The
+frontier options of ``capacity.ModelSpec`` change what the names say: grouped-query attention (K and V
+heads repeated to every head for explicit attention, kept as they are by flash attention), SwiGLU (fc1 is
+[gate; up]), RMSNorm, no biases, RoPE, no dropout, mixture-of-experts MLPs (tp 1).
 
-Megatron's tensor parallelism: QKV and fc1 split by output features (weights and biases), out and
-fc2 by input features (biases whole, added after the reduction), LayerNorms, embeddings, the final
-norm and the head whole on every tensor rank; the conjugate operators f (identity forward, all-reduce
-backward) before QKV and fc1, g (all-reduce forward, identity backward) after out and fc2.
+Megatron's tensor parallelism: QKV and fc1 split by output features (weights and biases), out and fc2 by
+input features (biases whole, added after the reduction), norms, embeddings, the final norm and the head
+whole on every tensor rank unless ``vocab_parallel`` splits the last two over the vocabulary; the conjugate
+operators f (identity forward, all-reduce backward) before QKV and fc1, g (all-reduce forward, identity
+backward) after out and fc2, or under sequence parallelism :mod:`.capacity_parallel`'s gather and scatter.
 
-Functional: parameters are plain leaf tensors in a dict, so that :mod:`.capacity_run` can lay them
-out in flat buffers (ZeRO) without nn.Module in the way. Dropout is ``torch.native_dropout``, whose
-backward keeps a 1-byte mask (``F.dropout`` on the CPU keeps a mask in the activations' dtype and
-its input too). The attention scores are one ``baddbmm`` with alpha = 1/sqrt(d), as in Megatron.
+Functional: parameters are plain leaf tensors in a dict, so that :mod:`.capacity_run` can lay them out in
+flat buffers (ZeRO) without nn.Module in the way. Dropout is ``torch.native_dropout``, whose backward
+keeps a 1-byte mask. The attention scores are one ``baddbmm`` with alpha = 1/sqrt(d), as in Megatron.
 """
 
 from __future__ import annotations
@@ -24,66 +27,117 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-LAYER_NAMES = ("ln1_w", "ln1_b", "qkv_w", "qkv_b", "out_w", "out_b",
-               "ln2_w", "ln2_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b")
+from grader import capacity
+from grader.checks.shared import capacity_parallel as par
+
 INIT_STD = 0.02
 
 
-def full_parameters(model: dict, seed: int) -> dict[str, torch.Tensor]:
+def spec_of(model: dict) -> capacity.ModelSpec:
+    return capacity.ModelSpec(**model)
+
+
+def plan_of(plan: dict) -> capacity.Plan:
+    return capacity.Plan(**{**plan, "stage_layers": tuple(plan.get("stage_layers") or ())})
+
+
+# --- parameters ------------------------------------------------------------------------------------------
+
+
+def layer_shapes(spec: capacity.ModelSpec, layer: int) -> dict:
+    """Name -> shape of every parameter of one layer, whole (before any split), in flat-buffer order."""
+    h, d = spec.hidden, spec.hidden // spec.heads
+    qkv, f = (spec.heads + 2 * capacity.kv_heads(spec)) * d, capacity.ffn(spec)
+    u = 2 if spec.mlp == "swiglu" else 1
+    norm = lambda name: {f"{name}_w": (h,), **({f"{name}_b": (h,)} if spec.norm == "layernorm" else {})}  # noqa: E731
+    bias = lambda name, *shape: {name: shape} if spec.bias else {}  # noqa: E731
+    shapes = {**norm("ln1"), "qkv_w": (qkv, h), **bias("qkv_b", qkv), "out_w": (h, h), **bias("out_b", h),
+              **norm("ln2")}
+    if not capacity.is_moe(spec, layer):
+        return {**shapes, "fc1_w": (u * f, h), **bias("fc1_b", u * f), "fc2_w": (h, f), **bias("fc2_b", h)}
+    e, E = capacity.expert_ffn(spec), spec.experts
+    shapes.update({"router_w": (E, h), "experts_w1": (E, h, u * e), **bias("experts_b1", E, u * e),
+                   "experts_w2": (E, e, h), **bias("experts_b2", E, h)})
+    for j in range(spec.shared_experts):
+        shapes.update({f"shared{j}_fc1_w": (u * e, h), **bias(f"shared{j}_fc1_b", u * e), f"shared{j}_fc2_w": (h, e),
+                       **bias(f"shared{j}_fc2_b", h)})
+    return shapes
+
+
+def full_parameters(spec: capacity.ModelSpec, seed: int) -> dict[str, torch.Tensor]:
     """Every parameter of the whole model in float32, the same on every rank (one generator, one order)."""
-    h, V, s = model["hidden"], model["vocab"], model["seq_len"]
+    h, V, s = spec.hidden, spec.vocab, spec.seq_len
     gen = torch.Generator().manual_seed(seed)
 
     def normal(*shape):
         return torch.randn(*shape, generator=gen) * INIT_STD
 
-    out = {"tok_emb": normal(V, h), "pos_emb": normal(s, h)}
-    for i in range(model["layers"]):
-        shapes = {"qkv_w": (3 * h, h), "qkv_b": (3 * h,), "out_w": (h, h), "out_b": (h,),
-                  "fc1_w": (4 * h, h), "fc1_b": (4 * h,), "fc2_w": (h, 4 * h), "fc2_b": (h,)}
-        for name in LAYER_NAMES:
+    out = {"tok_emb": normal(V, h)}
+    if spec.positions == "learned":
+        out["pos_emb"] = normal(s, h)
+    for i in range(spec.layers):
+        for name, shape in layer_shapes(spec, i).items():
             if name.startswith("ln"):
-                out[f"layers.{i}.{name}"] = (torch.ones(h) if name.endswith("_w") else torch.zeros(h)) \
-                    + normal(h)
+                out[f"layers.{i}.{name}"] = (torch.ones(h) if name.endswith("_w") else torch.zeros(h)) + normal(h)
             else:
-                out[f"layers.{i}.{name}"] = normal(*shapes[name])
-    out["lnf_w"], out["lnf_b"] = torch.ones(h) + normal(h), normal(h)
+                out[f"layers.{i}.{name}"] = normal(*shape)
+    out["lnf_w"] = torch.ones(h) + normal(h)
+    if spec.norm == "layernorm":
+        out["lnf_b"] = normal(h)
     out["head_w"] = normal(V, h)
     return out
 
 
-def tp_slice(name: str, value: torch.Tensor, model: dict, tp: int, tp_index: int) -> torch.Tensor:
-    """This tensor rank's part of one parameter of a layer (Megatron's split)."""
+def tp_slice(name: str, value: torch.Tensor, spec: capacity.ModelSpec, tp: int, tp_index: int) -> torch.Tensor:
+    """This tensor rank's part of one parameter (Megatron's split; vocabulary rows for the embedding and head)."""
     if tp == 1:
         return value
-    h, a = model["hidden"], model["heads"]
     short = name.rsplit(".", 1)[-1]
-    if short in ("qkv_w", "qkv_b"):  # (3, heads, head_dim, ...): this rank's heads of each of Q, K, V
-        shaped = value.reshape(3, a, h // a, *value.shape[1:])
-        local = a // tp
-        return shaped[:, tp_index * local:(tp_index + 1) * local].reshape(3 * h // tp, *value.shape[1:])
-    if short in ("fc1_w", "fc1_b"):
-        return value.chunk(tp, dim=0)[tp_index]
-    if short in ("out_w", "fc2_w"):
+    if short in ("qkv_w", "qkv_b"):  # this rank's heads of each of Q, K and V
+        d = spec.hidden // spec.heads
+        a, kv = spec.heads, capacity.kv_heads(spec)
+        q, k, v = value.split([a * d, kv * d, kv * d], dim=0)
+        return torch.cat([part.chunk(tp, dim=0)[tp_index] for part in (q, k, v)])
+    if short.endswith(("fc1_w", "fc1_b")):  # swiglu: this rank's rows of the gate and of up
+        parts = value.chunk(2 if spec.mlp == "swiglu" else 1, dim=0)
+        return torch.cat([part.chunk(tp, dim=0)[tp_index] for part in parts])
+    if short.endswith(("out_w", "fc2_w")):
         return value.chunk(tp, dim=1)[tp_index]
-    return value  # LayerNorms, out's and fc2's biases
+    if short in ("tok_emb", "head_w"):  # only under vocab_parallel (the caller says)
+        return value.chunk(tp, dim=0)[tp_index]
+    return value  # norms, out's and fc2's biases
 
 
-def local_parameters(model: dict, plan: dict, coords: tuple[int, int, int], seed: int) -> list:
-    """[(name, float32 tensor)] of this rank in flat-buffer order: embeddings (first stage), its stage's
-    layers [stage * L/p, (stage + 1) * L/p) split for its tensor rank, final norm and head (last stage)."""
-    stage, _, tp_index = coords
-    full = full_parameters(model, seed)
-    per_stage = model["layers"] // plan["pp"]
+def local_buffers(model: dict, plan: dict, coords: tuple, seed: int) -> list[dict]:
+    """This rank's flat buffers, in order: for each chunk its dense parameters ({"chunk", "kind": "dense",
+    "params": [(name, float32 tensor)]}) and, when it holds experts, theirs ("kind": "expert")."""
+    spec, p = spec_of(model), plan_of(plan)
+    stage, dp_index, _, tp_index = coords
+    full = full_parameters(spec, seed)
+    chunks = capacity.chunk_layers(spec, p, stage)
     out = []
-    if stage == 0:
-        out += [("tok_emb", full["tok_emb"]), ("pos_emb", full["pos_emb"])]
-    for i in range(stage * per_stage, (stage + 1) * per_stage):
-        for name in LAYER_NAMES:
-            key = f"layers.{i}.{name}"
-            out.append((key, tp_slice(key, full[key], model, plan["tp"], tp_index).contiguous()))
-    if stage == plan["pp"] - 1:
-        out += [("lnf_w", full["lnf_w"]), ("lnf_b", full["lnf_b"]), ("head_w", full["head_w"])]
+    for c, layers in enumerate(chunks):
+        dense, expert = [], []
+        if stage == 0 and c == 0:
+            tok = full["tok_emb"]
+            dense.append(("tok_emb", tp_slice("tok_emb", tok, spec, p.tp, tp_index) if p.vocab_parallel else tok))
+            if spec.positions == "learned":
+                dense.append(("pos_emb", full["pos_emb"]))
+        for i in layers:
+            for name in layer_shapes(spec, i):
+                key, value = f"layers.{i}.{name}", full[f"layers.{i}.{name}"]
+                if name.startswith("experts_"):
+                    local = spec.experts // p.ep
+                    expert.append((key, value[dp_index % p.ep * local:(dp_index % p.ep + 1) * local].contiguous()))
+                else:
+                    dense.append((key, tp_slice(key, value, spec, p.tp, tp_index).contiguous()))
+        if stage == p.pp - 1 and c == len(chunks) - 1:
+            dense += [(n, full[n]) for n in ("lnf_w", "lnf_b") if n in full]
+            head = full["head_w"]
+            dense.append(("head_w", tp_slice("head_w", head, spec, p.tp, tp_index) if p.vocab_parallel else head))
+        out.append({"chunk": c, "kind": "dense", "params": dense})
+        if expert:
+            out.append({"chunk": c, "kind": "expert", "params": expert})
     return out
 
 
@@ -137,51 +191,166 @@ def dropout_(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class Layer:
-    """One transformer layer's forward on one tensor rank; ``params`` maps LAYER_NAMES to tensors."""
+    """One transformer layer's forward on one rank; ``params`` maps layer_shapes' names to tensors."""
 
-    def __init__(self, params: dict, heads: int, tp_group, tp: int, dropout: float, recompute: str):
-        self.p, self.tp_group, self.tp = params, tp_group, tp
-        self.local_heads = heads // tp
-        self.dropout, self.recompute = dropout, recompute
+    def __init__(self, params: dict, spec: capacity.ModelSpec, plan: capacity.Plan, groups: dict, index: int,
+                 dropout: float, cp_index: int = 0):
+        self.p, self.spec, self.plan, self.index = params, spec, plan, index
+        self.tp, self.tp_group = plan.tp, groups.get("tp", (None, None))[0]
+        self.cp_group = groups.get("cp", (None, None))[0]
+        self.ep_group = groups.get("ep", (None, None))[0]
+        self.local_heads, self.local_kv = spec.heads // plan.tp, capacity.kv_heads(spec) // plan.tp
+        self.dropout = dropout if spec.dropout else 0.0
+        self.recompute = plan.recompute
+        self.cp_index = cp_index
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute == "full":
             return checkpoint(self.forward, x, use_reentrant=True)
         return self.forward(x)
 
-    def f(self, x):
-        return CopyToTensorParallel.apply(x, self.tp_group) if self.tp > 1 else x
+    def norm(self, x, name):
+        if self.spec.norm == "rmsnorm":
+            return par.RMSNorm.apply(x, self.p[f"{name}_w"])
+        return F.layer_norm(x, (x.shape[-1],), self.p[f"{name}_w"], self.p[f"{name}_b"])
 
-    def g(self, x):
-        return ReduceFromTensorParallel.apply(x, self.tp_group) if self.tp > 1 else x
+    def column(self, y, name):
+        weight, bias = self.p[f"{name}_w"], self.p.get(f"{name}_b")
+        if self.tp > 1 and self.plan.sp:
+            return par.GatherLinear.apply(y, weight, bias, self.tp_group)
+        if self.tp > 1:
+            y = CopyToTensorParallel.apply(y, self.tp_group)
+        return F.linear(y, weight, bias)
+
+    def row(self, x, name):
+        out = F.linear(x, self.p[f"{name}_w"])
+        if self.tp > 1 and self.plan.sp:
+            out = par.ScatterReduce.apply(out, self.tp_group)
+        elif self.tp > 1:
+            out = ReduceFromTensorParallel.apply(out, self.tp_group)
+        bias = self.p.get(f"{name}_b")
+        return out + bias if bias is not None else out  # row-parallel: reduce, then the whole bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        p = self.p
-        b, s, h = x.shape
-        heads, d = self.local_heads, h // (self.local_heads * self.tp)
-        y = F.layer_norm(x, (h,), p["ln1_w"], p["ln1_b"])
-        qkv = F.linear(self.f(y), p["qkv_w"], p["qkv_b"])  # column-parallel: this rank's heads
-        qkv = qkv.view(b, s, 3, heads, d).permute(2, 0, 3, 1, 4)
-        q, k, v = (t.reshape(b * heads, s, d) for t in qkv)
+        y = self.norm(x, "ln1")
+        qkv = self.column(y, "qkv")  # column-parallel: this rank's heads
+        context = self.attention(qkv)
+        x = x + dropout_(self.row(context, "out"), self.dropout)
+        y = self.norm(x, "ln2")
+        out = self.moe(y) if capacity.is_moe(self.spec, self.index) else self.mlp(y, "fc1", "fc2")
+        return x + dropout_(out, self.dropout)
+
+    def attention(self, qkv: torch.Tensor) -> torch.Tensor:
+        b, s, _ = qkv.shape
+        heads, kv = self.local_heads, self.local_kv
+        d = self.spec.hidden // self.spec.heads
+        qkv = qkv.view(b, s, heads + 2 * kv, d)
+        if self.spec.positions == "rope":  # the angles of this context rank's tokens (made here: a rank keeps no tensor)
+            tables = par.rotary_tables(torch.arange(self.cp_index * s, (self.cp_index + 1) * s), d)
+            qkv = par.Rotary.apply(qkv, *tables, heads + kv)
+        if self.plan.attention == "flash":
+            return par.FlashAttention.apply(qkv, heads, kv, self.cp_group if self.plan.cp > 1 else None)
+        q, k, v = qkv[:, :, :heads], qkv[:, :, heads:heads + kv], qkv[:, :, heads + kv:]
+        if kv < heads:  # explicit attention repeats K and V to every head
+            k, v = k.repeat_interleave(heads // kv, dim=2), v.repeat_interleave(heads // kv, dim=2)
+        q, k, v = (t.permute(0, 2, 1, 3).reshape(b * heads, s, d) for t in (q, k, v))
         if self.recompute == "selective":
             core = checkpoint(attention_core, q, k, v, self.dropout, use_reentrant=True)
         else:
             core = attention_core(q, k, v, self.dropout)
-        core = core.view(b, heads, s, d).transpose(1, 2).reshape(b, s, heads * d)
-        out = self.g(F.linear(core, p["out_w"])) + p["out_b"]  # row-parallel: reduce, then the whole bias
-        x = x + dropout_(out, self.dropout)
-        y = F.layer_norm(x, (h,), p["ln2_w"], p["ln2_b"])
-        hidden = F.gelu(F.linear(self.f(y), p["fc1_w"], p["fc1_b"]))
-        out = self.g(F.linear(hidden, p["fc2_w"])) + p["fc2_b"]
-        return x + dropout_(out, self.dropout)
+        return core.view(b, heads, s, d).transpose(1, 2).reshape(b, s, heads * d)
+
+    def mlp(self, y: torch.Tensor, first: str, second: str) -> torch.Tensor:
+        hidden = self.column(y, first)
+        if self.spec.mlp == "swiglu":
+            gate, up = hidden.chunk(2, dim=-1)
+            return self.row(F.silu(gate) * up, second)
+        return self.row(F.gelu(hidden), second)
+
+    def moe(self, y: torch.Tensor) -> torch.Tensor:
+        """Top-k routing with each expert's slots (capacity) per rank, dispatch and combine over the expert
+        group, then the shared experts (tp 1)."""
+        spec, plan = self.spec, self.plan
+        b, s, h = y.shape
+        E, k, n = spec.experts, spec.top_k, b * s
+        slots = math.ceil(plan.capacity_factor * n * k / E)
+        tokens = y.reshape(n, h)
+        probs = torch.softmax(F.linear(tokens, self.p["router_w"]).float(), dim=-1)
+        gates, chosen = probs.topk(k, dim=-1)
+        with torch.no_grad():  # each choice's slot: first choices first (GShard), past the capacity dropped
+            order = chosen.t().reshape(-1)
+            position = (F.one_hot(order, E).cumsum(0) - 1).gather(1, order[:, None]).squeeze(1)
+            slot = torch.where(position < slots, order * slots + position, E * slots).view(k, n).t()
+            source = torch.full((E * slots + 1,), n, dtype=torch.long)
+            source[slot.reshape(-1)] = torch.arange(n).repeat_interleave(k)
+            source = source[:-1].clone()  # an index of E x slots
+        rows = torch.cat([tokens, tokens.new_zeros(1, h)])[source]  # (E x slots, h), empty slots zero
+        if plan.ep > 1:
+            rows = par.AllToAll.apply(rows, self.ep_group)
+        local = E // plan.ep
+        inputs = rows.view(plan.ep, local, slots, h).transpose(0, 1).reshape(local, plan.ep * slots, h)
+        hidden = torch.bmm(inputs, self.p["experts_w1"])
+        if "experts_b1" in self.p:
+            hidden = hidden + self.p["experts_b1"][:, None]
+        if spec.mlp == "swiglu":
+            gate, up = hidden.chunk(2, dim=-1)
+            hidden = F.silu(gate) * up
+        else:
+            hidden = F.gelu(hidden)
+        out = torch.bmm(hidden, self.p["experts_w2"])
+        if "experts_b2" in self.p:
+            out = out + self.p["experts_b2"][:, None]
+        out = out.view(local, plan.ep, slots, h).transpose(0, 1).reshape(E * slots, h)
+        if plan.ep > 1:
+            out = par.AllToAll.apply(out, self.ep_group)
+        picked = torch.cat([out, out.new_zeros(1, h)])[slot.reshape(-1)]  # (n x k, h), dropped choices zero
+        combined = (picked * gates.reshape(-1, 1).to(picked.dtype)).view(n, k, h).sum(dim=1)
+        for j in range(spec.shared_experts):
+            combined = combined + self.mlp(tokens, f"shared{j}_fc1", f"shared{j}_fc2")
+        return combined.view(b, s, h)
 
 
-def embed(params: dict, tokens: torch.Tensor) -> torch.Tensor:
-    positions = torch.arange(tokens.shape[1])
-    return F.embedding(tokens, params["tok_emb"]) + F.embedding(positions, params["pos_emb"])
+# --- embeddings and head -------------------------------------------------------------------------------
 
 
-def head_loss(params: dict, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1]
-    logits = F.linear(F.layer_norm(x, (h,), params["lnf_w"], params["lnf_b"]), params["head_w"])
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+class Ends:
+    """The first chunk's embeddings and the last chunk's norm, head and loss on one rank."""
+
+    def __init__(self, params: dict, spec: capacity.ModelSpec, plan: capacity.Plan, groups: dict, coords: tuple):
+        self.p, self.spec, self.plan = params, spec, plan
+        self.tp_group = groups.get("tp", (None, None))[0]
+        _, _, self.cp_index, self.tp_index = coords
+        self.local_seq = spec.seq_len // plan.cp
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        spec, plan, t = self.spec, self.plan, self.plan.tp
+        positions = torch.arange(self.cp_index * self.local_seq, (self.cp_index + 1) * self.local_seq)
+        if plan.vocab_parallel and t > 1:
+            rows = spec.vocab // t
+            start = self.tp_index * rows
+            outside = (tokens < start) | (tokens >= start + rows)
+            x = F.embedding((tokens - start).clamp(0, rows - 1), self.p["tok_emb"]).masked_fill(outside[..., None], 0.0)
+            x = par.ScatterReduce.apply(x, self.tp_group) if plan.sp else par.ReduceForward.apply(x, self.tp_group)
+            if plan.sp:
+                positions = positions.chunk(t)[self.tp_index]
+        else:
+            x = F.embedding(tokens, self.p["tok_emb"])
+        if spec.positions == "learned":
+            x = x + F.embedding(positions, self.p["pos_emb"])
+        return x
+
+    def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        spec, plan, t = self.spec, self.plan, self.plan.tp
+        if spec.norm == "rmsnorm":
+            y = par.RMSNorm.apply(x, self.p["lnf_w"])
+        else:
+            y = F.layer_norm(x, (x.shape[-1],), self.p["lnf_w"], self.p["lnf_b"])
+        if plan.vocab_parallel and t > 1:
+            if plan.sp:
+                logits = par.GatherLinear.apply(y, self.p["head_w"], None, self.tp_group)
+            else:
+                logits = F.linear(par.ReduceBackward.apply(y, self.tp_group), self.p["head_w"])
+            start = self.tp_index * (spec.vocab // t)
+            return par.VocabParallelCrossEntropy.apply(logits, targets, start, self.tp_group)
+        logits = F.linear(y, self.p["head_w"])
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
