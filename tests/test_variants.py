@@ -73,3 +73,25 @@ def test_variant_fails_with_the_right_check(grade, path):
         assert order.index(cause) < order.index(effect), order
     if e["problem"]:
         assert problem_of(report) and e["problem"] in problem_of(report), problem_of(report)
+
+
+# Checks no variant here can fail, and why. Both are decided only with --backend nccl on GPUs (which GPU a rank
+# computes on); the suite grades with gloo on the CPU, where the grader skips them. tests/test_gpu.py grades the
+# solutions on NCCL where GPUs are present.
+UNFAILABLE_HERE = {
+    ("01", "nccl-device"): "NCCL only: whether each rank set its own GPU before the first collective",
+    ("15", "device-local-rank"): "NCCL only: whether each torchrun worker computes on the GPU of its LOCAL_RANK",
+}
+
+
+def test_every_check_of_every_exercise_is_failed_by_a_variant():
+    from grader import catalog
+
+    failed = {(path.name[:2], check_id) for path in FILES for check_id in expectations(path)["fail"]}
+    checks = {(ex.id, c.id) for ex in catalog.exercises() for c in ex.checks}
+    missing = sorted(checks - failed - set(UNFAILABLE_HERE))
+    assert not missing, f"checks no variant in tests/variants/ fails: {missing}"
+    assert set(UNFAILABLE_HERE) <= checks, "an exemption names a check the catalog no longer has"
+    assert not set(UNFAILABLE_HERE) & failed, "an exempted check has a variant now: drop the exemption"
+    unknown = sorted(pair for pair in failed if pair not in checks)
+    assert not unknown, f"variants expect checks the catalog does not have: {unknown}"
