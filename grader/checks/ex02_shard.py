@@ -190,11 +190,9 @@ def _batch_indices(batch) -> list:
 
 
 def _error(exc: BaseException, learner_path: str) -> str:
-    from grader.child import describe_exception
+    from grader.checks.shared.learner_errors import learner_error
 
-    info = describe_exception(exc, learner_path)
-    where = f" (line {info['where']['line']})" if info["where"] else ""
-    return f"{info['type']}: {info['message'][:300]}{where}"
+    return learner_error(exc, 300, learner_path)  # with the learner's frame: file, line and its text
 
 
 # --- in the grader --------------------------------------------------------------------
