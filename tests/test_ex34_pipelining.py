@@ -282,3 +282,24 @@ def test_a_rank_that_runs_nothing_is_named_when_its_neighbours_fail():
         step["actions"] = []
     status, message = judge("GPipe", per_rank)["matches-single-process"]
     assert status == "fail" and "rank(s) [1] returned from train_step without running their stages" in message
+
+
+def test_the_graders_model_is_the_stubs():
+    """The grader builds its own copy of the stub's Model (so that a learner's file cannot change it): the same
+    parameters, the same initial values from the same seed, the same loss on the same batch."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("stub34", ROOT / "exercises" / "34_pipelining.py")
+    stub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stub)
+    for schedule in ex.SCHEDULES:
+        ours = ex.build_model(schedule, 2)
+        torch.manual_seed(ex.SEED + 10 * 2 + ex.SCHEDULES.index(schedule))
+        theirs = stub.Model(n_layers=ex.n_layers(2)).double()
+        assert {k: t.shape for k, t in theirs.state_dict().items()} == {k: t.shape for k, t in ours.state_dict().items()}
+        for a, b in zip(theirs.state_dict().values(), ours.state_dict().values()):
+            assert torch.equal(a, b)
+        tokens, targets = ex.make_batch(schedule, 2, 0)
+        assert torch.equal(stub.loss_fn(theirs(tokens), targets), ex.loss_fn(ours(tokens), targets))

@@ -192,13 +192,10 @@ def _unpack(saved: _Saved):
 
 
 def _error(exc: BaseException) -> str:
-    """The exception, and where it was raised (file and line of the innermost frame)."""
-    import os
-    import traceback
+    """The exception, with the learner's frame (file, line and its text) that led to it."""
+    from grader.checks.shared.learner_errors import learner_error
 
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (raised at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}"[:400] + where
+    return learner_error(exc, 400)
 
 
 def _loss(value) -> dict:
