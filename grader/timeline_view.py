@@ -54,7 +54,7 @@ def _drawing(run: dict, part: dict, width: int) -> list[str]:
     columns = max(10, width - LANE_PREFIX - 2)
     length = max(part["t1"] - part["t0"], 1e-9)
     name = ": ".join(x for x in (run["label"], part["label"]) if x) or "the run"
-    lines = [_fit(f"{name}: {length * 1000:.3g} ms, {length * 1000 / columns:.2g} ms a column", width)]
+    lines = [_fit(f"{name}: {_seconds(length)}, {_seconds(length / columns)} a column", width)]
     counted = []
     for r in run["ranks"]:
         rows = [[_IDLE[0]] * columns, [_IDLE[1]] * columns]
@@ -130,6 +130,10 @@ def _wrap(line: str, width: int) -> list[str]:
             current = "      " + part
     lines.append(_fit(current, width))
     return lines
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.3g} s" if s >= 1 else f"{s * 1000:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
 
 
 def _size(n: int) -> str:

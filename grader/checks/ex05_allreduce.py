@@ -20,10 +20,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.compare import first_difference, tensor_difference
 from grader.child import RankContext, describe_exception
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 SEED = 5
 LR = 0.1
@@ -66,6 +67,7 @@ def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 # --- in each rank ---------------------------------------------------------------------
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
@@ -270,6 +272,7 @@ def _grads(model: nn.Module) -> dict:
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         outcome = g.run("rank_main", world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
         check_world(g, outcome.results(), world_size)
     if max(g.world_sizes) < 2:
         g.skip("init-rejects-mismatch", "needs at least 2 ranks: one alone always has rank 0's weights")

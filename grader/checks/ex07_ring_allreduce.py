@@ -9,12 +9,14 @@ each rank sent and whom it talked to.
 
 from __future__ import annotations
 
+import contextlib
 
 import torch
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.child import RankContext, describe_exception
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 TOLERANCE = {"float32": (1e-5, 1e-5), "float64": (1e-12, 1e-12)}  # (rtol, atol); int64 is exact
@@ -70,6 +72,11 @@ def drawn_cases(count: int = DRAWN_CASES) -> list[dict]:
     return found
 
 
+def region_name(case: dict) -> str:
+    """What the timeline calls the ring of a measured case."""
+    return f"the ring of {case['shape'][0]:,} {case['dtype']}"
+
+
 def cases_for(world_size: int, drawn: list[dict]) -> list[dict]:
     cases = fixed_cases(world_size) + drawn
     return [{**case, "seed": index + 1} for index, case in enumerate(cases)]
@@ -78,6 +85,7 @@ def cases_for(world_size: int, drawn: list[dict]) -> list[dict]:
 # --- in each rank ---------------------------------------------------------------------
 
 
+@rank_timeline.traced
 def ring_main(ctx: RankContext) -> dict:
     """Run ring_all_reduce on every case; return the tensors after it and the calls it made."""
     probes.torchrun_environment(ctx.rank, ctx.world_size)
@@ -94,7 +102,8 @@ def _observe(ctx: RankContext) -> dict:
             tensor = make_tensor(case, ctx.rank)
             first = len(events)
             try:
-                returned = ring_all_reduce(tensor)
+                with rank_timeline.region(region_name(case)) if case.get("measure") else contextlib.nullcontext():
+                    returned = ring_all_reduce(tensor)
             except NotImplementedError:
                 raise  # still the stub: the grading says so
             except Exception as exc:  # the observation; the cases after it are not run (peers may be mid-ring)
@@ -121,6 +130,8 @@ def grade(g: Grader) -> None:
     for world_size in sizes:
         cases = cases_for(world_size, drawn)
         outcome = g.run("ring_main", world_size, kwargs={"cases": cases})
+        if world_size >= 2:
+            timelines.keep(g, outcome, f"world size {world_size}")
         observations = outcome.results()
         check_results(g, cases, observations, world_size)
         check_no_collectives(g, observations, world_size)

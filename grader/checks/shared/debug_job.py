@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from grader import diagnose, untrusted
+from grader.checks.shared import timelines
 from grader.checks.shared.state import cpu_state
 from grader.checks.shared.wording import describe_exit
 from grader.child import RankContext
@@ -106,6 +107,7 @@ def read_job(g, outcome, x_rows: torch.Tensor | None = None) -> Job:
     for r in outcome.ranks:
         if r.status == "error":
             g.stop_on_failures(outcome)
+    timelines.keep(g, outcome, f"the job on {outcome.world_size} ranks")
     ends, records = [], []
     for r in outcome.ranks:
         record = r.result if r.status == "ok" else None

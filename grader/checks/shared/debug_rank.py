@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.checks.shared.state import cpu_state
 from grader.child import RankContext
 
@@ -49,7 +49,7 @@ def run_job(ctx: RankContext, argv: list[str], *, epochs: int) -> dict:
     watch = _JobWatch()
     started = time.monotonic()
     raised = None
-    with probes.platform_start_method(), watch:
+    with rank_timeline.recording() as recorder, probes.platform_start_method(), watch:
         main = ctx.function("main")
         try:
             main(argv)
@@ -64,6 +64,7 @@ def run_job(ctx: RankContext, argv: list[str], *, epochs: int) -> dict:
         "raised": raised,
         "initialized_after": dist.is_initialized(),
         "seconds": time.monotonic() - started,
+        "timeline": recorder.snapshot(),
     }
 
 
