@@ -56,6 +56,14 @@ step_time: one step of rank 0 on `cluster`:
 A plan that cannot run raises ValueError (41's reasons), and step_time also when
 dp * tp * pp is not cluster.gpus.
 
+The traffic and time of 41's GPT-style plans. Frontier runs add sequence parallelism
+(all-gathers and reduce-scatters where tensor parallelism all-reduces), context
+parallelism (K and V gathered), interleaved stages (a bubble divided by the virtual
+stages, more sends), uneven stages (the busiest stage sets the pace) and experts
+(all-to-alls); the exercise leaves them out to stay an hour's work. Once 41 and 42
+pass, `ddp-grade plan` costs them with the same ring and latency model, and holds it
+to Megatron-LM's and Llama 3's published throughput (`ddp-grade plan --published`).
+
 Grade it:  ddp-grade exercises/42_traffic.py
 The grader runs a dozen plans for real on 2 to 4 processes and compares your bytes
 with every collective each rank made (exactly) and your FLOPs with FlopCounterMode's,

@@ -10,8 +10,8 @@ file, with whatever they call (the grader grades this file alone), and search.
 The plans to choose from:
   - precision "bf16-mixed";
   - tp in 1, 2, 4 or 8, dividing the heads, and at most gpus_per_node (a tensor-parallel
-    group stays inside a node);
-  - pp any divisor of the layers; dp the rest: dp * tp * pp == cluster.gpus;
+    group stays inside a node; some clusters have 4 GPUs a node);
+  - pp any divisor of the layers, 1 included; dp the rest: dp * tp * pp == cluster.gpus;
   - zero 0-3 (2 and 3 only with pp == 1); schedule "gpipe" or "1f1b"; recompute
     "none", "selective" or "full";
   - micro_batch in 1, 2, 4 or 8 sequences, and micro_batches such that
@@ -22,11 +22,20 @@ fixed, so the least time is the most tokens per second). When no plan fits, or t
 global batch is not a whole number of sequences, raise ValueError saying so.
 
 Grade it:  ddp-grade exercises/43_plan.py
-Three scenarios, an 8B model on 64 GPUs, a 70B on 1,024 and a 405B on 16,384 (H100s,
-8 per node): your plan must be one of the plans above, fit, and take at most 1.1 times
-the fastest plan's step time, all under the kit's own cost model (the one 41 and 42
-grade you against), found by trying every plan. A scenario where nothing fits must
-raise ValueError.
+Six scenarios on H100s: an 8B model on 64 GPUs, a 70B on 1,024 and a 405B on 16,384;
+a 70B at 4,096 tokens on 64 GPUs, whose fastest plan has pipeline stages; a 70B on
+1,024 GPUs in nodes of 4, where tensor parallelism across two nodes would be faster and
+is not allowed; a model of 52 heads on 1,024, which tp 8 does not divide. Your plan must
+be one of the plans above, fit, and take at most 1.1 times the fastest plan's step time,
+all under the kit's own cost model (the one 41 and 42 grade you against), found by
+trying every plan. A scenario where nothing fits, and a global batch that is not a
+whole number of sequences, must raise ValueError.
+
+The plans are 41's and 42's: GPT-style, without what frontier runs add (sequence and
+context parallelism, interleaved and uneven stages, ZeRO 2 and 3 with pipeline stages,
+grouped-query attention, SwiGLU, experts), to keep the search an hour's work. Once 41
+and 42 pass, `ddp-grade plan --best` searches with them, and `ddp-grade plan --scenario
+"Llama 3 405B on 16,384 GPUs"` sets its pick beside the plan Llama 3 ran.
 """
 
 from dataclasses import dataclass

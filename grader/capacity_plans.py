@@ -51,6 +51,13 @@ SCENARIOS = {  # 43's: a GPT-style model, its cluster, its global batch in token
     "8B on 64 GPUs": (GPT_8B, on(H100, 64), 4 * 2**20),
     "70B on 1,024 GPUs": (GPT_70B, on(H100, 1024), 4 * 2**20),
     "405B on 16,384 GPUs": (GPT_405B, on(H100, 16384), 16 * 2**20),
+    # where a search goes wrong: the fastest plan has pipeline stages (without them the best is 1.18 x slower);
+    "70B at 4K tokens on 64 GPUs": (replace(GPT_70B, seq_len=4096), on(H100, 64), 4 * 2**20),
+    # nodes of 4 GPUs and 100 GB/s between them: tp 8 across two nodes would be fastest, and is not allowed;
+    "70B on 1,024 GPUs of 4-GPU nodes": (GPT_70B, replace(on(H100, 1024), gpus_per_node=4, inter_node_bandwidth=100e9),
+                                         2**20),
+    # 52 heads (LLaMA 33B's width at 8K tokens): tp 8 would be fastest, and does not divide them.
+    "33B on 1,024 GPUs": (ModelSpec(layers=60, hidden=6656, heads=52, vocab=128256, seq_len=8192), on(H100, 1024), 2**20),
 }
 
 

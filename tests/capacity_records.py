@@ -30,8 +30,17 @@ def record_for(name: str) -> dict:
     for (dimension, op), (calls, size) in capacity.collectives(cases.SMALL, plan).items():
         collectives += [[dimension, op, size]] * calls
     return {"params_bytes": memory.params, "grads_bytes": memory.grads, "optimizer_bytes": memory.optimizer,
-            "activations_bytes": memory.activations, "collectives": collectives,
+            "activations_bytes": memory.activations + layernorm_statistics(cases.SMALL, plan), "collectives": collectives,
             "flops": capacity.flops(cases.SMALL, plan)}
+
+
+def layernorm_statistics(model: capacity.ModelSpec, plan: capacity.Plan) -> int:
+    """What the real runs save beyond the formula: each LayerNorm's mean and rstd, one element a token each
+    (tests/test_capacity_measured.py measures it)."""
+    if plan.recompute == "full":
+        return 0
+    per_layer = 2 * 2 * capacity.element_bytes(plan) * plan.micro_batch * model.seq_len
+    return model.layers // plan.pp * capacity.in_flight(plan) * per_layer
 
 
 RECORDS = {name: [record_for(name)] for name in cases.CONFIGS}

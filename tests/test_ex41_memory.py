@@ -28,14 +28,59 @@ def test_a_wrong_term_in_one_configuration_fails_that_term_only_and_names_it():
     assert got["params-measured"][0] == got["optimizer-measured"][0] == got["activations-measured"][0] == "pass"
 
 
-@pytest.mark.parametrize("off, status", [(1.04, "pass"), (1.06, "fail")])
-def test_activations_are_held_within_five_percent(off, status):
+@pytest.mark.parametrize("off, status", [(1.0, "pass"), (1.012, "pass"), (0.99, "fail"), (1.03, "fail")])
+def test_activations_are_held_within_what_the_measurement_needs(off, status):
+    """The runs save LayerNorm's statistics beyond the formula (up to 1.12 % of what they measure): the
+    formula passes, a figure 1 % below it or 3 % above it does not."""
     g = grading("41")
     answers = model_answers(capacity.training_memory)
     for a in answers.values():
         a["value"]["activations"] *= off
     ex41.check_measured(g, answers, RECORDS)
     assert verdicts(g)["activations-measured"][0] == status
+
+
+def activations(model, plan, e=None, mask=1, softmax=None, dropped=None) -> float:
+    """41's activations with each element size given: e the activations', masks', the softmax output's and
+    the dropped-out probabilities' (the right answer: e, 1, e, e)."""
+    s, b, h, a, t = model.seq_len, plan.micro_batch, model.hidden, model.heads, plan.tp
+    e = e or capacity.element_bytes(plan)
+    if plan.recompute == "full":
+        layer = e * s * b * h
+    else:
+        layer = (4 * e + 2 * mask) * s * b * h + 12 * e * s * b * h // t
+        if plan.recompute == "none":
+            layer += ((softmax or e) + mask + (dropped or e)) * a * s * s * b // t
+    return float(model.layers // plan.pp * layer * capacity.in_flight(plan))
+
+
+WRONG_SIZES = {  # each element size wrong, alone, as a formula could have it
+    "masks in the activations' size": lambda m, p: activations(m, p, mask=capacity.element_bytes(p)),
+    "masks in half the activations' size (2 bytes under fp32)": lambda m, p: activations(m, p, mask=capacity.element_bytes(p) // 2),
+    "masks in 2 bytes": lambda m, p: activations(m, p, mask=2),
+    "masks in 4 bytes": lambda m, p: activations(m, p, mask=4),
+    "masks left out": lambda m, p: activations(m, p, mask=0),
+    "activations in 4 bytes under bf16 too": lambda m, p: activations(m, p, e=4),
+    "activations in 2 bytes under fp32 too": lambda m, p: activations(m, p, e=2),
+    "the softmax output in fp32": lambda m, p: activations(m, p, softmax=4),
+    "the softmax output and the dropped-out probabilities in fp32": lambda m, p: activations(m, p, softmax=4, dropped=4),
+}
+
+
+def test_the_right_element_sizes_are_the_model_s():
+    for plan in cases.CONFIGS.values():
+        assert activations(cases.SMALL, plan) == capacity.training_memory(cases.SMALL, plan).activations
+
+
+@pytest.mark.parametrize("wrong", list(WRONG_SIZES))
+def test_each_wrong_element_size_fails(wrong):
+    g = grading("41")
+    answers = model_answers(capacity.training_memory)
+    for name, plan in cases.CONFIGS.items():
+        answers[name]["value"]["activations"] = WRONG_SIZES[wrong](cases.SMALL, plan)
+    ex41.check_measured(g, answers, RECORDS)
+    status, message = verdicts(g)["activations-measured"]
+    assert status == "fail" and "activations" in message, wrong
 
 
 def test_an_answer_that_raised_fails_every_measured_term_with_the_error():

@@ -85,7 +85,7 @@ def check_measured(g: Grader, answers: dict, records: dict) -> None:
                 failed[check].append(f"{name}, {plan}: " + cases.compare_line(term, estimate, truth[term]))
     g.section("your estimates beside rank 0's measurement", "\n".join(lines))
     for term, check in TERMS.items():
-        bound = "within 5 %" if term == "activations" else "exactly"
+        bound = f"within {cases.ACTIVATIONS_TOLERANCE:.1%}" if term == "activations" else "exactly"
         if failed[check]:
             more = f" (and {len(failed[check]) - 1} more configurations)" if len(failed[check]) > 1 else ""
             g.record(check, False, failed[check][0] + more)

@@ -1,8 +1,10 @@
 """Exercise 43: choose_plan, graded under the kit's own cost model (the learner's function answers in
 a worker; grader side: for each scenario the plan must be one the rules allow, fit in memory and be
-within 10 % of the fastest plan, found by trying every plan; a scenario where nothing fits must be
-refused). Nothing runs on ranks: the cost model is held against measurement by 41's and 42's runs
-and by tests/test_capacity_measured.py."""
+within 10 % of the fastest plan, found by trying every plan; a scenario where nothing fits and a batch
+that is not a whole number of sequences must be refused). The scenarios are where a search goes wrong:
+one whose fastest plan has pipeline stages, one of 4-GPU nodes where tensor parallelism across two nodes
+is the fastest plan the rules forbid, one whose 52 heads tp 8 does not divide. Nothing runs on ranks: the
+cost model is held against measurement by 41's and 42's runs and by tests/test_capacity_measured.py."""
 
 from __future__ import annotations
 
@@ -13,36 +15,38 @@ from grader.checks.shared import capacity_cases as cases
 from grader.checks.shared.capacity_cases import serve_main  # noqa: F401  (the worker's driver)
 
 NEAR = 1.10  # at most 1.1 times the fastest plan's step time
-NOTHING_FITS = ("405B on 64 GPUs", plans.SCENARIOS["405B on 16,384 GPUs"][0], plans.on(plans.H100, 64), 2**20)
+NOTHING_FITS = ("405B on 64 GPUs", plans.GPT_405B, plans.on(plans.H100, 64), 2**20)
+UNEVEN_BATCH = ("8B on 64 GPUs with half a sequence more", plans.GPT_8B, plans.on(plans.H100, 64), 4 * 2**20 + 4096)
 PLAN_FIELDS = list(capacity.EXERCISE_FIELDS["Plan"])
 
 
 def grade(g: Grader) -> None:
-    scenarios = [(name, *scenario) for name, scenario in plans.SCENARIOS.items()] + [NOTHING_FITS]
+    scenarios = [(name, *scenario) for name, scenario in plans.SCENARIOS.items()]
     worker = g.worker("serve_main")
     try:
         answers = cases.ask(g, worker, "choose_plan",
-                            [{"model": capacity.to_dict(model), "cluster": capacity.to_dict(cluster), "tokens": tokens}
-                             for _, model, cluster, tokens in scenarios])
+                            [{"model": capacity.exercise_dict(model), "cluster": capacity.to_dict(cluster), "tokens": tokens}
+                             for _, model, cluster, tokens in [*scenarios, NOTHING_FITS, UNEVEN_BATCH]])
     finally:
         worker.close()
     chosen = {}
-    for (name, model, cluster, tokens), answer in zip(scenarios[:-1], answers[:-1]):
+    for (name, model, cluster, tokens), answer in zip(scenarios, answers):
         chosen[name] = check_allowed(g, name, model, cluster, tokens, answer)
     lines = []
-    for name, model, cluster, tokens in scenarios[:-1]:
+    for name, model, cluster, tokens in scenarios:
         plan = chosen[name]
         if plan is not None:
             lines += compare_plans(name, model, cluster, tokens, plan)
     g.section("your plans beside the fastest", "\n".join(lines))
-    allowed = [(name, model, cluster, tokens) for name, model, cluster, tokens in scenarios[:-1] if chosen[name]]
-    if len(allowed) < len(scenarios) - 1:
+    allowed = [(name, model, cluster, tokens) for name, model, cluster, tokens in scenarios if chosen[name]]
+    if not allowed:  # the plans the rules allow are costed; a plan they do not allow has failed already
         g.not_checked("plan-fits", "plan-allowed", "a plan the rules do not allow cannot be costed")
         g.not_checked("plan-near-fastest", "plan-allowed", "a plan the rules do not allow cannot be costed")
     else:
         check_fits(g, [(name, model, cluster, chosen[name]) for name, model, cluster, _ in allowed])
         check_near(g, [(name, model, cluster, tokens, chosen[name]) for name, model, cluster, tokens in allowed])
-    check_refused(g, answers[-1])
+    check_refused(g, answers[-2])
+    check_batch_refused(g, answers[-1])
 
 
 def as_plan(value) -> capacity.Plan | None:
@@ -84,6 +88,9 @@ def why_not_allowed(model, cluster, tokens: int, plan: capacity.Plan) -> str:
         capacity.validate(model, plan, cluster.gpus)
     except capacity.PlanError as exc:
         return str(exc)
+    refusal = plans.exercise_refusal(model, plan)
+    if refusal:
+        return refusal
     sequences = plan.dp * plan.micro_batches * plan.micro_batch
     if sequences * model.seq_len != tokens:
         return (f"dp x micro_batches x micro_batch = {sequences} sequences of {model.seq_len} tokens, "
@@ -91,7 +98,8 @@ def why_not_allowed(model, cluster, tokens: int, plan: capacity.Plan) -> str:
     if plan.precision != "bf16-mixed":
         return "precision must be bf16-mixed"
     if plan.tp not in plans.TENSOR_PARALLEL or plan.tp > cluster.gpus_per_node:
-        return f"tp must be 1, 2, 4 or 8 and at most {cluster.gpus_per_node} (one node)"
+        across = f": tp {plan.tp} spans {plan.tp // cluster.gpus_per_node} nodes" if plan.tp > cluster.gpus_per_node else ""
+        return f"tp must be 1, 2, 4 or 8 and at most {cluster.gpus_per_node} (one node){across}"
     return f"micro_batch must be one of {', '.join(map(str, plans.MICRO_BATCHES))}"
 
 
@@ -116,7 +124,8 @@ def check_fits(g: Grader, chosen: list) -> None:
                      f"{memory.params / 1e9:.1f}, grads {memory.grads / 1e9:.1f}, optimizer {memory.optimizer / 1e9:.1f}, "
                      f"activations {memory.activations / 1e9:.1f}), more than {cluster.memory_bytes / 1e9:.0f} GB")
             return
-    g.record("plan-fits", True, f"each plan fits in {plans.H100.memory_bytes / 1e9:.0f} GB per GPU")
+    g.record("plan-fits", True, f"each plan the rules allow fits in {plans.H100.memory_bytes / 1e9:.0f} GB per GPU "
+                                f"({len(chosen)} scenarios)")
 
 
 def check_near(g: Grader, chosen: list) -> None:
@@ -129,7 +138,7 @@ def check_near(g: Grader, chosen: list) -> None:
                      f"plan's {fastest:.2f} s ({cases.describe(best)}); limited by "
                      f"{'; '.join(plans.limits(model, plan, cluster))}")
             return
-    g.record("plan-near-fastest", True, "each plan within 10 % of the fastest")
+    g.record("plan-near-fastest", True, f"each plan the rules allow within 10 % of the fastest ({len(chosen)} scenarios)")
 
 
 def check_refused(g: Grader, answer: dict) -> None:
@@ -142,3 +151,15 @@ def check_refused(g: Grader, answer: dict) -> None:
         g.record("nothing-fits-refused", False,
                  f"{name} (16 bytes a parameter alone is {16 * capacity.total_params(NOTHING_FITS[1]) / 64 / 1e9:.0f} "
                  f"GB per GPU): choose_plan returned {answer.get('value')!r} instead of raising ValueError")
+
+
+def check_batch_refused(g: Grader, answer: dict) -> None:
+    name, model, _, tokens = UNEVEN_BATCH
+    if answer.get("value_error"):
+        g.record("uneven-batch-refused", True, f"{name}: {answer['error']}")
+    elif "error" in answer:
+        g.record("uneven-batch-refused", False, f"{name}: choose_plan raised {answer['error']}, not ValueError")
+    else:
+        g.record("uneven-batch-refused", False,
+                 f"{name}: {tokens:,} tokens are {tokens / model.seq_len:.2f} sequences of {model.seq_len:,}; "
+                 f"choose_plan returned {answer.get('value')!r} instead of raising ValueError")

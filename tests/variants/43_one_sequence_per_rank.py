@@ -1,6 +1,6 @@
 """Exercise 43, wrong on purpose. Each data-parallel rank given one micro-batch of one sequence, whatever the global batch."""
 # expect-fail: plan-allowed
-# expect-not-checked: plan-fits plan-near-fastest
+# expect-pass: nothing-fits-refused uneven-batch-refused
 
 
 import itertools

@@ -39,8 +39,10 @@ SEED = 41
 
 # Tolerances: params, grads, optimizer, traffic and FLOPs are exact; the activations' formula leaves
 # out LayerNorm's saved mean and rstd (two per token a norm, in the activations' dtype on a CPU, fp32
-# on a GPU): 0.6 to 1.2 % of the small configurations' activations, less at scale (4e s b of 34 s b h).
-ACTIVATIONS_TOLERANCE = 0.05
+# on a GPU): 0.57 to 1.12 % of what the configurations measure (tests/test_capacity_measured.py), less at
+# scale (4e s b of 34 s b h). 1.5 % takes that gap and no wrong element size: a mask counted in 2 bytes
+# under fp32 alone is 4.1 % off, every other wrong size more (tests/test_ex41_memory.py).
+ACTIVATIONS_TOLERANCE = 0.015
 EXACT = 0.5  # bytes: a float estimate rounds to the measured integer
 
 
