@@ -273,7 +273,8 @@ _SCRIPT = r"""
     function x(t) { return left + (W - left - 10) * t / span; }
     for (var i = 0; i <= 4; i++) {
       var t = span * i / 4;
-      var tick = el("text", {x: x(t), y: 12, "class": "axis", "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle"}, svg);
+      var anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
+      var tick = el("text", {x: x(t), y: 12, "class": "axis", "text-anchor": anchor}, svg);
       tick.textContent = (t * 1000).toFixed(2) + " ms";
     }
     run.ranks.forEach(function (rank, row) {
