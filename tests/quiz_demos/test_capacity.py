@@ -7,11 +7,14 @@ model gives and that every distractor's figure is not. Pure Python: no torch, no
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from grader.capacity import (
     ModelSpec,
     Plan,
+    chunk_layers,
     collectives,
     communication,
     element_bytes,
@@ -29,12 +32,12 @@ from grader.capacity import (
     total_params,
     training_memory,
 )
-from grader.capacity_plans import SCENARIOS, best_plan, candidate_plans, fits, on
+from grader.capacity_plans import A100, SCENARIOS, hardware_flops, model_flops, on
+from grader.capacity_published import LLAMA_ROWS, MEGATRON_ROWS
 
 GB = 1e9
 MODEL_8B, CLUSTER_8B, TOKENS_8B = SCENARIOS["8B on 64 GPUs"]
 MODEL_70B, CLUSTER_70B, TOKENS_70B = SCENARIOS["70B on 1,024 GPUs"]
-MODEL_405B, CLUSTER_405B, TOKENS_405B = SCENARIOS["405B on 16,384 GPUs"]
 SMALL = ModelSpec(layers=4, hidden=256, heads=4, vocab=1000, seq_len=64)
 
 
@@ -278,20 +281,43 @@ def test_tensor_parallelism_across_nodes_all_reduces_about_ten_times_slower():
 # --- the kit's scenarios ------------------------------------------------------------------------------
 
 
-def test_the_405b_scenario_fits_only_with_zero_3_tp_8_and_full_recomputation():
-    plans = list(candidate_plans(MODEL_405B, CLUSTER_405B, TOKENS_405B))
-    fitting = [plan for plan in plans if fits(MODEL_405B, plan, CLUSTER_405B)]
-    assert fitting
-    assert {(plan.zero, plan.tp, plan.pp, plan.recompute) for plan in fitting} == {(3, 8, 1, "full")}
-    best = best_plan(MODEL_405B, CLUSTER_405B, TOKENS_405B)
-    assert (best.zero, best.tp, best.pp, best.recompute) == (3, 8, 1, "full")
-    distractors = [Plan(dp=2048, tp=8, zero=3, recompute="selective"),
-                   Plan(dp=1024, tp=8, pp=2, zero=1, micro_batches=2, recompute="full"),
-                   Plan(dp=2048, tp=4, pp=2, zero=1, recompute="full"),
-                   Plan(dp=2048, tp=8, zero=2, recompute="full")]
-    for plan in distractors:
-        assert plan in plans and not fits(MODEL_405B, plan, CLUSTER_405B), plan
-    assert {plan.pp for plan in plans} == {1, 2}  # 16,384 GPUs and 126 layers: 2 stages at most
-    assert round(training_memory(MODEL_405B, distractors[0]).activations / GB) == 220
-    assert round(training_memory(MODEL_405B, best).activations / GB) == 34
+def test_llama_3_405b_holds_16_micro_batches_of_7_layers_on_its_first_gpu():
+    row = LLAMA_ROWS[1]  # 16,384 GPUs, TP 8, PP 16, DP 128, 8,192 tokens
+    model, plan = row.model, row.plan
+    assert (plan.tp, plan.sp, plan.pp, plan.vpp, plan.micro_batches, plan.recompute) == (8, True, 16, 8, 16, "none")
+    layers = sum(len(chunk) for chunk in chunk_layers(model, plan))
+    per_layer = layer_activations(model, plan)
+    assert layers == 7 and round(per_layer / GB, 2) == 0.64
+    memory = training_memory(model, plan)
+    assert memory.activations == 16 * layers * per_layer  # every forward before the first backward: m == p
+    keyed(memory.activations / GB, 72, [81, 4.5, 177], digits=0)
+    assert round(126 * per_layer / GB) == 81  # L layers' worth: a first stage of 1F1B (Korthikanti et al.)
+    assert round(layers * per_layer / GB, 1) == 4.5
+    whole = layer_activations(model, replace(plan, sp=False))
+    assert round(16 * layers * whole / GB) == 177  # without sequence parallelism
+    assert round(memory.total / GB) == 78 and memory.total <= 80e9
+    assert round(memory.params / GB, 1) == 6.1 and round((memory.grads + memory.optimizer) / GB, 2) == 0.33
 
+
+def test_interleaving_divides_the_bubble_by_the_chunks():
+    model = ModelSpec(layers=128, hidden=1024, heads=8, vocab=1024, seq_len=256)
+    cluster = on(CLUSTER_8B, 16)
+    shares = {}
+    for vpp in (1, 8):
+        plan = Plan(pp=16, vpp=vpp, micro_batches=32)
+        time = step_time(model, plan, cluster)
+        shares[vpp] = time.bubble_s / time.total_s
+    keyed(100 * shares[8], 5.5, [32, 47, 0])
+    assert shares[8] == pytest.approx(15 / (8 * 32 + 15)) and shares[1] == pytest.approx(15 / 47)
+    assert round(100 * 15 / 32) == 47  # (p - 1) / m: against the compute, not the step
+    sends = {vpp: collectives(model, Plan(pp=16, vpp=vpp, micro_batches=32))[("pp", "send")][0] for vpp in (1, 8)}
+    assert sends == {1: 32, 8: 32 * 15}  # each chunk's output forward, each input gradient but the first's back
+
+
+def test_megatron_s_163_tflops_are_39_percent_mfu():
+    row = MEGATRON_ROWS[-1]  # 1008B, TP 8, PP 64, 3,072 A100s, 163 TFLOP/s per GPU
+    assert row.published == 163 and row.plan.recompute == "full" and A100.peak_flops == 312e12
+    ratio = model_flops(row.model, row.plan) / hardware_flops(row.model, row.plan)
+    assert ratio == pytest.approx(0.75, abs=0.001)
+    keyed(100 * 163e12 * ratio / A100.peak_flops, 39, [52, 69, 26], digits=0)
+    assert round(100 * 163e12 / A100.peak_flops) == 52 and round(52 * 4 / 3) == 69 and 52 / 2 == 26
