@@ -83,6 +83,7 @@ class Plan:
     attention: str = "explicit"    # or "flash": neither scores nor probabilities kept
     ep: int = 1                    # expert-parallel ranks (inside the data-parallel group)
     capacity_factor: float = 1.0   # an expert's slots per rank: ceil(factor x tokens x top_k / experts)
+    cp_comm: str = "all-gather"    # context parallelism's K and V: "all-gather" (Llama 3's) or "ring"
     scatter_gather: bool = False   # pipeline sends split over the tensor-parallel ranks, gathered after
     dp_overlap: bool = True        # data-parallel traffic overlaps compute (False: after the last backward)
 
@@ -347,8 +348,11 @@ def layer_collectives(model: ModelSpec, plan: Plan, layer: int = 0) -> list[tupl
         out.append(("tp", "all-reduce", 6 if full else 4, activation))
     elif t > 1:  # per block: gather, scatter forward; gather the input again and the gradient, scatter backward
         out += [("tp", "all-gather", 8 if full else 6, activation), ("tp", "reduce-scatter", 6 if full else 4, activation)]
-    if plan.cp > 1:  # K and V gathered forward, gathered again and their gradients reduce-scattered backward
-        kv = e * model.seq_len * plan.micro_batch * 2 * kv_heads(model) * (h // model.heads) // t
+    kv = e * model.seq_len * plan.micro_batch * 2 * kv_heads(model) * (h // model.heads) // t  # every rank's
+    if plan.cp > 1 and plan.cp_comm == "ring":  # a block to the next rank cp - 1 times; backward again, and the
+        c = plan.cp                               # gradients on to the block's owner (cp sends)
+        out.append(("cp", "send", (c - 1) * (3 if full else 2) + c, kv // c))
+    elif plan.cp > 1:  # K and V gathered forward, gathered again and their gradients reduce-scattered backward
         out += [("cp", "all-gather", 3 if full else 2, kv), ("cp", "reduce-scatter", 1, kv)]
     if plan.ep > 1 and is_moe(model, layer):  # dispatch and combine forward (+recomputed), and both backward
         out.append(("ep", "all-to-all", 6 if full else 4, e * model.experts * expert_capacity(model, plan) * h))

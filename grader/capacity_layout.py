@@ -88,6 +88,7 @@ def validate(model, plan, world_size: int | None = None) -> None:
     _require(model.seq_len % plan.cp == 0, f"context-parallel size {plan.cp} does not divide seq_len {model.seq_len}")
     _require(not plan.sp or sequence % t == 0, f"sequence parallelism splits {sequence} tokens over {t} ranks: it must divide")
     _require(plan.cp == 1 or plan.attention == "flash", "context parallelism needs attention='flash'")
+    _require(plan.cp_comm in ("all-gather", "ring"), f"plan.cp_comm must be all-gather or ring, not {plan.cp_comm!r}")
     _require(not (plan.attention == "flash" and plan.recompute == "selective"),
              "flash attention keeps no scores already: recompute 'selective' has nothing to drop")
     _require(not plan.vocab_parallel or model.vocab % t == 0, f"tensor-parallel size {t} does not divide vocab {model.vocab}")

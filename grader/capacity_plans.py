@@ -6,7 +6,8 @@ kind), the scenarios, the two searches and what limits a plan.
 * The kit's planner (``planner_plans``, ``best_frontier``): what frontier runs use besides, sequence
   parallelism with every tensor-parallel plan, flash attention, ZeRO 1-3 with pipeline stages,
   interleaved virtual stages, stages that trim the first and last (Llama 3's), context parallelism for
-  long sequences, and the published plan of the scenario when there is one.
+  long sequences (K and V all-gathered or passed round a ring), experts over ranks, and the published plan of
+  the scenario when there is one.
 """
 
 from __future__ import annotations
@@ -181,9 +182,10 @@ def planner_plans(model: ModelSpec, cluster: Cluster, global_batch_tokens: int):
             if sequences % (dp * b):
                 continue
             m = sequences // (dp * b)
-            for zero, recompute, ep in itertools.product((1, 2, 3), ("none", "full"), eps):
+            comms = ("all-gather", "ring") if cp > 1 else ("all-gather",)
+            for zero, recompute, ep, comm in itertools.product((1, 2, 3), ("none", "full"), eps, comms):
                 plan = Plan(dp, tp, pp, zero, b, m, "1f1b", "bf16-mixed", recompute, sp=tp > 1, cp=cp, vpp=vpp,
-                            stage_layers=stage_layers, vocab_parallel=tp > 1, attention="flash", ep=ep)
+                            stage_layers=stage_layers, vocab_parallel=tp > 1, attention="flash", ep=ep, cp_comm=comm)
                 try:
                     capacity.validate(model, plan, cluster.gpus)
                 except PlanError:

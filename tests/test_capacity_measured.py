@@ -61,6 +61,8 @@ FRONTIER_CASES = {  # each term the frontier adds, alone and in the combinations
     "cp2": (FRONTIER, Plan(cp=2, micro_batch=2, **FLASH)),
     "dp2 cp2 zero1": (FRONTIER, Plan(dp=2, cp=2, zero=1, micro_batches=2, **FLASH)),
     "tp2 cp2 sp full": (FRONTIER, Plan(tp=2, cp=2, recompute="full", **SP, **FLASH)),
+    "cp2 ring": (FRONTIER, Plan(cp=2, micro_batch=2, cp_comm="ring", **FLASH)),
+    "cp4 ring full": (FRONTIER, Plan(cp=4, recompute="full", cp_comm="ring", **FLASH)),
     "pp2 vpp2 m4": (FRONTIER, Plan(pp=2, vpp=2, micro_batches=4, **FLASH)),
     "pp2 vpp2 m2": (FRONTIER, Plan(pp=2, vpp=2, micro_batches=2, **FLASH)),
     "pp2 trimmed vpp2": (FRONTIER, Plan(pp=2, vpp=2, micro_batches=4, stage_layers=(0, 2, 2, 0), **FLASH)),
@@ -229,6 +231,11 @@ def _context_parallelism_keeping_gathered_kv(model, plan, estimate):
         (model.seq_len - model.seq_len // plan.cp) * kv
 
 
+def _ring_gradients_sent_as_often_as_the_blocks(model, plan, estimate):  # cp - 1 times, not cp: one hop short
+    for key in [k for k in estimate["collectives"] if k[:2] == ("cp", "send")]:
+        estimate["collectives"][key] -= plan.micro_batches * model.layers
+
+
 def _interleaving_holding_what_1f1b_holds(model, plan, estimate):  # p micro-batches of every layer of the rank
     layers = sum(len(c) for c in capacity.chunk_layers(model, plan))
     estimate["activations"] = plan.pp * layers * capacity.layer_activations(model, plan)
@@ -264,6 +271,7 @@ def _whole_sends_under_scatter_gather(model, plan, estimate):
     ("tp2 sp", _sequence_parallelism_dividing_nothing),
     ("tp2 sp", _norm_gradients_left_alone),
     ("cp2", _context_parallelism_keeping_gathered_kv),
+    ("cp4 ring full", _ring_gradients_sent_as_often_as_the_blocks),
     ("pp2 vpp2 m4", _interleaving_holding_what_1f1b_holds),
     ("pp2 uneven", _stages_even_whatever_the_layout),
     ("dp2 pp2 zero2", _one_reduce_scatter_a_step_under_zero_2),
@@ -302,6 +310,8 @@ SAME_BATCH = {
         "tp2 sp": Plan(tp=2, micro_batches=4, **SP, **FLASH, **FP32),
         "tp2 vocab-parallel": Plan(tp=2, vocab_parallel=True, micro_batches=4, **FLASH, **FP32),
         "cp2": Plan(cp=2, micro_batches=4, **FLASH, **FP32),
+        "cp2 ring": Plan(cp=2, cp_comm="ring", micro_batches=4, **FLASH, **FP32),
+        "dp2 cp2 ring zero1": Plan(dp=2, cp=2, zero=1, cp_comm="ring", micro_batches=2, **FLASH, **FP32),
         "dp2 cp2 zero2": Plan(dp=2, cp=2, zero=2, micro_batches=2, **FLASH, **FP32),
         "pp2 vpp2": Plan(pp=2, vpp=2, micro_batches=4, **FLASH, **FP32),
         "dp2 pp2 trimmed zero1": Plan(dp=2, pp=2, vpp=2, zero=1, micro_batches=2, stage_layers=(0, 2, 2, 0),

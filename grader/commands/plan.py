@@ -272,6 +272,7 @@ H = plans.H100
 @click.option("--recompute", help=f"Activation recomputation: {', '.join(capacity.RECOMPUTES)} (default none).")
 @click.option("--sp", is_flag=True, default=None, help="Sequence parallelism in the tensor-parallel group.")
 @click.option("--cp", type=int, help="Context-parallel size (default 1).")
+@click.option("--cp-comm", help="Context parallelism's K and V: all-gather (default) or ring.")
 @click.option("--vpp", type=int, help="Virtual stages (model chunks) per pipeline rank (default 1).")
 @click.option("--stage-layers", help="Layers of each virtual stage in order, e.g. 7,8x14,7 or 0,1x126,0.")
 @click.option("--vocab-parallel", is_flag=True, default=None, help="Embeddings and head split over tp.")

@@ -248,6 +248,8 @@ class Layer:
         if self.spec.positions == "rope":  # the angles of this context rank's tokens (made here: a rank keeps no tensor)
             tables = par.rotary_tables(torch.arange(self.cp_index * s, (self.cp_index + 1) * s), d)
             qkv = par.Rotary.apply(qkv, *tables, heads + kv)
+        if self.plan.attention == "flash" and self.plan.cp > 1 and self.plan.cp_comm == "ring":
+            return par.RingFlashAttention.apply(qkv, heads, kv, self.cp_group)
         if self.plan.attention == "flash":
             return par.FlashAttention.apply(qkv, heads, kv, self.cp_group if self.plan.cp > 1 else None)
         q, k, v = qkv[:, :, :heads], qkv[:, :, heads:heads + kv], qkv[:, :, heads + kv:]

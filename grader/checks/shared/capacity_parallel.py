@@ -206,6 +206,80 @@ def _split(qkv: torch.Tensor, heads_q: int, heads_kv: int, cp_group) -> tuple:
     return q, (kv[:, :heads_kv], kv[:, heads_kv:])
 
 
+class RingFlashAttention(torch.autograd.Function):
+    """Context parallelism as a ring (ring attention): each rank's K and V block passes to the next rank
+    cp - 1 times forward, the partial outputs merged by their log-sum-exp; backward the blocks pass round
+    again with their gradients, which travel on to the block's owner (cp sends). Keeps only this rank's
+    qkv, the output and the log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, qkv, heads_q, heads_kv, cp_group):
+        ctx.shape, ctx.cp_group = (heads_q, heads_kv), cp_group
+        q = qkv[:, :, :heads_q].transpose(1, 2)
+        block = qkv[:, :, heads_q:].contiguous()
+        total = lse = None
+        for step, block in _ring(block, cp_group):
+            kv = block.transpose(1, 2)
+            out, part = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, kv[:, :heads_kv], kv[:, heads_kv:],
+                                                                                  0.0, False)
+            if total is None:
+                total, lse = out.float(), part
+            else:  # merge the two softmaxes by their log-sum-exp
+                merged = torch.logaddexp(lse, part)
+                total = total * (lse - merged).exp().unsqueeze(-1) + out.float() * (part - merged).exp().unsqueeze(-1)
+                lse = merged
+        b, _, s, d = total.shape
+        out = torch.empty(b, s, heads_q, d, dtype=qkv.dtype).transpose(1, 2)
+        out.copy_(total)
+        ctx.save_for_backward(qkv, out, lse)
+        return out.transpose(1, 2).reshape(b, s, heads_q * d)
+
+    @staticmethod
+    def backward(ctx, grad):
+        qkv, out, lse = ctx.saved_tensors
+        heads_q, heads_kv = ctx.shape
+        group = ctx.cp_group
+        q = qkv[:, :, :heads_q].transpose(1, 2)
+        b, s, _ = grad.shape
+        grad_out = grad.reshape(b, s, heads_q, -1).transpose(1, 2)
+        dq = torch.zeros(q.shape, dtype=torch.float32)
+        travelling = None  # the gradient of the block now here, accumulated on its way round
+        for step, block in _ring(qkv[:, :, heads_q:].contiguous(), group):
+            kv = block.transpose(1, 2)
+            dq_part, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out, q, kv[:, :heads_kv], kv[:, heads_kv:], out, lse, 0.0, False)
+            dq += dq_part.float()
+            mine = torch.cat([dk, dv], dim=1).transpose(1, 2)  # (b, s, 2 heads_kv, d)
+            travelling = mine if travelling is None else travelling + mine
+            travelling = _pass(travelling, group)  # on with the block it belongs to
+        return torch.cat([dq.to(qkv.dtype).transpose(1, 2), travelling], dim=2), None, None, None
+
+
+def _peers(group) -> tuple[int, int]:
+    ranks = dist.get_process_group_ranks(group)
+    me = ranks.index(dist.get_rank())
+    return ranks[(me + 1) % len(ranks)], ranks[(me - 1) % len(ranks)]
+
+
+def _pass(x: torch.Tensor, group) -> torch.Tensor:
+    """``x`` sent to the next rank of the ring, the previous rank's received in its place."""
+    following, previous = _peers(group)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    work = dist.isend(x.contiguous(), dst=following, group=group)
+    dist.recv(out, src=previous, group=group)
+    work.wait()
+    return out
+
+
+def _ring(block: torch.Tensor, group):
+    """(step, the block of K and V held at that step) round the ring, this rank's own first."""
+    n = dist.get_world_size(group)
+    for step in range(n):
+        yield step, block
+        if step < n - 1:
+            block = _pass(block, group)
+
+
 def flash_flops() -> dict:
     """FlopCounterMode's formulas for the CPU flash kernel (torch counts the CUDA ones with these)."""
     def forward(query, key, value, *args, out_shape=None, **kwargs):

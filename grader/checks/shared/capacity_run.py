@@ -335,7 +335,7 @@ def describe_collectives(plain: list[dict], dimensions: list[tuple], groups: dic
         if event["op"] in RECEIVES:
             continue
         if event["op"] in probes.POINT_TO_POINT:
-            dimension = "pp" if "pp" in groups and event["peer"] in groups["pp"][1] else "world"
+            dimension = next((d for d in ("pp", "cp") if d in groups and event["peer"] in groups[d][1]), "world")
             out.append([dimension, name, int(event["bytes"])])
             continue
         dimension, size = pending.pop(0) if pending else ("world", 0)
