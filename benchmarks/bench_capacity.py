@@ -1,5 +1,8 @@
 """What exercises 41-43 cost and how close the kit's cost model is: for each small configuration 41 and 42
-measure, the model's figures beside the real run's, with the time of that run; then warm gradings.
+measure (and with --frontier those tests/test_capacity_measured.py adds: grouped-query attention, SwiGLU,
+sequence and context parallelism, interleaved stages, experts...), the model's figures beside the real
+run's, with the time of that run; the time the model takes for every published row and for the planner's
+search beside 43's; then warm gradings.
 
 One run on this machine's CPU, gloo, one compute thread per rank (as the grader's ranks have):
   - each configuration of grader/checks/shared/capacity_cases.py trained for one step by the kit's own
@@ -11,7 +14,7 @@ One run on this machine's CPU, gloo, one compute thread per rank (as the grader'
   - warm gradings of solutions/41, 42 and 43 (or --files yours): the first one of 41 measures every
     configuration, the later ones reuse its measurements (the grader keeps them for the process).
 
-    python benchmarks/bench_capacity.py [--gradings 3] [--files solutions/41_memory.py ...]
+    python benchmarks/bench_capacity.py [--frontier] [--gradings 3] [--files solutions/41_memory.py ...]
 
 Not a test: timings depend on the machine and on what else runs on it (the load average is printed).
 """
@@ -34,29 +37,49 @@ from grader.checks.shared import capacity_cases as cases  # noqa: E402
 TERMS = ("params", "grads", "optimizer", "activations")
 
 
-def measure_each(session) -> None:
-    from grader.checks.ex42_traffic import measured_traffic
+def measure_each(session, configurations: dict) -> None:
+    """Each configuration ({name: (model, plan)}) trained for one step, rank 0's figures beside the model's."""
+    from collections import Counter
 
-    print(f"{'configuration':<26}{'ranks':>6}{'run s':>8}{'model us':>10}  term: model / measured (difference)")
-    for name, plan in cases.CONFIGS.items():
-        kwargs = {**cases.plain(cases.SMALL, plan), "seed": cases.SEED}
+    print(f"{'configuration':<30}{'ranks':>6}{'run s':>8}{'model us':>10}  term: model / measured (difference)")
+    for name, (model, plan) in configurations.items():
+        kwargs = {"model": capacity.to_dict(model), "plan": capacity.to_dict(plan), "seed": cases.SEED}
         start = time.perf_counter()
         outcome = session.run("grader.checks.shared.capacity_run:measure_main", plan.world_size,
                               learner_path=str(ROOT / "solutions" / "41_memory.py"), timeout_s=120, kwargs=kwargs)
         run_s = time.perf_counter() - start
         record = outcome.results()[0]
         start = time.perf_counter()
-        memory = capacity.training_memory(cases.SMALL, plan)
-        traffic = capacity.communication(cases.SMALL, plan)
-        flops = capacity.flops(cases.SMALL, plan)
+        memory = capacity.training_memory(model, plan)
+        calls = capacity.collective_list(model, plan)
+        flops = capacity.flops(model, plan)
         model_us = (time.perf_counter() - start) * 1e6
         cells = [f"{t} {getattr(memory, t):,.0f} / {record[f'{t}_bytes']:,} ({_rel(getattr(memory, t), record[f'{t}_bytes'])})"
                  for t in TERMS]
-        sent = measured_traffic(record, plan)
-        said = {(d, n): v for d in capacity.DIMENSIONS for n, v in getattr(traffic, d).items()}
-        cells.append(f"sent {sum(said.values()):,.0f} / {sum(sent.values()):,.0f} ({_rel(sum(said.values()), sum(sent.values()))})")
+        said = Counter()
+        for dimension, op, count, size in calls:
+            said[dimension, op, size] += count
+        seen = Counter((dimension, op, size) for dimension, op, size in record["collectives"])
+        cells.append(f"collectives {sum(said.values())} / {sum(seen.values())} ({'equal' if said == seen else 'DIFFER'})")
         cells.append(f"FLOPs {flops:,} / {record['flops']:,} ({_rel(flops, record['flops'])})")
-        print(f"{name:<26}{plan.world_size:>6}{run_s:>8.2f}{model_us:>10.0f}  " + "; ".join(cells))
+        print(f"{name:<30}{plan.world_size:>6}{run_s:>8.2f}{model_us:>10.0f}  " + "; ".join(cells))
+
+
+def model_answers() -> None:
+    """The cost model's own time: every published row, 43's search and the planner's."""
+    from grader import capacity_plans as plans
+    from grader.commands.plan import published_rows
+
+    start = time.perf_counter()
+    rows = published_rows()
+    print(f"\nthe cost model's answers (seconds, wall): {len(rows)} published rows {time.perf_counter() - start:.3f}")
+    for name, (model, cluster, tokens) in {**plans.SCENARIOS, **plans.FRONTIER}.items():
+        space = plans.candidate_plans if name in plans.SCENARIOS else plans.planner_plans
+        start = time.perf_counter()
+        count = len(list(space(model, cluster, tokens)))
+        plans.fastest(model, cluster, space(model, cluster, tokens))
+        print(f"  {name:<46} {'43' if name in plans.SCENARIOS else 'planner':>8} {count:>6} plans "
+              f"{time.perf_counter() - start:.3f}")
 
 
 def _rel(model: float, measured: float) -> str:
@@ -85,6 +108,7 @@ def gradings(session, files: list[str], count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gradings", type=int, default=3)
+    parser.add_argument("--frontier", action="store_true", help="also the frontier's configurations")
     parser.add_argument("--files", nargs="+", default=[str(ROOT / "solutions" / f) for f in
                                                         ("41_memory.py", "42_traffic.py", "43_plan.py")])
     args = parser.parse_args()
@@ -95,8 +119,15 @@ def main() -> None:
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; "
           f"the small transformer: {capacity.total_params(cases.SMALL):,} parameters, {cases.SMALL}")
     grading.warm_up()
+    configurations = {name: (cases.SMALL, plan) for name, plan in cases.CONFIGS.items()}
+    if args.frontier:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from test_capacity_measured import FRONTIER_CASES
+
+        configurations.update(FRONTIER_CASES)
     with harness.Session(spares=True) as session:
-        measure_each(session)
+        measure_each(session, configurations)
+        model_answers()
         gradings(session, [str(Path(f).resolve()) for f in args.files], args.gradings)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 

@@ -90,3 +90,17 @@ def test_the_kit_s_planner_finds_llama_3_s_plan_at_8k_tokens():
         if row.model.seq_len == 8192:
             assert best == row.plan, name
         assert theirs <= 1.05 * mine
+
+
+def test_docs_capacity_shows_each_llama_megatron_and_zero_ratio_as_the_kit_computes_it():
+    from pathlib import Path
+
+    from grader.commands.plan import published_rows
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "capacity.md").read_text(encoding="utf-8")
+    table = [line for line in text.splitlines() if line.startswith("| Llama 3") or line.startswith("| Megatron")
+             or line.startswith("| ZeRO")]
+    rows = [row for row in published_rows() if not row["source"].startswith("Korthikanti")]
+    assert len(table) == len(rows)
+    for line, row in zip(table, rows):
+        assert line.rstrip(" |").endswith(f"{row['ratio']:.3f}"), (line, row["ratio"])

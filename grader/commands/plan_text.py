@@ -66,7 +66,7 @@ def render_text(data: dict) -> str:
     lines += model_line(data["model"], data["parameters"])
     kind = f"{data['gpu']}s" if data.get("gpu") else "GPUs"
     lines.append(f"Cluster: {_count(c['gpus'], 'GPU')} ({c['gpus_per_node']} per node) of "
-                 f"{c['memory_bytes'] / GB:g} GB, {c['peak_flops'] / 1e12:g} TFLOP/s peak at MFU {c['mfu']:g} ({kind})")
+                 f"{c['memory_bytes'] / GB:g} GB, {c['peak_flops'] / 1e12:g} TFLOP/s peak, compute at {c['mfu']:g} of it ({kind})")
     lines.append(f"         {c['intra_node_bandwidth'] / GB:g} GB/s inside a node, "
                  f"{c['inter_node_bandwidth'] / GB:g} GB/s across nodes; latency "
                  f"{c['intra_node_latency'] * 1e6:g} us and {c['inter_node_latency'] * 1e6:g} us")
