@@ -151,6 +151,7 @@ def test_a_scenario_shows_the_best_plan_of_the_search(opened, name):
     assert data["limits"] == plans.limits(model, best, cluster)
     text = invoke("--scenario", name).stdout
     assert text.startswith("Scenario: 70B on 1,024 GPUs") and "the fastest that fits:" in text
+    assert "(43's rules leave out what frontier runs add; --search kit searches with it)" in text
 
 
 def test_a_scenario_with_a_plan_given_evaluates_that_plan(opened):

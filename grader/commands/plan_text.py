@@ -75,6 +75,8 @@ def render_text(data: dict) -> str:
         rules = "43's rules" if data["search"] == "43" else "the kit's planner"
         lines.append(f"Search:  {_count(data['searched'], 'plan')} ({rules}) for a global batch of "
                      f"{data['requested_global_batch_tokens']:,} tokens{found}")
+        if data["search"] == "43":
+            lines.append("         (43's rules leave out what frontier runs add; --search kit searches with it)")
     p = data["plan"]
     if p is None:
         lines += ["", f"No plan: {data['why']}."]
