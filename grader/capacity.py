@@ -526,9 +526,10 @@ def layer_seconds(model: ModelSpec, plan: Plan, cluster: Cluster, layer: int, ra
 
 def step_time(model: ModelSpec, plan: Plan, cluster: Cluster) -> StepTime:
     """Rank 0's step. busy: its compute and the communication on its critical path (tp, pp, cp, ep).
-    The pipeline runs at the pace of the rank with the most layers (rank 0's per micro-batch, plus a layer's
-    time for each layer more; the head's work is not counted in the pace) and fills and drains in (pp - 1)
-    / vpp of that pace: bubble_s = pipeline time - busy. Data-parallel traffic overlaps compute."""
+    The pipeline runs at the pace of its busiest rank (rank 0's per micro-batch, plus what the busiest
+    rank's layers take beyond rank 0's: compute and traffic; the head's work is not counted in the pace)
+    and fills and drains in (pp - 1) / vpp of that pace: bubble_s = pipeline time - busy. Data-parallel
+    traffic overlaps compute (dp_overlap), or adds to the step."""
     validate(model, plan, cluster.gpus)
     work = flops(model, plan)
     rate = cluster.peak_flops * cluster.mfu * (1.0 if plan.precision == "bf16-mixed" else 0.5)
@@ -539,11 +540,10 @@ def step_time(model: ModelSpec, plan: Plan, cluster: Cluster) -> StepTime:
     critical = seconds["tp"] + seconds["pp"] + seconds["cp"] + seconds["ep"]
     busy = compute_s + critical
     m = plan.micro_batches
-    mine = [sum(len(c) for c in chunk_layers(model, plan, r)) for r in range(plan.pp)]
-    extra = 0.0  # per micro-batch: a rank with more layers sets the pace, a mean layer's compute and traffic each
-    if max(mine) > mine[0]:
-        extra = (max(mine) - mine[0]) * sum(layer_seconds(model, plan, cluster, i, rate)
-                                            for i in range(model.layers)) / model.layers
+    kinds = {moe: layer_seconds(model, plan, cluster, i, rate)  # a dense layer's, an MoE layer's
+             for moe, i in {is_moe(model, i): i for i in range(model.layers)}.items()}
+    paces = [sum(kinds[is_moe(model, i)] for c in chunk_layers(model, plan, r) for i in c) for r in range(plan.pp)]
+    extra = max(0.0, max(paces) - paces[0])  # per micro-batch: the busiest rank's layers set the pace
     bubble_s = (busy + m * extra) * (plan.pp - 1) / (m * plan.vpp) + m * extra
     data = seconds["dp"] + seconds["edp"]
     exposed = max(0.0, data - compute_s) if plan.dp_overlap else data

@@ -104,3 +104,19 @@ def test_docs_capacity_shows_each_llama_megatron_and_zero_ratio_as_the_kit_compu
     assert len(table) == len(rows)
     for line, row in zip(table, rows):
         assert line.rstrip(" |").endswith(f"{row['ratio']:.3f}"), (line, row["ratio"])
+
+
+def test_the_busiest_rank_sets_the_pipeline_s_pace():
+    """Two stages, the first with one dense layer and the second with three MoE layers that all-to-all across
+    nodes: the step is paced by the second stage's layers, each costed as what it is."""
+    model = capacity.ModelSpec(layers=4, hidden=1024, heads=8, vocab=1024, seq_len=1024, mlp="swiglu", norm="rmsnorm",
+                               experts=8, top_k=2, dense_layers=1)
+    plan = capacity.Plan(dp=16, ep=16, pp=2, micro_batches=8, stage_layers=(1, 3), attention="flash")
+    cluster = plans.on(plans.H100, 32)
+    rate = cluster.peak_flops * cluster.mfu
+    dense, moe = (capacity.layer_seconds(model, plan, cluster, i, rate) for i in (0, 1))
+    assert moe > dense
+    time = capacity.step_time(model, plan, cluster)
+    busy = time.compute_s + time.tp_s + time.pp_s + time.cp_s + time.ep_s
+    pace = busy / 8 + 3 * moe - dense
+    assert time.bubble_s == pytest.approx(8 * pace + pace - busy)
