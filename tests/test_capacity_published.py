@@ -111,8 +111,9 @@ def test_the_busiest_rank_sets_the_pipeline_s_pace():
     nodes: the step is paced by the second stage's layers, each costed as what it is."""
     model = capacity.ModelSpec(layers=4, hidden=1024, heads=8, vocab=1024, seq_len=1024, mlp="swiglu", norm="rmsnorm",
                                experts=8, top_k=2, dense_layers=1)
-    plan = capacity.Plan(dp=16, ep=16, pp=2, micro_batches=8, stage_layers=(1, 3), attention="flash")
-    cluster = plans.on(plans.H100, 32)
+    plan = capacity.Plan(dp=16, ep=8, pp=2, micro_batches=8, stage_layers=(1, 3), attention="flash")
+    cluster = replace(plans.on(plans.H100, 32), gpus_per_node=4)
+    assert capacity.link(cluster, plan, "ep")[0] == cluster.inter_node_bandwidth
     rate = cluster.peak_flops * cluster.mfu
     dense, moe = (capacity.layer_seconds(model, plan, cluster, i, rate) for i in (0, 1))
     assert moe > dense
