@@ -297,6 +297,8 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
             wait_s = protocol.wait_s(submissions[i].path, submissions[i].exercise, options) + \
                 (protocol.SANDBOX_START_S if sandbox else 0.0)
             report = worker.grade(submissions[i], wait_s)
+            if report is not None and worker.proc.poll() is not None:  # stopped after a failure on this file
+                return None, report
             if report is None:
                 report = _unusable(submissions[i].path, f"grading did not finish within {wait_s:g} s; "
                                    "the grader was stopped", TIMEOUT)

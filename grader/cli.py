@@ -156,7 +156,7 @@ def _grade_here(path, options, exercise_id, progress, quiet):
 
 
 def _grade_in_sandbox(path, options, exercise_id, progress, quiet):
-    """Grade with a worker started in a fresh sandbox (grader.protocol); progress is recorded out here."""
+    """Grade here, the ranks in a fresh sandbox (grader.protocol.grade_in_sandbox); progress is recorded here."""
     from grader import protocol, sandbox
 
     if sandbox.tool() is None:

@@ -48,8 +48,9 @@ from grader.boundary import (HEADER, MAX_ANSWER_BYTES, Unreadable, bounded, erro
 from grader.outcomes import RankOutcome, SessionBroken, WorldOutcome
 
 START_S = 60.0  # for the sandbox to start and its host to import torch and start its pool
-RUN_START_S = 30.0  # for a run's ranks to be handed their specs (the deadline starts after)
-STOP_MARGIN_S = 8.0  # beyond a run's deadline: for the host to stop its ranks and answer
+RUN_START_S = 30.0  # for the host to take up a request (no code of the submission's runs before it answers)
+HAND_OUT_S = 3.0  # for the host to hand a run's ranks their specs (the run's deadline starts after)
+STOP_MARGIN_S = 6.0  # beyond a run's deadline: for the host to stop its ranks and answer
 POLL_S = 0.5  # how often the sandbox's processes and folder are read while the grader waits
 MAX_PROCESSES = 512  # processes in the sandbox at once (threads are bounded inside: MAX_TASKS)
 MAX_TASKS = 4096  # processes and threads in the sandbox (RLIMIT_NPROC in its user namespace)
@@ -192,11 +193,15 @@ class ConfinedSession:
                     "learner_path": learner_path, "timeout_s": timeout_s, "backend": backend, "grace_s": grace_s,
                     "last_read_on_failure": last_read_on_failure})
         try:
-            first = self._answer(asked + RUN_START_S, "the ranks to start")
-            if first.get("type") != "started":
-                raise Unreadable(f"an answer {str(first.get('type'))[:40]!r} where the ranks' start was expected")
-            start_s = time.monotonic() - asked
-            answer = self._answer(time.monotonic() + timeout_s + STOP_MARGIN_S, "the run to end")
+            # Until the host says it starts the ranks, none of this run's code runs: the grader's time.
+            self._expect(self._answer(asked + RUN_START_S, "the run to start"), "starting")
+            starting = time.monotonic()
+            # From here the ranks may run: the run's deadline, and the few seconds the ranks take to get
+            # their specs, and the margin for the host to stop them and answer; whatever the ranks do.
+            until = starting + HAND_OUT_S + timeout_s + STOP_MARGIN_S
+            self._expect(self._answer(until, "the ranks to start"), "started")
+            start_s = (starting - asked) + min(time.monotonic() - starting, HAND_OUT_S)
+            answer = self._answer(until, "the run to end")
         except _Late:
             return [self._timed_out(w.world_size, time.monotonic() - asked) for w in worlds]
         if answer.get("type") != "outcomes" or not isinstance(answer.get("outcomes"), list) \
@@ -210,6 +215,11 @@ class ConfinedSession:
             outcome.start_s = start_s
             outcome.seconds = time.monotonic() - asked
         return outcomes
+
+    def _expect(self, answer: dict, kind: str) -> None:
+        if answer.get("type") != kind:
+            self._break(f"the submission's ranks sent something the grader cannot read: {_what(answer)} where "
+                        f"{kind!r} was expected")
 
     def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
                backend: str = "gloo") -> "ConfinedWorker":
@@ -375,7 +385,7 @@ class ConfinedSession:
         fd = self.proc.stderr.fileno()
         try:
             while True:
-                chunk = os.read(fd, 1 << 16)
+                chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     return
                 self._errors.append(chunk[-4096:])
@@ -391,7 +401,7 @@ class ConfinedSession:
                 code = self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 return ""
-        said = untrusted.cleantext(b"".join(self._errors).decode(errors="replace")).strip()[-300:]
+        said = untrusted.clean_text(b"".join(self._errors).decode(errors="replace")).strip()[-300:]
         return f" (exit code {code})" + (f": {said}" if said else "")
 
 

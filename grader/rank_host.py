@@ -11,7 +11,8 @@ grader wrote it), to the grader a :mod:`grader.wire` pickle, which the grader re
 allowlist and a size limit. The first frame from the grader is the configuration; the host
 answers ``ready`` once its pool has started, then one answer per request:
 
-* ``run_many`` -> ``started`` (every rank has its spec: the deadline starts), then ``outcomes``;
+* ``run_many`` -> ``starting`` (before the first rank gets its spec), ``started`` (every rank has
+  its spec: the run's deadline starts), then ``outcomes``;
 * ``worker`` -> ``worker`` (its number); ``call`` -> ``reply``, or ``raised`` (timeout or died)
   with the worker's outcome; ``close_worker`` -> ``closed``;
 * ``close`` ends the host (its session closed, every process it started stopped).
@@ -37,6 +38,13 @@ def world_dict(world) -> dict:
     return data
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte (a write to a pipe may be cut short by a signal)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _set_task_limit(tasks: int) -> None:
     """At most ``tasks`` processes and threads for this user in the sandbox (its user namespace
     counts its own: RLIMIT_NPROC is per user and namespace since Linux 5.14)."""
@@ -56,7 +64,7 @@ def main() -> None:
     inbox = os.fdopen(os.dup(0), "rb", buffering=0)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    out_fd = os.dup(1)
     os.dup2(2, 1)  # what this process and its pool print goes to stderr, never into the answers
 
     first = read_frame(inbox)
@@ -67,7 +75,7 @@ def main() -> None:
     from grader import harness, wire
 
     def send(message: dict) -> None:
-        out.write(frame(wire.dumps(message)))
+        _write_all(out_fd, frame(wire.dumps(message)))
 
     _set_task_limit(config.get("max_tasks", 0))
     harness.warm_up(dynamo=config.get("dynamo", True), modules=config.get("modules") or ())
@@ -90,6 +98,7 @@ def main() -> None:
                     return
                 if op == "run_many":
                     worlds = [harness.World(*w) for w in request["worlds"]]
+                    send({"type": "starting"})  # from here the run's ranks may run the learner's code
                     outcomes = session.run_many(worlds, learner_path=request["learner_path"],
                                                 timeout_s=request["timeout_s"], backend=request["backend"],
                                                 grace_s=request["grace_s"],

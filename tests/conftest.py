@@ -25,6 +25,15 @@ os.environ["DDP_GRADE_SERVER"] = "0"
 VARIANTS = ROOT / "tests" / "variants"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tests_folders_are_the_graders(tmp_path_factory):
+    """A test that hands a verdict function files it wrote plays the grader's part: its temporary
+    folders are read as the grading's own folder is (grader.untrusted reads nothing outside one)."""
+    from grader import untrusted
+
+    untrusted.trust_folder(str(tmp_path_factory.getbasetemp()))
+
+
 @pytest.fixture(scope="session")
 def session():
     """A grading session (warm forkserver with torch imported) shared by all tests, with spares

@@ -81,6 +81,7 @@ def test_a_forged_all_pass_report_fails(tool, tmp_path):
     report = report_of(done)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert report["status"] == "failed" and report["exit_code"] == 1
+    assert "cannot read" in report["problem"], report["problem"]  # the forged line broke the answers' framing
     assert not all(c["status"] == "pass" for c in report["checks"])
 
 
@@ -90,6 +91,7 @@ def test_a_gigabyte_without_a_newline_keeps_the_grader_small(tool, tmp_path):
     done, peak = run([str(HOSTILE / "01_floods_the_grader.py"), "--sandbox", "--timeout", "60", "--format", "json"],
                      tool, tmp_path, watch_memory=True)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "cannot read" in report_of(done)["problem"], report_of(done)["problem"]
     assert 0 < peak < 2**30, f"the ddp-grade process reached {peak / 2**20:.0f} MiB"
     assert time.monotonic() - started < 60 + MARGIN_S + 60  # the deadline, the margin, the sandbox's start
 

@@ -61,12 +61,12 @@ def test_exit_codes_are_defined_once():
 # imports inside functions included; and no two modules import each other, however indirectly.
 LAYERS = [
     ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
-              "grader.wire", "grader.kit", "grader.learner", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
+              "grader.wire", "grader.kit", "grader.learner", "grader.untrusted", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
               "grader.capacity_layout", "grader.capacity_plans", "grader.capacity_published"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.outcomes", "grader.harness",
                  "grader.diagnose", "grader.rank_timeline",
-                 "grader.sandbox"]),
+                 "grader.sandbox", "grader.boundary", "grader.rank_host", "grader.confined"]),
     ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",
                 "grader.timeline_view"]),

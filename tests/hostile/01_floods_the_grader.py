@@ -2,8 +2,10 @@
 among its ancestors (python -m grader.worker, grader.rank_host: their output, their answers); with
 none (graded in the command's own process), into its own output, which the output limit stops."""
 # expect-status: failed
+# expect-problem: raised RuntimeError: flooded
 
 import os
+import select
 
 import torch.distributed as dist
 
@@ -12,7 +14,7 @@ CHUNK = b"x" * 2**20
 
 def grader_ancestors() -> list[int]:
     found, pid = [], os.getppid()
-    while pid > 1:
+    while pid > 0:  # up to the sandbox's first process (pid 1) included
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read()
@@ -22,7 +24,7 @@ def grader_ancestors() -> list[int]:
             break
         if b"grader.worker" in command or b"grader.rank_host" in command:
             found.append(pid)
-        pid = parent
+        pid = parent if pid != 1 else 0
     return found
 
 
@@ -31,14 +33,20 @@ def setup_ddp(rank: int, world_size: int, backend: str | None = None) -> None:
                if fd != "0" and os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:")] or ["/proc/self/fd/1"]
     for target in targets:
         try:
-            out = os.open(target, os.O_WRONLY)
+            out = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             continue
-        try:
-            for _ in range(1024):
-                os.write(out, CHUNK)
-        except OSError:  # the reader is gone
-            pass
+        sent = 0
+        while sent < 2**30:
+            if not select.select([], [out], [], 1.0)[1]:  # a pipe nobody reads is left after a second
+                break
+            try:
+                sent += os.write(out, CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError:  # the reader is gone
+                break
+        os.close(out)
     raise RuntimeError("flooded")
 
 

@@ -4,6 +4,7 @@ report line into every pipe that process holds. Graded in the command's own proc
 in a sandbox it finds only the host that starts the ranks, whose answers the grader outside reads
 as untrusted data."""
 # expect-status: failed
+# expect-fail: timeout-set
 # expect-absent: All 8 checks passed
 
 import json
@@ -20,7 +21,7 @@ LINE = (json.dumps({"type": "report", "report": FORGED}) + "\n").encode()
 
 def grader_ancestors() -> list[int]:
     found, pid = [], os.getppid()
-    while pid > 1:
+    while pid > 0:  # up to the sandbox's first process (pid 1) included
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read()
@@ -30,7 +31,7 @@ def grader_ancestors() -> list[int]:
             break
         if b"grader.worker" in command or b"grader.rank_host" in command:
             found.append(pid)
-        pid = parent
+        pid = parent if pid != 1 else 0
     return found
 
 

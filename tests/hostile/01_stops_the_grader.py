@@ -1,6 +1,7 @@
 """Stops (SIGSTOP) every grader process among its ancestors (python -m grader.worker,
 grader.rank_host), then waits for ever: the grading still ends at its deadline, as a timeout."""
 # expect-status: timeout
+# expect-problem: timed out
 # grade-args: --timeout 10
 
 import os
@@ -12,7 +13,7 @@ import torch.distributed as dist
 
 def grader_ancestors() -> list[int]:
     found, pid = [], os.getppid()
-    while pid > 1:
+    while pid > 0:  # up to the sandbox's first process (pid 1) included
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read()
@@ -22,7 +23,7 @@ def grader_ancestors() -> list[int]:
             break
         if b"grader.worker" in command or b"grader.rank_host" in command:
             found.append(pid)
-        pid = parent
+        pid = parent if pid != 1 else 0
     return found
 
 
