@@ -166,15 +166,24 @@ class ConfinedSession:
         self._out = self.proc.stdout.fileno()
         os.set_blocking(self._out, False)
         threading.Thread(target=self._pump_errors, daemon=True).start()
+        self._started_at = time.monotonic()
+        self._ready = False
         try:
             self._send({"tmp": self.shared, "limits": self.limits, "dynamo": dynamo, "modules": list(modules),
                         "max_tasks": MAX_TASKS})
-            ready = self._answer(time.monotonic() + START_S, "the sandbox to start")
-            if ready.get("type") != "ready":
-                raise Broken(f"the sandbox's host answered {str(ready.get('type'))[:40]!r} instead of starting")
         except BaseException:
             self.close()
             raise
+
+    def wait_ready(self) -> None:
+        """Wait until the host has started its pool (Broken when it cannot). The sandbox starts as the
+        session is made: whatever the caller does meanwhile (importing the checks) overlaps with it."""
+        if self._ready:
+            return
+        ready = self._answer(self._started_at + START_S, "the sandbox to start")
+        if ready.get("type") != "ready":
+            self._break(f"the sandbox's host answered {_what(ready)} instead of starting")
+        self._ready = True
 
     # --- the Session interface -------------------------------------------------------------
 
@@ -238,7 +247,7 @@ class ConfinedSession:
         if self._closed:
             return
         self._closed = True
-        if self.proc.poll() is None and self.broken is None:
+        if self.proc.poll() is None and self.broken is None and self._ready:
             try:
                 self._send({"op": "close"})
                 self.proc.stdin.close()
@@ -265,6 +274,11 @@ class ConfinedSession:
             raise self.broken
         if self._closed:
             raise Broken("the sandbox was closed")
+        if not self._ready:
+            try:
+                self.wait_ready()
+            except _Late:
+                self._break(f"the sandbox did not start within {START_S:g} s")
 
     def _send(self, message: dict) -> None:
         try:

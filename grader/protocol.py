@@ -130,13 +130,16 @@ def grade_in_sandbox(path: str, exercise_id: str | None, options: GradeOptions, 
                       run_problem=RunProblem(UNUSABLE_FILE, UNUSABLE, message=untrusted.clean_line(exc),
                                              file=untrusted.clean_line(os.path.basename(path))))
     ranks = max([*(exercise.world_sizes if exercise else [4]), options.world_size or 0, 2]) + 1
+    session = confined.ConfinedSession(
+        source, os.path.basename(path), options.limits, tool=tool, ranks=ranks,
+        modules=grading.driver_modules([exercise]), dynamo=exercise is None or exercise.preload_dynamo)
     try:
-        session = confined.ConfinedSession(
-            source, os.path.basename(path), options.limits, tool=tool, ranks=ranks,
-            modules=grading.driver_modules([exercise]), dynamo=exercise is None or exercise.preload_dynamo)
-    except confined.Broken as exc:
-        raise Failed(f"the sandbox could not be started: {exc}") from None
-    try:
+        if exercise is not None:  # torch and the checks here while the sandbox starts
+            importlib.import_module(exercise.module)
+        try:
+            session.wait_ready()
+        except (confined.Broken, Exception) as exc:
+            raise Failed(f"the sandbox could not be started: {exc}") from None
         report = grading.grade_file(session.learner_path, session, options, exercise_id, on_event=on_event)
     finally:
         session.close()

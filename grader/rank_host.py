@@ -72,13 +72,16 @@ def main() -> None:
         return
     config = pickle.loads(first)
 
-    from grader import harness, wire
+    from grader import harness
+
+    _set_task_limit(config.get("max_tasks", 0))
+    # The pool first: it imports torch in its own process while this one imports torch for the wire.
+    harness.warm_up(dynamo=config.get("dynamo", True), modules=config.get("modules") or ())
+    from grader import wire
 
     def send(message: dict) -> None:
         _write_all(out_fd, frame(wire.dumps(message)))
 
-    _set_task_limit(config.get("max_tasks", 0))
-    harness.warm_up(dynamo=config.get("dynamo", True), modules=config.get("modules") or ())
     session = harness.Session(limits=config.get("limits"), spares=True, tmp=config["tmp"])
     workers: dict[int, harness.Worker] = {}
     send({"type": "ready", "pid": os.getpid()})
