@@ -9,6 +9,8 @@ configuration's rank 0 record, from ``measure_main`` in :mod:`.capacity_run`), `
 
 from __future__ import annotations
 
+import math
+
 from grader import capacity
 from grader.checks.interface import Grader, RankContext
 
@@ -143,12 +145,36 @@ def measured(g: Grader, names: list[str] | None = None) -> dict:
 
 
 def ask(g: Grader, worker, function: str, cases: list) -> list:
-    """The learner's answers to ``cases`` (see ``estimates``), numbers as floats."""
+    """The learner's answers to ``cases`` (see ``estimates``), numbers as floats, each checked before any
+    check compares it: an answer that is not a list of answers, or a term that is not a finite number
+    (NaN compares false with everything, so it would pass every ``abs(x - truth) > tol``), is marked
+    ``nonfinite`` with the term named, and ``error_of`` reports it."""
     answers = g.call(worker, "estimates", function=function, cases=cases)
+    if not isinstance(answers, list) or len(answers) != len(cases) or not all(isinstance(a, dict) for a in answers):
+        g.stop(f"{function}: the worker's answers cannot be read (the submission's process sent something else)")
     for answer in answers:
         if isinstance(answer.get("value"), dict):
-            answer["value"] = {k: (v if isinstance(v, dict) else _number(v)) for k, v in answer["value"].items()}
+            answer["value"] = {str(k): (v if isinstance(v, dict) else _number(v)) for k, v in answer["value"].items()}
+            bad = not_finite(answer["value"])
+            if bad:
+                answer["nonfinite"] = bad
+        elif isinstance(answer.get("value"), float) and not math.isfinite(answer["value"]):
+            answer["nonfinite"] = f"{answer['value']!r}"
     return answers
+
+
+def not_finite(value, where: str = "") -> str | None:
+    """The first term of ``value`` (a dict of numbers, nested dicts allowed) that is a float but not finite,
+    as "activations = nan"; None when every number is finite."""
+    for key, item in value.items():
+        name = f"{where}.{key}" if where else str(key)
+        if isinstance(item, dict):
+            found = not_finite(item, name)
+            if found:
+                return found
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{name} = {item!r}"
+    return None
 
 
 def relative(estimate: float, truth: float) -> float:
@@ -167,6 +193,8 @@ def error_of(answer: dict) -> str | None:
     """What went wrong with an answer that should have been a value, or None."""
     if "error" in answer:
         return f"raised {answer['error']}"
+    if answer.get("nonfinite"):
+        return f"returned {answer['nonfinite']}: every term must be a finite number"
     if not isinstance(answer.get("value"), dict):
         return f"returned {answer.get('value')!r}, not the stub's dataclass"
     return None
