@@ -210,6 +210,7 @@ SUBMISSIONS = {
     "failing": ROOT / "tests" / "variants" / "01_no_timeout.py",
     "crashing": ROOT / "tests" / "hostile" / "01_segfault.py",
     "hanging": ROOT / "tests" / "hostile" / "01_endless_loop.py",
+    "forging": ROOT / "tests" / "hostile" / "01_forges_verdict.py",  # an all-pass report into every pipe it reaches
     "missing": None,
 }
 
@@ -247,6 +248,7 @@ def test_run_autograder_grades_passing_failing_crashing_hanging_and_missing_subm
     assert got["crashing"]["score"] < total and "SIGSEGV" in got["crashing"]["output"]
     assert got["hanging"]["score"] < total and "timed out" in got["hanging"]["output"]
     assert got["missing"]["score"] == 0 and "no 01_setup.py in the submission" in got["missing"]["output"]
+    assert got["forging"]["score"] < total and not all(t["status"] == "passed" for t in got["forging"]["tests"])
 
 
 def test_results_score_each_check_with_its_points_and_say_what_was_observed():

@@ -1,0 +1,191 @@
+"""What a submission leaves and sends is read so that nothing in it can hurt the grader: files (no
+links, no FIFOs, nothing outside the grading's folder, sizes capped), text (no terminal control),
+the sandbox's answers (checked field by field) and reports (no unknown status)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import threading
+
+import pytest
+import torch
+
+from grader import boundary, untrusted
+from grader.results import Report, report_from_dict
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A grading's own folder, as a session registers it (and a place outside it)."""
+    inside = tmp_path / "grading"
+    inside.mkdir()
+    untrusted.trust_folder(str(inside))
+    yield inside
+    untrusted.forget_folder(str(inside))
+
+
+def test_a_regular_file_is_read_and_a_large_one_refused(folder):
+    (folder / "log.jsonl").write_bytes(b"x" * 100)
+    assert untrusted.read_bytes(str(folder / "log.jsonl")) == b"x" * 100
+    with pytest.raises(untrusted.Unreadable, match="holds 100 bytes; the grader reads at most 99"):
+        untrusted.read_bytes(str(folder / "log.jsonl"), limit=99)
+
+
+def test_a_fifo_is_refused_without_blocking(folder):
+    os.mkfifo(folder / "log.jsonl")
+    done = []
+
+    def read():
+        try:
+            untrusted.read_bytes(str(folder / "log.jsonl"))
+        except untrusted.Unreadable as exc:
+            done.append(str(exc))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    assert done and "not a regular file (a FIFO)" in done[0]
+
+
+def test_a_link_anywhere_below_the_folder_is_refused(folder, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET")
+    (folder / "model.pt").symlink_to(secret)
+    (folder / "out").symlink_to(tmp_path)
+    for path in (folder / "model.pt", folder / "out" / "secret.txt"):
+        with pytest.raises(untrusted.Unreadable, match="symbolic link"):
+            untrusted.read_bytes(str(path))
+
+
+def test_nothing_outside_a_grading_folder_is_read(folder):
+    elsewhere = tempfile.mkdtemp()  # not under the tests' own folders, which the tests trust
+    try:
+        with open(os.path.join(elsewhere, "secret.txt"), "w") as f:
+            f.write("x")
+        with pytest.raises(untrusted.Unreadable, match="outside the grading's own folder"):
+            untrusted.read_bytes(os.path.join(elsewhere, "secret.txt"))
+        (folder / "up").mkdir()
+        with pytest.raises(untrusted.Unreadable, match="leaves the grading's folder|outside"):
+            untrusted.read_bytes(str(folder / "up" / ".." / ".." / ".." / ".." / elsewhere.lstrip("/") / "secret.txt"))
+    finally:
+        shutil.rmtree(elsewhere)
+
+
+def test_listing_leaves_out_links_and_fifos_and_follows_nothing(folder, tmp_path):
+    (folder / "a").mkdir()
+    (folder / "a" / "shard.bin").write_bytes(b"1")
+    os.mkfifo(folder / "a" / "pipe")
+    (folder / "a" / "link").symlink_to(folder / "a" / "shard.bin")
+    (folder / "away").symlink_to(tmp_path)
+    assert untrusted.list_files(str(folder), recursive=True) == [str(folder / "a" / "shard.bin")]
+
+
+def test_a_checkpoint_is_loaded_with_weights_only(folder):
+    torch.save({"w": torch.ones(2)}, folder / "ok.pt")
+    assert torch.equal(untrusted.load_tensors(str(folder / "ok.pt"))["w"], torch.ones(2))
+
+    class Run:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    torch.save({"w": Run()}, folder / "bad.pt")
+    with pytest.raises(untrusted.Unreadable, match="weights_only=True"):
+        untrusted.load_tensors(str(folder / "bad.pt"))
+
+
+def test_a_submission_that_is_a_link_or_too_large_is_refused(tmp_path):
+    real = tmp_path / "01_setup.py"
+    real.write_text("x = 1\n")
+    (tmp_path / "link.py").symlink_to(real)
+    assert untrusted.read_submission(str(real)) == b"x = 1\n"
+    with pytest.raises(untrusted.Unreadable, match="symbolic link"):
+        untrusted.read_submission(str(tmp_path / "link.py"))
+    with pytest.raises(untrusted.Unreadable, match="at most 3"):
+        untrusted.read_submission(str(real), limit=3)
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ("plain\ttext\n", "plain\ttext\n"),
+    ("\x1b]52;c;ZWNobyBwd25lZA==\x07after", "after"),  # OSC 52: set the clipboard
+    ("\x1b]0;title\x1b\\after", "after"),  # OSC ended by ST
+    ("\x1b[2J\x1b[Hred\x1b[31m!\x1b[0m", "red!"),  # CSI
+    ("\x9b31mC1", "C1"),  # 8-bit CSI
+    ("\x1bP+q544e\x1b\\after", "after"),  # DCS
+    ("bell\x07 and\r\nline", "bell and\nline"),
+    ("lone\x1b", "lone"),
+])
+def test_control_sequences_are_removed_and_text_kept(raw, shown):
+    assert untrusted.clean_text(raw) == shown
+
+
+def test_one_line_stays_one_line():
+    assert untrusted.clean_line("ev\x1b]0;x\x07il\nname\tx") == "evil name x"
+
+
+# --- what comes out of a sandbox ---------------------------------------------------------------------------
+
+
+def _rank(rank, **fields):
+    return {"rank": rank, "status": "ok", "result": {"loss": 1.0}, "error": None, "exitcode": 0, "stack": "",
+            "output": "", "seconds": 0.1, "limit": "", "limit_detail": "", **fields}
+
+
+def _world(*ranks, **fields):
+    return {"world_size": len(ranks), "ranks": list(ranks), "timed_out": False, "seconds": 1.0, "run_dir": "/x",
+            "stray_processes": 0, "start_s": 99.0, **fields}
+
+
+def test_a_well_formed_outcome_is_read_and_its_start_measured_by_the_grader():
+    world = boundary.world_from(_world(_rank(0), _rank(1)), 2)
+    assert [r.status for r in world.ranks] == ["ok", "ok"] and world.start_s == 0.0
+    assert world.ranks[0].result == {"loss": 1.0}
+
+
+@pytest.mark.parametrize("data, why", [
+    (_world(_rank(0)), "of 1 ranks, expected 2"),
+    (_world(_rank(0), _rank(0)), "not 0 to world size - 1"),
+    (_world(_rank(0), _rank(1, status="bogus")), "status 'bogus'"),
+    (_world(_rank(0), _rank(1, seconds=math.nan)), "not a finite number"),
+    (_world(_rank(0), _rank(1, stack=b"bytes")), "where text was expected"),
+    (_world(_rank(0), _rank(1), timed_out="yes"), "True or False"),
+    (_world(_rank(0), _rank(1, exitcode="0")), "exit code"),
+    (["not", "a", "mapping"], "not a mapping"),
+])
+def test_an_outcome_that_is_not_one_is_unreadable(data, why):
+    with pytest.raises(boundary.Unreadable, match=why):
+        boundary.world_from(data, 2)
+
+
+def test_a_result_nested_too_deep_or_too_wide_is_refused():
+    deep: list = []
+    for _ in range(boundary.MAX_DEPTH + 2):
+        deep = [deep]
+    with pytest.raises(boundary.Unreadable, match="nested"):
+        boundary.world_from(_world(_rank(0, result=deep), _rank(1)), 2)
+    shared = [0] * 2000
+    wide = [shared] * 2000  # four million values reached, in a few kilobytes of pickle
+    with pytest.raises(boundary.Unreadable, match="values"):
+        boundary.world_from(_world(_rank(0, result=wide), _rank(1)), 2)
+
+
+def test_long_text_is_cut_and_unknown_error_fields_kept_only_when_plain():
+    error = {"type": "RuntimeError", "message": "m" * 10_000, "traceback": "", "where": {"line": 3, "function": "f",
+             "code": "x"}, "phase": "run", "at": 1.0, "rendezvous": {"port": "1"}}
+    world = boundary.world_from(_world(_rank(0, status="error", error=error, output="o" * 50_000), _rank(1)), 2)
+    rank = world.ranks[0]
+    assert len(rank.error["message"]) == 4000 and len(rank.output) == boundary.MAX_TEXT
+    assert rank.error["where"] == {"line": 3, "function": "f", "code": "x"} and rank.error["rendezvous"] == {"port": "1"}
+
+
+def test_a_report_with_an_unknown_status_is_not_a_report():
+    good = Report("01", "t", "p", "passed").to_dict()
+    assert report_from_dict(good).status == "passed"
+    for bad in ({**good, "status": "bogus"},
+                {**good, "checks": [{"id": "a", "title": "a", "status": "bogus"}]},
+                {**good, "exercise": 1},
+                {"status": "passed"}):
+        with pytest.raises(ValueError, match="not a report"):
+            report_from_dict(bad)
