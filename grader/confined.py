@@ -53,7 +53,8 @@ HAND_OUT_S = 3.0  # for the host to hand a run's ranks their specs (the run's de
 STOP_MARGIN_S = 6.0  # beyond a run's deadline: for the host to stop its ranks and answer
 POLL_S = 0.5  # how often the sandbox's processes and folder are read while the grader waits
 MAX_PROCESSES = 512  # processes in the sandbox at once (threads are bounded inside: MAX_TASKS)
-MAX_TASKS = 4096  # processes and threads in the sandbox (RLIMIT_NPROC in its user namespace)
+MAX_TASKS = 4096  # processes and threads in the sandbox (read with the rest; RLIMIT_NPROC set inside too, where
+# the kernel applies it per user namespace)
 PROCESS_SLACK = 1.25  # one process may hold this times the memory limit before the sandbox is ended
 
 
@@ -340,6 +341,8 @@ class ConfinedSession:
         found = sandbox_processes(self.proc.pid)
         if len(found) > MAX_PROCESSES:
             self._break(f"the submission started more than {MAX_PROCESSES} processes at once", limit="processes")
+        if sum(threads for _, threads in found.values()) > MAX_TASKS:
+            self._break(f"the submission ran more than {MAX_TASKS} processes and threads at once", limit="processes")
         if memory:
             for pid, (rss, _) in found.items():
                 if rss > memory * PROCESS_SLACK:
