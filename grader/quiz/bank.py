@@ -63,6 +63,7 @@ TOPICS: dict[str, str] = {
     "parallel-groups": "Process groups by hand: new_group on every rank, subgroups, 2-D data x tensor layouts",
     "pipeline-parallel": "Pipeline parallelism: GPipe, 1F1B, bubbles and activation memory",
     "context-parallel": "Context parallelism: ring attention, the online softmax, causal load balancing",
+    "ulysses": "Ulysses: all-to-all context parallelism, heads against sequence, when it beats ring attention",
     "expert-parallel": "Expert parallelism: top-k routing, capacity and dropped tokens, all-to-all, load balancing",
     "sequence-parallel": "Sequence parallelism: norms on chunks, all-gather and reduce-scatter, replicated gradients",
     "sharding": "ZeRO stage 3 by hand: slices, padding, gathers, freeing memory",
