@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from grader import catalog, diagnose, learner
 from grader.harness import RankOutcome, Session, World, WorldOutcome, Worker, WorkerDied, WorkerTimeout
@@ -62,7 +63,7 @@ class Plan:
 class Run:
     """One run for :meth:`Grading.run_at_once`; the fields mean what ``Grading.run``'s arguments do."""
 
-    driver: str
+    driver: Callable | str
     world_size: int
     kwargs: dict | None = None
     env: dict | None = None
@@ -70,11 +71,32 @@ class Run:
     expect_ok: bool = True
 
 
+def driver_name(driver: Callable | str) -> str:
+    """What the live line calls a driver: its function's name."""
+    return driver.rsplit(":", 1)[-1] if isinstance(driver, str) else driver.__name__
+
+
+def driver_ref(driver: Callable | str, module: str) -> str:
+    """``"module:function"``, by which a rank imports ``driver``: a function of a module as it is named there;
+    one a factory made (``rank_main = debug_job.job_driver(...)``) by the name the exercise's module, or its
+    ``rank.py``, gives it. A string is a name in ``module``, or already ``"module:function"``."""
+    if isinstance(driver, str):
+        return driver if ":" in driver else f"{module}:{driver}"
+    home = sys.modules.get(driver.__module__)
+    if home is not None and getattr(home, driver.__qualname__, None) is driver:
+        return f"{driver.__module__}:{driver.__qualname__}"
+    for name in (module, f"{module}.rank"):
+        for attr, value in vars(sys.modules.get(name) or object()).items():
+            if value is driver:
+                return f"{name}:{attr}"
+    raise ValueError(f"{driver.__qualname__} is not a function a rank can import: name it in {module}")
+
+
 def _together(runs: list[Run]) -> str:
     """The live line's words for runs started at once: "rank_main on 2, 3, 2 ranks and defaults_main on 1 rank"."""
     sizes: dict[str, list[int]] = {}
     for r in runs:
-        sizes.setdefault(r.driver, []).append(r.world_size)
+        sizes.setdefault(driver_name(r.driver), []).append(r.world_size)
     parts = [f"{driver} on {', '.join(map(str, n))} rank{'s' if n != [1] else ''}" for driver, n in sizes.items()]
     return " and ".join(parts) + " at once"
 
@@ -119,17 +141,17 @@ class Grading:
     def remaining(self) -> float:
         return max(0.5, self.deadline - time.monotonic())
 
-    def run(self, driver: str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
+    def run(self, driver: Callable | str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
             expect_ok: bool = True, backend: str | None = None, label: str | None = None,
             graded_size: int | None = None) -> WorldOutcome:
-        """Run ``driver`` (a function of this exercise's module) on ``world_size`` ranks.
+        """Run ``driver`` (a rank-side function of this exercise's checks) on ``world_size`` ranks.
 
         A timeout always stops the grading. With ``expect_ok`` a rank that raises
         or ends early stops it too, with the rank and the cause. ``label`` says on the live line
         what the run does when its processes are not the ranks of one group (e.g. several
         launchers); ``graded_size`` is then the world size it grades (for the report's header).
         """
-        self._notify("run", driver=driver, world_size=world_size, label=label)
+        self._notify("run", driver=driver_name(driver), world_size=world_size, label=label)
         self._graded(graded_size if graded_size is not None else (None if label else world_size))
         outcome = self.session.run(
             self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
@@ -149,7 +171,7 @@ class Grading:
         rank of every run is alive at once.
         """
         runs = list(runs)
-        self._notify("run", driver=runs[0].driver, world_size=max(r.world_size for r in runs),
+        self._notify("run", driver=driver_name(runs[0].driver), world_size=max(r.world_size for r in runs),
                      label=_together(runs))
         for r in runs:
             self._graded(None if r.label else r.world_size)
@@ -172,8 +194,8 @@ class Grading:
         if expect_ok:
             self.stop_on_failures(outcome)
 
-    def worker(self, driver: str, kwargs: dict | None = None) -> Worker:
-        self._notify("worker", driver=driver)
+    def worker(self, driver: Callable | str, kwargs: dict | None = None) -> Worker:
+        self._notify("worker", driver=driver_name(driver))
         self.in_one_process = True
         return self.session.worker(self._ref(driver), learner_path=self.path, timeout_s=self.remaining(),
                                    kwargs=kwargs, backend=self.backend)
@@ -232,8 +254,8 @@ class Grading:
         if self.on_event is not None:
             self.on_event(kind, **info)
 
-    def _ref(self, driver: str) -> str:
-        return driver if ":" in driver else f"{self.exercise.module}:{driver}"
+    def _ref(self, driver: Callable | str) -> str:
+        return driver_ref(driver, self.exercise.module)
 
     # --- recording verdicts -------------------------------------------------------
 

@@ -104,9 +104,9 @@ def grade(g: Grader) -> None:
     request = requested_backend(g.backend)
     first = g.world_sizes[0]
     outcomes = g.run_at_once(
-        [g.Run("rank_main", world_size, {"backend": backend}) for world_size in g.world_sizes]
-        + [g.Run("rank_main", first, {"backend": request, "observe_errors": True}),
-           g.Run("defaults_main", 1, env={"MASTER_ADDR": None, "MASTER_PORT": None},
+        [g.Run(rank_main, world_size, {"backend": backend}) for world_size in g.world_sizes]
+        + [g.Run(rank_main, first, {"backend": request, "observe_errors": True}),
+           g.Run(defaults_main, 1, env={"MASTER_ADDR": None, "MASTER_PORT": None},
                  label="setup_ddp with MASTER_ADDR and MASTER_PORT unset (not run, only recorded)")])
     for world_size in g.world_sizes:
         check_run(g, next(outcomes).results(), world_size)

@@ -199,7 +199,7 @@ def _error(exc: BaseException, learner_path: str) -> str:
 
 
 def grade(g: Grader) -> None:
-    worker = g.worker("serve_main")
+    worker = g.worker(serve_main)
     try:
         # A plain call first, outside Hypothesis: a function that is not written
         # yet (or raises on the simplest input) stops the grading at once.
@@ -209,7 +209,7 @@ def grade(g: Grader) -> None:
                 g.record(check_id, True)
         else:
             if not worker.alive:  # stopped by the shortcut's time limit: the usual way needs a new one
-                worker = g.worker("serve_main")
+                worker = g.worker(serve_main)
             grade_shards(g, worker)
         grade_loaders(g, worker)
     finally:

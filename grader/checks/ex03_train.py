@@ -235,7 +235,7 @@ class _watch_ddp:
 
 
 def grade(g: Grader) -> None:
-    outcomes = g.run_at_once([g.Run("rank_main", world_size) for world_size in g.world_sizes])
+    outcomes = g.run_at_once([g.Run(rank_main, world_size) for world_size in g.world_sizes])
     for world_size, outcome in zip(g.world_sizes, outcomes):
         check_run(g, outcome.results(), world_size)
 

@@ -310,7 +310,7 @@ def _read_errors(folder: str) -> list[str]:
 def grade(g: Grader) -> None:
     world_size = g.world_sizes[0]
     preset_port = _free_port()
-    callers = g.run("main", 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET,
+    callers = g.run(main, 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET,
                     label=f"two launches at once, then torchrun (world size {world_size} each; 15-20 s)",
                     graded_size=world_size).results()
     concurrent, pids, last = [c["concurrent"] for c in callers[:2]], [c["caller_pid"] for c in callers[:2]], callers[2]

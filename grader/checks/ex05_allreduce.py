@@ -271,7 +271,7 @@ def _grads(model: nn.Module) -> dict:
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        outcome = g.run("rank_main", world_size)
+        outcome = g.run(rank_main, world_size)
         timelines.keep(g, outcome, f"world size {world_size}")
         check_world(g, outcome.results(), world_size)
     if max(g.world_sizes) < 2:

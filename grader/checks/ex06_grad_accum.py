@@ -126,7 +126,7 @@ def _describe_value(value) -> dict:
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        outcome = g.run("rank_main", world_size)
+        outcome = g.run(rank_main, world_size)
         check_world(g, [o["calls"] for o in outcome.results()], world_size)
 
 

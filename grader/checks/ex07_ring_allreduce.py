@@ -129,7 +129,7 @@ def grade(g: Grader) -> None:
     measured = False
     for world_size in sizes:
         cases = cases_for(world_size, drawn)
-        outcome = g.run("ring_main", world_size, kwargs={"cases": cases})
+        outcome = g.run(ring_main, world_size, kwargs={"cases": cases})
         if world_size >= 2:
             timelines.keep(g, outcome, f"world size {world_size}")
         observations = outcome.results()

@@ -181,7 +181,7 @@ def training(plan: str) -> str:
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        outcome = g.run("bucket_main", world_size)
+        outcome = g.run(bucket_main, world_size)
         timelines.keep(g, outcome, f"world size {world_size}", draw=(training("float32"),))
         results = outcome.results()
         for plan in PLANS:

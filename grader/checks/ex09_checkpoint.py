@@ -273,7 +273,7 @@ def _devices(value, found: set | None = None) -> set:
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        saved = g.run("save_main", world_size)
+        saved = g.run(save_main, world_size)
         observations = saved.results()
         checkpoint_path = os.path.join(saved.run_dir, CHECKPOINT)
         reference_path = os.path.join(saved.run_dir, REFERENCE)
@@ -281,7 +281,7 @@ def grade(g: Grader) -> None:
         check_writers(g, observations, checkpoint_path, world_size)
         check_barrier(g, observations, checkpoint_path, world_size)
         check_payload(g, observations[0], checkpoint_path, world_size)
-        loaded = g.run("load_main", world_size,
+        loaded = g.run(load_main, world_size,
                        kwargs={"checkpoint_path": checkpoint_path, "reference_path": reference_path})
         try:
             reference = untrusted.load_tensors(reference_path)

@@ -231,7 +231,7 @@ def grade(g: Grader) -> None:
     full_state = unsharded_state_bytes()
     per_parameter_state = [full_state * s / sum(sizes) for s in sizes]
     for world_size in g.world_sizes:
-        outcome = g.run("rank_main", world_size)
+        outcome = g.run(rank_main, world_size)
         observations = outcome.results()
         check_local_optimizer(g, observations, names, world_size)
         check_balance(g, observations, sizes, world_size)

@@ -320,7 +320,7 @@ def reference_states(plan: str, world_size: int) -> list[dict]:
 def grade(g: Grader) -> None:
 
     for world_size in g.world_sizes:
-        observations = g.run("rank_main", world_size).results()
+        observations = g.run(rank_main, world_size).results()
         sgd = [o["sgd"] for o in observations]
         check_keys(g, sgd, "sgd", world_size)
         check_start(g, sgd, world_size)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from grader.checks.ex12_rank import (ATOL, BATCH, D_MODEL, HIDDEN, REFUSALS, RTOL, SEEDS, SEQ, UNEVEN_CLASSES, block,
                                      build, build_uneven, uneven)
-from grader.checks.ex12_rank import rank_main  # noqa: F401  (the driver g.run("rank_main") finds in this module)
+from grader.checks.ex12_rank import rank_main
 from grader.compare import tensor_difference
 from grader.checks.interface import Grader
 
@@ -81,7 +81,7 @@ def grade(g: Grader) -> None:
     expected = {scenario: dense(scenario) for scenario in SEEDS}
     uneven_seen = []
     for world_size in g.world_sizes:
-        observations = g.run("rank_main", world_size).results()
+        observations = g.run(rank_main, world_size).results()
         check_column(g, observations, expected["column"], world_size)
         check_row(g, observations, expected["row"], world_size)
         check_mlp(g, observations, expected["mlp"], world_size)

@@ -210,7 +210,7 @@ def grade(g: Grader) -> None:
         for world_size in sizes:
             cases = cases_for(schedule, world_size)
             try:
-                outcome = g.run("pipeline_main", world_size, kwargs={"cases": cases})
+                outcome = g.run(pipeline_main, world_size, kwargs={"cases": cases})
                 timelines.keep(g, outcome, f"{schedule}, world size {world_size}", shown=world_size == sizes[-1])
             except g.Stopped as stop:
                 if schedule == "gpipe" and stop.problem.kind == NOT_IMPLEMENTED:

@@ -262,7 +262,7 @@ def plan_max_norms(world_size: int) -> list[list[float]]:
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         max_norms = plan_max_norms(world_size)
-        outcome = g.run("rank_main", world_size, kwargs={"max_norms": max_norms})
+        outcome = g.run(rank_main, world_size, kwargs={"max_norms": max_norms})
         per_rank = outcome.results()
         check_called_twice(g, [r["runs"] for r in per_rank], world_size)
         for index, name in enumerate(DTYPES):

@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 
 from grader import untrusted
-from grader.checks.ex15_jobs import alone_main, jobs_main  # noqa: F401  (the drivers g.run() finds here)
+from grader.checks.ex15_jobs import alone_main, jobs_main
 from grader.checks.ex15_records import (_first_sentence, _read_final, _short_error, _snapshot_path, _snapshot_words,
                                         _who, read_workers, timeline, uninterrupted)
 from grader.checks.ex15_worker import (ALONE, ALONE_KILL, BATCH_SIZE, EPOCHS, JOBS, KILL_EPOCH, KILLED_BEFORE_RENAME,
@@ -56,7 +56,7 @@ def grade(g) -> None:
     import uuid
 
     alone = run_alone(g)
-    outcome = g.run("jobs_main", 1, kwargs={"tag": uuid.uuid4().hex},
+    outcome = g.run(jobs_main, 1, kwargs={"tag": uuid.uuid4().hex},
                     label="torchrun: 2 nodes x 2 (a worker killed mid-epoch) and 1 node x 4", graded_size=WORLD_SIZE)
     info = outcome.results()[0]
     jobs = {ALONE: alone}
@@ -89,13 +89,13 @@ def grade(g) -> None:
 
 def run_alone(g) -> dict:
     """main() as one worker, killed as its snapshot reaches the path, then the job launched again."""
-    first = g.run("alone_main", 1, kwargs={"attempt": 0}, expect_ok=False, graded_size=1,
+    first = g.run(alone_main, 1, kwargs={"attempt": 0}, expect_ok=False, graded_size=1,
                   label=f"main() as one worker, killed as its snapshot of epoch {KILL_EPOCH} reaches the path")
     folder = os.path.join(first.run_dir, "alone")
     workers = read_workers(folder)
     if not any(w["killed"] for w in workers):
         g.stop_on_failures(first)  # the learner's own error (not implemented, an exception), with its line
-    g.run("alone_main", 1, kwargs={"attempt": 1, "folder": folder}, expect_ok=False, graded_size=1,
+    g.run(alone_main, 1, kwargs={"attempt": 1, "folder": folder}, expect_ok=False, graded_size=1,
           label="main() launched again from scratch on that snapshot (TORCHELASTIC_RESTART_COUNT=0)")
     return {"folder": folder, "workers": read_workers(folder), "agents": {}, "world": 1, "plan": ALONE_KILL}
 

@@ -26,7 +26,7 @@ from grader import probes
 from grader.checks.ex16_rank import (ATOL, BACKWARD_PER_BLOCK, BATCH, CHUNK, DTYPE, FORWARD_PER_BLOCK, HEAD_DIM, HEADS,
                                      LARGE, MOST_HELD, REFUSALS, RTOL, SMALL_MESSAGE, UNEVEN_PATTERNS, block_macs,
                                      groups_of, make_inputs, positions, uneven_lengths, uneven_positions)
-from grader.checks.ex16_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found in this module)
+from grader.checks.ex16_rank import rank_main, uneven_main
 from grader.checks.interface import Grader
 from grader.diagnose import last_words
 from grader.checks.shared import timelines
@@ -71,9 +71,9 @@ def expected_for(world_size: int) -> dict:
 def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
     # The groups (two interleaved rings) run in the largest world only: new groups cost time to connect.
-    runs = [g.Run("rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
+    runs = [g.Run(rank_main, world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
     if largest >= 2:  # chunks of different lengths, each pattern in a run of its own: gloo may abort a rank there
-        runs += [g.Run("uneven_main", largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
+        runs += [g.Run(uneven_main, largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
     started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     held_decided = False

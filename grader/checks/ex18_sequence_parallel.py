@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from grader.checks.ex18_rank import (ATOL, BATCH, D_MODEL, NORM_EPS, RTOL, UNEVEN_PATTERNS, SavedTensors, build,
                                      chunk_elements, chunk_rows, groups_of, hidden_block, sizes)
-from grader.checks.ex18_rank import rank_main, uneven_main  # noqa: F401  (the drivers g.Run names, found here)
+from grader.checks.ex18_rank import rank_main, uneven_main
 from grader.checks.ex18_verdicts import (_describe, _no_backward, _where, activation_collectives,  # noqa: F401
                                          check_collectives, check_hidden, check_shape, check_uneven, uneven_words)
 from grader.checks.interface import Grader
@@ -108,9 +108,9 @@ def share_of(want: dict, name: str, rank: int, world_size: int, key: str = "valu
 
 def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
-    runs = [g.Run("rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
+    runs = [g.Run(rank_main, world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
     if largest >= 2:  # chunks of different lengths, each pattern in a run of its own: gloo may abort a rank there
-        runs += [g.Run("uneven_main", largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
+        runs += [g.Run(uneven_main, largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     lines = []
     for world_size in g.world_sizes:

@@ -37,7 +37,7 @@ rank_main = debug_job.job_driver(make_data, EPOCHS)
 
 def grade(g: Grader) -> None:
     data = make_data()
-    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
+    for job in debug_job.finished_jobs(g, rank_main, data, OTHER_CHECKS):
         check_job(g, job, data)
 
 

@@ -55,7 +55,7 @@ rank_main = debug_job.job_driver(make_data, EPOCHS)
 def grade(g: Grader) -> None:
     data = make_data()
     others = [c for c in OTHER_CHECKS if c != "ddp-defaults"]
-    for job in debug_job.finished_jobs(g, data, others, before=check_defaults):
+    for job in debug_job.finished_jobs(g, rank_main, data, others, before=check_defaults):
         debug_job.check_params_identical(g, job)
         check_training(g, job, data)
 

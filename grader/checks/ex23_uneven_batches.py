@@ -54,7 +54,7 @@ def grade(g: Grader) -> None:
         runs.append((smallest, other_size(smallest)))
     for world_size, n_train in runs:
         data = make_data(n_train)
-        outcome = g.run("rank_main", world_size, kwargs={"n_train": n_train}, expect_ok=False)
+        outcome = g.run(rank_main, world_size, kwargs={"n_train": n_train}, expect_ok=False)
         job = debug_job.read_job(g, outcome, data["train_x"])
         if n_train != N_TRAIN and not job.ok:
             g.record("finishes", False, other_size_message(job, n_train), world_size=world_size,

@@ -35,7 +35,7 @@ rank_main = debug_job.job_driver(make_data, EPOCHS)
 
 def grade(g: Grader) -> None:
     data = make_data()
-    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
+    for job in debug_job.finished_jobs(g, rank_main, data, OTHER_CHECKS):
         world_size = job.world_size
         steps = [s for s, _ in debug_job.per_rank_steps(job)]
         g.record("one-sync-per-step", *sync_verdict(steps), world_size=world_size)

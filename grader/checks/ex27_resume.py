@@ -71,7 +71,7 @@ def rank_main(ctx: RankContext) -> dict:
 
 def grade(g: Grader) -> None:
     data = make_data()
-    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
+    for job in debug_job.finished_jobs(g, rank_main, data, OTHER_CHECKS):
         world_size = job.world_size
         checkpoint = job.records[0]["checkpoint"]
         resumed, why = resumed_verdict(job, checkpoint["model"])

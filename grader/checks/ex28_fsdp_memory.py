@@ -103,7 +103,7 @@ def rank_main(ctx: RankContext) -> dict:
 
 def grade(g: Grader) -> None:
     data = make_data()
-    for job in debug_job.finished_jobs(g, data, OTHER_CHECKS):
+    for job in debug_job.finished_jobs(g, rank_main, data, OTHER_CHECKS):
         g.record("sharded-memory", *memory_verdict(job.records, job.world_size), world_size=job.world_size)
         g.record("block-units", *units_verdict(job.records, job.world_size), world_size=job.world_size)
         check_saved_model(g, job, data)

@@ -242,7 +242,7 @@ def resume_main(ctx: RankContext) -> dict:
 
 def grade(g: Grader) -> None:
     data = make_data()
-    first = debug_job.read_job(g, g.run("first_main", FIRST_WORLD, expect_ok=False))
+    first = debug_job.read_job(g, g.run(first_main, FIRST_WORLD, expect_ok=False))
     if not debug_job.check_finishes(g, first):
         debug_job.not_checked(g, first, OTHER_CHECKS)
         return
@@ -252,7 +252,7 @@ def grade(g: Grader) -> None:
     g.record("whole-model", *whole_model_verdict(first.records), world_size=FIRST_WORLD)
     resume = os.path.join(first.run_dir, "out", CHECKPOINT)
     for world_size, check_id in RESUMED.items():
-        job = debug_job.read_job(g, g.run("resume_main", world_size, kwargs={"resume": resume}, expect_ok=False))
+        job = debug_job.read_job(g, g.run(resume_main, world_size, kwargs={"resume": resume}, expect_ok=False))
         check_resumed(g, job, data, check_id)
 
 

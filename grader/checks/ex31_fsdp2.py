@@ -222,7 +222,7 @@ def reference_run(world_size: int) -> dict:
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        observations = g.run("rank_main", world_size).results()
+        observations = g.run(rank_main, world_size).results()
         returned = next((o["returned"] for o in observations if o.get("returned")), None)
         if returned is not None:
             g.stop(f"shard_model returned {returned}, not the module: fully_shard shards the model in place; "

@@ -24,7 +24,7 @@ from grader import untrusted, wire
 from grader.checks import ex33_verdicts as verdicts
 from grader.checks.ex33_rank import (KILL, KILL_SAVES, KILLED, LAST_STEP, OBSERVATIONS, RESUME, RESUME_SAVES,
                                      FINGERPRINT_BYTES, build_model)
-from grader.checks.ex33_rank import load_main, save_main  # noqa: F401  (the drivers g.run finds in this module)
+from grader.checks.ex33_rank import load_main, save_main
 from grader.checks.interface import Grader
 from grader.memory import tensor_bytes
 
@@ -68,7 +68,7 @@ def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
 def grade(g: Grader) -> None:
     save_size = g.world_sizes[0]
     load_sizes = list(g.world_sizes[1:]) or [save_size + 1 if g.backend == "gloo" else save_size]
-    saved = g.run("save_main", save_size, expect_ok=False)
+    saved = g.run(save_main, save_size, expect_ok=False)
     records = read_records(saved.run_dir, save_size)
     if records is None:
         g.stop_on_failures(saved)
@@ -99,7 +99,7 @@ def grade(g: Grader) -> None:
     for world_size in load_sizes:
         # The kill folder is loaded once, on the first of them: it is about the files, not the sizes.
         load = [RESUME, KILL] if world_size == load_sizes[0] else [RESUME]
-        loads = g.run("load_main", world_size, kwargs={"folders": folders, "fingerprints": prints, "load": load}).results()
+        loads = g.run(load_main, world_size, kwargs={"folders": folders, "fingerprints": prints, "load": load}).results()
         verdicts.check_returns_step(g, loads, newest, world_size)
         verdicts.check_resume(g, loads, expected, initial, sizes, newest, LAST_STEP, save_size, world_size)
         verdicts.check_optimizer(g, loads, expected, sizes, newest, world_size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from grader import capacity
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
-from grader.checks.shared.capacity_cases import serve_main  # noqa: F401  (the worker's driver)
+from grader.checks.shared.capacity_cases import serve_main
 from grader.checks.shared.capacity_run import measure_main  # noqa: F401  (the ranks' driver)
 
 TERMS = {"params": "params-measured", "grads": "grads-measured", "optimizer": "optimizer-measured",
@@ -42,7 +42,7 @@ BAD_PLANS = {
 
 
 def grade(g: Grader) -> None:
-    worker = g.worker("serve_main")
+    worker = g.worker(serve_main)
     try:
         small = cases.ask(g, worker, "training_memory", [cases.plain(cases.SMALL, p) for p in cases.CONFIGS.values()])
         zero = cases.ask(g, worker, "training_memory",

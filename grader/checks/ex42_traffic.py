@@ -10,7 +10,7 @@ from grader import capacity
 from grader import capacity_plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
-from grader.checks.shared.capacity_cases import serve_main  # noqa: F401  (the worker's driver)
+from grader.checks.shared.capacity_cases import serve_main
 from grader.checks.shared.capacity_run import measure_main  # noqa: F401  (the ranks' driver)
 
 TIME_TOLERANCE = 1e-6  # relative: the same formula in another order of operations
@@ -60,7 +60,7 @@ def grade(g: Grader) -> None:
     scale = at_scale()
     rings = [capacity.Plan(dp=n, zero=0) for n in RING_SIZES]
     bubbles = [capacity.Plan(pp=p, micro_batches=m) for p, m in BUBBLES]
-    worker = g.worker("serve_main")
+    worker = g.worker(serve_main)
     try:
         traffic = cases.ask(g, worker, "communication", [cases.plain(cases.SMALL, p) for p in configs])
         flops = cases.ask(g, worker, "step_time", [with_cluster(cases.SMALL, p, h100s(p.world_size))

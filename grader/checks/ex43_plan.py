@@ -12,7 +12,7 @@ from grader import capacity
 from grader import capacity_plans as plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
-from grader.checks.shared.capacity_cases import serve_main  # noqa: F401  (the worker's driver)
+from grader.checks.shared.capacity_cases import serve_main
 
 NEAR = 1.10  # at most 1.1 times the fastest plan's step time
 NOTHING_FITS = ("405B on 64 GPUs", plans.GPT_405B, plans.on(plans.H100, 64), 2**20)
@@ -22,7 +22,7 @@ PLAN_FIELDS = list(capacity.EXERCISE_FIELDS["Plan"])
 
 def grade(g: Grader) -> None:
     scenarios = [(name, *scenario) for name, scenario in plans.SCENARIOS.items()]
-    worker = g.worker("serve_main")
+    worker = g.worker(serve_main)
     try:
         answers = cases.ask(g, worker, "choose_plan",
                             [{"model": capacity.exercise_dict(model), "cluster": capacity.to_dict(cluster), "tokens": tokens}

@@ -17,7 +17,7 @@ The shape of a checks module (``grader/checks/exNN_slug.py``; CONTRIBUTING.md ha
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from grader.child import RankContext  # noqa: F401  (re-exported: the drivers' context)
 from grader.harness import Worker, WorldOutcome
@@ -45,16 +45,16 @@ class Grader(Protocol):
     def remaining(self) -> float:
         """Seconds left before the grading's deadline."""
 
-    def run(self, driver: str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
+    def run(self, driver: Callable | str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
             expect_ok: bool = True, backend: str | None = None, label: str | None = None,
             graded_size: int | None = None) -> WorldOutcome:
-        """Run ``driver`` of this module on ``world_size`` fresh ranks; stops the grading on a timeout
+        """Run ``driver`` (the rank-side function itself) on ``world_size`` fresh ranks; stops the grading on a timeout
         (and, with ``expect_ok``, on a rank that failed)."""
 
     def run_at_once(self, runs: list[Any]) -> Iterator[WorldOutcome]:
         """Start every run at the same time; yield their outcomes in order, each checked as ``run`` would."""
 
-    def worker(self, driver: str, kwargs: dict | None = None) -> Worker:
+    def worker(self, driver: Callable | str, kwargs: dict | None = None) -> Worker:
         """One process that answers calls (for pure functions)."""
 
     def call(self, worker: Worker, name: str, **kwargs) -> Any:

@@ -543,8 +543,8 @@ def job_driver(make_data, epochs: int):
     return rank_main
 
 
-def finished_jobs(g, data: dict, other_checks, *, before=None, driver: str = "rank_main"):
-    """Each world size's job, read, for the checks that need a finished one. A job that did not finish
+def finished_jobs(g, driver, data: dict, other_checks, *, before=None):
+    """Each world size's job (``driver`` run on its ranks), read, for the checks that need a finished one. A job that did not finish
     fails ``finishes``, leaves ``other_checks`` not checked and ends the loop. ``before(g, job)`` judges
     what is seen whether the job finished or not."""
     for world_size in g.world_sizes:

@@ -2,7 +2,7 @@
 wrapped in :func:`grader.rank_timeline.traced`), read as untrusted data (:mod:`grader.timeline`)
 and added as a section. It only shows what happened; no verdict is taken from it.
 
-    outcome = g.run("rank_main", world_size)
+    outcome = g.run(rank_main, world_size)
     timelines.keep(g, outcome, f"world size {world_size}")
 """
 
