@@ -180,9 +180,11 @@ def check_gradients(g, observations: list, world_size: int) -> None:
                 break
             problem = _grads_problem(run, scenario, rank, world_size)
             if problem is not None:
-                g.record(check_id, False, f"{_said(scenario, world_size, rank)}: after backward of sum(output * G), "
-                         f"{problem[1]}, against this rank's chunk of single-process attention's gradient",
-                         rank=rank, world_size=world_size)
+                name, found = problem
+                said = found if name == "output" else (f"after backward of sum(output * G), {found}, against this "
+                                                       "rank's chunk of single-process attention's gradient")
+                g.record(check_id, False, f"{_said(scenario, world_size, rank)}: {said}", rank=rank,
+                         world_size=world_size)
                 break
         else:
             g.record(check_id, True)
