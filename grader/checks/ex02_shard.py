@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from grader.checks.ex02_verdicts import CHECKERS, Violation, _show
 from grader.child import RankContext
 from grader.checks.interface import Grader
+from grader.checks.shared.learner_errors import learner_error
 
 # Hypothesis searches this space for shard_indices.
 MAX_SAMPLES = 100
@@ -91,7 +92,7 @@ def shards(ctx: RankContext, num_samples: int, world_size: int, configs: list, c
                 if not catch:
                     raise
                 return {"raised": {"rank": rank, "shuffle": shuffle, "seed": seed, "epoch": epoch,
-                                   "error": _error(exc, ctx.learner_path)}}
+                                   "error": learner_error(exc, learner_path=ctx.learner_path)}}
             kind, items, bad = _describe(value)
             if kind != "list" or bad is not None:
                 odd.append([len(sizes), kind, bad])
@@ -156,7 +157,7 @@ def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int
         except NotImplementedError:
             raise
         except Exception as exc:  # e.g. a DistributedSampler that looks for a process group
-            obs["raised"] = _error(exc, ctx.learner_path)
+            obs["raised"] = learner_error(exc, learner_path=ctx.learner_path)
             continue
         obs["loader"] = type(loader).__name__
         sampler = getattr(loader, "sampler", None)
@@ -176,7 +177,7 @@ def loaders(ctx: RankContext, num_samples: int, world_size: int, batch_size: int
             try:
                 obs["epochs"].append([_batch_indices(batch) for batch in loader])
             except Exception as exc:
-                obs["iter_raised"] = _error(exc, ctx.learner_path)
+                obs["iter_raised"] = learner_error(exc, learner_path=ctx.learner_path)
                 break
     return out
 
@@ -187,12 +188,6 @@ def _batch_indices(batch) -> list:
     if isinstance(batch, torch.Tensor):
         return [int(v) for v in batch.reshape(-1).tolist()]
     return [int(v) for v in batch]
-
-
-def _error(exc: BaseException, learner_path: str) -> str:
-    from grader.checks.shared.learner_errors import learner_error
-
-    return learner_error(exc, 300, learner_path)  # with the learner's frame: file, line and its text
 
 
 # --- in the grader --------------------------------------------------------------------

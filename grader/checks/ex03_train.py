@@ -21,7 +21,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from grader import probes, untrusted
 from grader.compare import first_difference, largest_difference
-from grader.checks.shared.state import cpu_state
+from grader.checks.shared.recording import cpu_state
 from grader.child import RankContext
 from grader.checks.interface import Grader
 

@@ -58,7 +58,7 @@ def record_rank(*received) -> None:
     """The fn given to launch_distributed: record what arrived, meet the peers, record who came."""
     started = time.monotonic()
     record = {
-        "received": [_plain(a) for a in received],
+        "received": [_as_data(a) for a in received],
         "pid": os.getpid(),
         "caller_pid": int(os.environ.get(ENV_CALLER, "-1")),
         "master_addr": os.environ.get("MASTER_ADDR"),
@@ -120,7 +120,7 @@ def _meet_peers(received, record):
 def record_then_fail(*received) -> None:
     """The fn of the failing launch: record what arrived and saw; then the last rank raises, the others return."""
     now = time.monotonic()
-    _write_record(os.environ[ENV_DIR], {"received": [_plain(a) for a in received], "pid": os.getpid(),
+    _write_record(os.environ[ENV_DIR], {"received": [_as_data(a) for a in received], "pid": os.getpid(),
                                         "master_addr": os.environ.get("MASTER_ADDR"),
                                         "master_port": os.environ.get("MASTER_PORT"), "start": now, "end": now})
     last = int(os.environ[ENV_WORLD_SIZE]) - 1
@@ -129,11 +129,11 @@ def record_then_fail(*received) -> None:
     _exit_now(os.getpid() != int(os.environ.get(ENV_CALLER, "-1")))
 
 
-def _plain(value):
+def _as_data(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_as_data(v) for v in value]
     return repr(value)[:200]
 
 
@@ -253,7 +253,7 @@ def _direct_call(launch_from_env) -> dict:
     os.environ.update(DIRECT_ENV)
     error = None
     try:
-        launch_from_env(lambda *received: calls.append([_plain(a) for a in received]))
+        launch_from_env(lambda *received: calls.append([_as_data(a) for a in received]))
     except NotImplementedError:
         return {"calls": calls, "error": None, "not_implemented": True}
     except Exception as exc:

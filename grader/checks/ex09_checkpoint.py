@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from grader import probes, untrusted
 from grader.compare import first_difference
-from grader.checks.shared.state import cpu_state
+from grader.checks.shared.recording import cpu_state
 from grader.child import RankContext
 from grader.checks.interface import Grader
 from grader.checks.shared.learner_errors import learner_error
@@ -96,10 +96,6 @@ def _cpu(value):
     return value
 
 
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 500)  # with the learner's frame: file, line and its text
-
-
 def save_main(ctx: RankContext) -> dict:
     """Two epochs of DDP training, then the learner's save_checkpoint, observed."""
     probes.torchrun_environment(ctx.rank, ctx.world_size)
@@ -145,7 +141,7 @@ def _observe_save(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:  # e.g. a barrier that only some ranks reach, broken when the others leave
-            obs["save_error"] = _error(exc)
+            obs["save_error"] = learner_error(exc)
         obs["returned"] = time.monotonic()
         obs["size_at_return"] = os.path.getsize(path) if os.path.exists(path) else None
         open(os.path.join(ctx.run_dir, f"returned{ctx.rank}"), "w").close()
@@ -199,7 +195,7 @@ def _observe_load(ctx: RankContext) -> dict:
             except NotImplementedError:
                 raise
             except Exception as exc:  # the failure is the observation
-                scenario["error"] = _error(exc)
+                scenario["error"] = learner_error(exc)
             scenario["loads"] = len(loads) - first
             scenario["model_state"] = cpu_state(model)
             scenario["optimizer_state"] = _cpu(optimizer.state_dict())
@@ -216,7 +212,7 @@ def _observe_load(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            resume["error"] = _error(exc)
+            resume["error"] = learner_error(exc)
     if resume["error"] is None and isinstance(resume["start"], int) and 0 <= resume["start"] <= TOTAL_EPOCHS:
         for epoch in range(resume["start"], TOTAL_EPOCHS):
             _train_epoch(ddp, optimizer, epoch, ctx)

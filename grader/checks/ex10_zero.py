@@ -97,10 +97,6 @@ def _wrap(model: nn.Module, ctx: RankContext) -> DDP:
     return DDP(model, device_ids=[ctx.device] if ctx.device.type == "cuda" else None)
 
 
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 300)  # with the learner's frame: file, line and its text
-
-
 def _train_step(ddp: DDP, optimizer, step: int, ctx: RankContext):
     x, y = batch(step, ctx.rank)
     optimizer.zero_grad()
@@ -168,7 +164,7 @@ def _observe_scheduled(ctx: RankContext, ShardedOptimizer) -> dict:
     try:
         scheduler = LambdaLR(sharded, lr_factor)
     except Exception as exc:  # e.g. not a torch.optim.Optimizer: the observation
-        return {"error": f"LambdaLR(sharded_optimizer, ...) raised {_error(exc)}"}
+        return {"error": f"LambdaLR(sharded_optimizer, ...) raised {learner_error(exc)}"}
     for step in range(STEPS):
         _train_step(reference_ddp, reference_optimizer, step, ctx)
         _train_step(ddp, sharded, step, ctx)
@@ -191,7 +187,7 @@ def _observe_owns_nothing(ctx: RankContext, ShardedOptimizer) -> dict:
     try:
         sharded = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, **OPTIMIZER_KWARGS)
     except Exception as exc:  # the observation: which rank could not build its share
-        sharded, out["error"] = None, f"ShardedOptimizer(...) raised {_error(exc)}"
+        sharded, out["error"] = None, f"ShardedOptimizer(...) raised {learner_error(exc)}"
     # Every rank learns whether every rank has an optimizer; if not, none steps (nobody is left waiting).
     flag = torch.tensor([0 if sharded is None else 1], device=ctx.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
@@ -205,7 +201,7 @@ def _observe_owns_nothing(ctx: RankContext, ShardedOptimizer) -> dict:
             _train_step(reference_ddp, reference_optimizer, step, ctx)
             _train_step(ddp, sharded, step, ctx)
     except Exception as exc:
-        out["error"] = f"step() raised {_error(exc)}"
+        out["error"] = f"step() raised {learner_error(exc)}"
         return out
     out["reference"], out["sharded"] = _params(reference), _params(model)
     return out

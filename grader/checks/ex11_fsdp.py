@@ -155,10 +155,6 @@ def unit_sizes(plan: str) -> dict[str, int]:
 # --- in each rank: the drivers ----------------------------------------------------------------
 
 
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
-
-
 def _state(wrapper) -> dict:
     return {str(k): v.detach().cpu().clone() if isinstance(v, torch.Tensor) else repr(v)[:80]
             for k, v in wrapper.full_state_dict().items()}
@@ -193,12 +189,12 @@ def rank_main(ctx: RankContext) -> dict:
         try:
             out["adamw"] = _train(ctx, FullyShardedDP, "adamw", events, learner)
         except Exception as exc:
-            out["adamw"] = {"error": _error(exc)}
+            out["adamw"] = {"error": learner_error(exc)}
         if _everyone_ok(ctx, out["adamw"]["error"] is None):
             try:
                 out["uneven"] = _train(ctx, FullyShardedDP, "uneven", events, learner)
             except Exception as exc:
-                out["uneven"] = {"error": _error(exc)}
+                out["uneven"] = {"error": learner_error(exc)}
         return out
 
 

@@ -12,6 +12,7 @@ from torch import nn
 from grader import probes
 from grader.child import RankContext
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import all_ok, plain_tensor
 
 D_MODEL = 16  # the MLP's input and output features
 HIDDEN = 48  # divisible by 2, 3 and 4
@@ -76,23 +77,6 @@ def block(n: int, rank: int, world_size: int) -> slice:
 # --- in each rank ---------------------------------------------------------------------------
 
 
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 300)  # with the learner's frame: file, line and its text
-
-
-def _plain(value):
-    """A tensor as a plain CPU tensor (a functional collective's result is a subclass); else a description."""
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__}"
-    if hasattr(value, "to_local"):  # a DTensor (torch's own tensor parallelism): this rank's part
-        value = value.to_local()
-    out = torch.empty(value.shape, dtype=value.dtype)
-    out.copy_(value.detach().to("cpu"))
-    return out
-
-
 def _attribute(module, path: str):
     for name in path.split("."):
         module = getattr(module, name, None)
@@ -108,9 +92,9 @@ def _parameters(module: nn.Module, paths: list[str]) -> dict:
         if value is None:
             out[path] = {"missing": True}
         elif not isinstance(value, torch.Tensor):
-            out[path] = {"missing": False, "value": _plain(value)}
+            out[path] = {"missing": False, "value": plain_tensor(value)}
         else:
-            out[path] = {"missing": False, "value": _plain(value), "grad": _plain(value.grad),
+            out[path] = {"missing": False, "value": plain_tensor(value), "grad": plain_tensor(value.grad),
                          "in_parameters": id(value) in trained}
     return out
 
@@ -145,13 +129,6 @@ def held_bytes(module: nn.Module) -> int:
     return sum(storages.values())
 
 
-def _agree(ok: bool, ctx: RankContext) -> bool:
-    """Whether every rank is ok (so that all go on to backward, or none does)."""
-    flag = torch.tensor([1 if ok else 0], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def _forward_backward(module, x: torch.Tensor, g: torch.Tensor, events: list, ctx: RankContext) -> dict:
     """module(x), then backward of sum(output * g); the output, x's gradient and the collectives of each."""
     x = x.clone().requires_grad_(True)
@@ -160,16 +137,16 @@ def _forward_backward(module, x: torch.Tensor, g: torch.Tensor, events: list, ct
     forward = events[start:]
     shape_ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(g.shape)
     ok = shape_ok and y.requires_grad
-    run = {"output": _plain(y), "forward_events": [dict(e) for e in forward], "backward_ran": False,
+    run = {"output": plain_tensor(y), "forward_events": [dict(e) for e in forward], "backward_ran": False,
            "backward_events": [], "requires_grad": isinstance(y, torch.Tensor) and y.requires_grad,
            "input_grad": None}
-    if not _agree(ok, ctx):
+    if not all_ok(ok, ctx.device):
         return run
     start = len(events)
     (y * g).sum().backward()
     run["backward_events"] = [dict(e) for e in events[start:]]
     run["backward_ran"] = True
-    run["input_grad"] = _plain(x.grad)
+    run["input_grad"] = plain_tensor(x.grad)
     return run
 
 
@@ -221,15 +198,15 @@ def _observe_no_bias(ctx: RankContext, classes: dict, events: list) -> dict:
     try:
         mlp = classes["ParallelMLP"](data["fc1"], data["fc2"])
     except Exception as exc:  # the observation: a layer without bias is not supported
-        mlp, error = None, f"ParallelMLP(fc1, fc2) with bias=False layers raised {_error(exc)}"
+        mlp, error = None, f"ParallelMLP(fc1, fc2) with bias=False layers raised {learner_error(exc)}"
     else:
         error = None
-    if not _agree(error is None, ctx):
+    if not all_ok(error is None, ctx.device):
         return {"error": error or "another rank could not build its ParallelMLP"}
     try:
         run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
     except Exception as exc:
-        return {"error": f"forward or backward with bias=False layers raised {_error(exc)}"}
+        return {"error": f"forward or backward with bias=False layers raised {learner_error(exc)}"}
     run["params"] = _parameters(mlp, ["fc1.weight", "fc2.weight"])
     run["biases"] = {path: type(_attribute(mlp, path)).__name__ for path in ("fc1.bias", "fc2.bias")
                      if _attribute(mlp, path) is not None}
@@ -259,7 +236,7 @@ def _observe_uneven(ctx: RankContext, classes: dict, events: list) -> dict:
             out[name] = {"raised": type(exc).__name__, "message": str(exc)[:300]}
             continue
         weight = _attribute(built[name], "weight" if name != "ParallelMLP" else "fc1.weight")
-        shape = list(_plain(weight).shape) if isinstance(weight, torch.Tensor) else None
+        shape = list(plain_tensor(weight).shape) if isinstance(weight, torch.Tensor) else None
         out[name] = {"raised": None, "weight_shape": shape}
     # The widths of the column layer's block (weight rows) and of the row layer's (weight columns),
     # -1 where unknown, gathered so that each rank knows where its block starts.
@@ -292,7 +269,7 @@ def _observe_uneven(ctx: RankContext, classes: dict, events: list) -> dict:
         try:
             run = _forward_backward(built[name], x, g, events, ctx)
         except Exception as exc:  # the observation; this rank makes no more collectives
-            out[name]["error"] = _error(exc)
+            out[name]["error"] = learner_error(exc)
             break
         out[name]["run"] = {k: run[k] for k in ("output", "input_grad", "backward_ran")}
     return out

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from grader import memory, probes, rank_timeline
 from grader.child import RankContext
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import all_ok, plain_tensor
 
 BATCH, HEADS, CHUNK, HEAD_DIM = 2, 2, 4, 8  # CHUNK: positions per rank (even, so that zigzag halves it)
 DTYPE = torch.float64
@@ -212,27 +213,6 @@ def _graph_nodes(output) -> list:
     return [output] + nodes
 
 
-def _plain(value):
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__}"
-    out = torch.empty(value.shape, dtype=value.dtype)
-    out.copy_(value.detach().to("cpu"))
-    return out
-
-
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
-
-
-def _agree(ok: bool, ctx: RankContext) -> bool:
-    """Whether every rank is ok (so that all go on to backward, or none does)."""
-    flag = torch.tensor([1 if ok else 0], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def _own_chunk(full: dict, rows: list[int], ctx: RankContext) -> dict:
     """This rank's chunk of each tensor; the whole tensors are zeroed, so that no other rank's values
     stay behind in memory the learner's buffers could be given."""
@@ -279,14 +259,14 @@ def _run_scenario(ctx: RankContext, call, scenario: str, events: list, learner, 
     with memory.watch_saved(held.saved), forward_watch, rank_timeline.phase("forward", scenario):
         out = call(q, k, v)
     forward_events = [dict(e) for e in events[first:]]
-    run = {"output": _plain(out), "forward_events": forward_events, "backward_events": [],
+    run = {"output": plain_tensor(out), "forward_events": forward_events, "backward_events": [],
            "forward_macs": forward_watch.macs, "backward_macs": 0, "backward_ran": False,
            "grads": {"q": None, "k": None, "v": None}}
     ok = isinstance(out, torch.Tensor) and out.requires_grad and tuple(out.shape) == tuple(q.shape)
     if measure:
         held.graph = _graph_nodes(out) if isinstance(out, torch.Tensor) else [out]
         held.probe("after forward (what is kept for backward)")
-    if not _agree(ok, ctx):
+    if not all_ok(ok, ctx.device):
         run["held"] = held.record()
         return run
     backward_watch = watch(lambda: held.probe("in backward"))
@@ -296,7 +276,7 @@ def _run_scenario(ctx: RankContext, call, scenario: str, events: list, learner, 
     run["backward_events"] = [dict(e) for e in events[first:]]
     run["backward_macs"] = backward_watch.macs
     run["backward_ran"] = True
-    run["grads"] = {"q": _plain(q.grad), "k": _plain(k.grad), "v": _plain(v.grad)}
+    run["grads"] = {"q": plain_tensor(q.grad), "k": plain_tensor(k.grad), "v": plain_tensor(v.grad)}
     held.graph = []
     run["held"] = held.record()
     return run
@@ -331,7 +311,7 @@ def _observe(ctx: RankContext, learner, ring_attention, events: list) -> dict:
         obs["large"] = _run_case(ctx, lambda q, k, v: ring_attention(q, k, v), "large", events, learner,
                                  learner_file, count=False, **common)
     except Exception as exc:  # the observation; nothing after it runs (peers may be mid-ring)
-        obs["large"] = {"error": _error(exc)}
+        obs["large"] = {"error": learner_error(exc)}
         return obs
 
     zigzag = getattr(learner, "zigzag_ring_attention", None)
@@ -345,7 +325,7 @@ def _observe(ctx: RankContext, learner, ring_attention, events: list) -> dict:
         except NotImplementedError:
             obs["zigzag"] = {"not_implemented": True}
         except Exception as exc:
-            obs["zigzag"] = {"error": _error(exc)}
+            obs["zigzag"] = {"error": learner_error(exc)}
             return obs
 
     if not ctx.kwargs.get("groups"):
@@ -362,7 +342,7 @@ def _observe(ctx: RankContext, learner, ring_attention, events: list) -> dict:
                                  members=members, count=False)
         obs["group"]["members"] = members
     except Exception as exc:
-        obs["group"] = {"error": _error(exc), "members": members}
+        obs["group"] = {"error": learner_error(exc), "members": members}
     return obs
 
 
@@ -383,10 +363,10 @@ def uneven_main(ctx: RankContext) -> dict:
             raise
         except Exception as exc:  # the observation: a refusal, or an accident of the lengths
             return {"raised": type(exc).__name__, "message": str(exc)[:300], "length": len(rows)}
-        run = {"raised": None, "length": len(rows), "output": _plain(out), "grads": None}
+        run = {"raised": None, "length": len(rows), "output": plain_tensor(out), "grads": None}
         try:
             (out * chunk["g"]).sum().backward()
-            run["grads"] = {"q": _plain(q.grad), "k": _plain(k.grad), "v": _plain(v.grad)}
+            run["grads"] = {"q": plain_tensor(q.grad), "k": plain_tensor(k.grad), "v": plain_tensor(v.grad)}
         except Exception as exc:
-            run["backward_error"] = _error(exc)
+            run["backward_error"] = learner_error(exc)
         return run

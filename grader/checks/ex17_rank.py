@@ -15,6 +15,7 @@ from torch import nn
 from grader import memory, probes
 from grader.child import RankContext
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import all_ok, plain_tensor
 
 D, HIDDEN, TOKENS, EXPERTS, TOP_K = 8, 16, 16, 12, 2  # EXPERTS: divisible by 2, 3 and 4
 DTYPE = torch.float64
@@ -140,27 +141,6 @@ class _Messages:
         return self._mode.__exit__(*exc)
 
 
-def _plain(value):
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__}"
-    out = torch.empty(value.shape, dtype=value.dtype)
-    out.copy_(value.detach().to("cpu"))
-    return out
-
-
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
-
-
-def _agree(ok: bool, ctx: RankContext) -> bool:
-    """Whether every rank is ok (so that all go on to backward, or none does)."""
-    flag = torch.tensor([1 if ok else 0], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def _fingerprints(experts: list[nn.Module]) -> dict[str, bytes]:
     """The bytes of every expert's first weight, by expert number."""
     return {str(i): memory.tensor_bytes(next(e.parameters())) for i, e in enumerate(experts)}
@@ -194,11 +174,11 @@ def _run_case(ctx: RankContext, cls, learner, scenario: str, measure: bool) -> d
     run["forward_events"] = watch.events
     pair = isinstance(result, (tuple, list)) and len(result) == 2
     y, aux = (result[0], result[1]) if pair else (result, None)
-    run.update(output=_plain(y), aux=_plain(aux), returned=type(result).__name__ if not pair else "pair",
+    run.update(output=plain_tensor(y), aux=plain_tensor(aux), returned=type(result).__name__ if not pair else "pair",
                backward_events=[], backward_ran=False, grads=None)
     ok = pair and isinstance(y, torch.Tensor) and y.requires_grad and tuple(y.shape) == tuple(x.shape) \
         and isinstance(aux, torch.Tensor) and aux.numel() == 1
-    if not _agree(ok, ctx):
+    if not all_ok(ok, ctx.device):
         return run
     watch = _Messages(rank, world_size)
     with watch:
@@ -207,9 +187,9 @@ def _run_case(ctx: RankContext, cls, learner, scenario: str, measure: bool) -> d
     run["backward_events"] = watch.events
     run["backward_ran"] = True
     run["grads"] = {
-        "x": _plain(x.grad),
-        "router": [_plain(p.grad) for p in router.parameters()],
-        "experts": {i: [_plain(p.grad) for p in experts[i].parameters()]
+        "x": plain_tensor(x.grad),
+        "router": [plain_tensor(p.grad) for p in router.parameters()],
+        "experts": {i: [plain_tensor(p.grad) for p in experts[i].parameters()]
                     for i in range(EXPERTS) if owner(i, world_size) == rank},
     }
     if measure:
@@ -230,7 +210,7 @@ def rank_main(ctx: RankContext) -> dict:
             try:
                 obs[scenario] = _run_case(ctx, cls, learner, scenario, measure=False)
             except Exception as exc:  # the observation; nothing after it runs (peers may be mid-collective)
-                obs[scenario] = {"error": _error(exc)}
+                obs[scenario] = {"error": learner_error(exc)}
                 break
         return obs
 
@@ -269,7 +249,7 @@ def bad_input_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            obs["build_error"] = _error(exc)
+            obs["build_error"] = learner_error(exc)
             return obs
         x = data["x"][ctx.rank]
         obs["columns"] = _attempt(lambda: module(torch.cat([x, x[:, :1]], dim=1)))

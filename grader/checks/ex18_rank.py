@@ -15,6 +15,7 @@ from torch import nn
 from grader import memory, probes
 from grader.child import RankContext
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import all_ok, plain_tensor
 
 # SEQ and HIDDEN divisible by 2, 3 and 4 (see sizes); no HIDDEN / W equals D_MODEL, so that what autograd saves
 # of a hidden block is told from what it saves of the model's width by its last dimension.
@@ -107,31 +108,9 @@ def chunk_elements(world_size: int) -> int:
 # --- in each rank -------------------------------------------------------------------------------
 
 
-def _plain(value):
-    """A tensor as a plain CPU tensor (a functional collective's result is a subclass); else a description."""
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__}"
-    out = torch.empty(value.shape, dtype=value.dtype)
-    out.copy_(value.detach().to("cpu"))
-    return out
-
-
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 400)  # with the learner's frame: file, line and its text
-
-
-def _agree(ok: bool, ctx: RankContext, group=None) -> bool:
-    """Whether every rank is ok (so that all go on to backward, or none does)."""
-    flag = torch.tensor([1 if ok else 0], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
-
-
 def _parameters(block: nn.Module) -> list[dict]:
     """Every parameter of the block: its name, value and .grad."""
-    return [{"name": name, "value": _plain(p), "grad": _plain(p.grad)} for name, p in block.named_parameters()]
+    return [{"name": name, "value": plain_tensor(p), "grad": plain_tensor(p.grad)} for name, p in block.named_parameters()]
 
 
 class SavedTensors:
@@ -152,7 +131,7 @@ class SavedTensors:
             return tensor
         entry = self.storages.setdefault(key, {"bytes": storage.nbytes(), "views": []})
         if len(entry["views"]) < 4 and tensor.numel() <= SAVED_VALUES_LIMIT:
-            entry["views"].append({"shape": list(tensor.shape), "values": _plain(tensor)})
+            entry["views"].append({"shape": list(tensor.shape), "values": plain_tensor(tensor)})
         elif len(entry["views"]) < 4:
             entry["views"].append({"shape": list(tensor.shape), "values": None})
         return tensor
@@ -207,10 +186,10 @@ def _run(ctx: RankContext, block, data: dict, rows: slice, events: list, group=N
                 y = block(x)
         else:
             y = block(x)
-    run = {"output": _plain(y), "forward_events": [dict(e) for e in events[first:]], "backward_events": [],
+    run = {"output": plain_tensor(y), "forward_events": [dict(e) for e in events[first:]], "backward_events": [],
            "backward_ran": False, "input_grad": None, "saved": saved.record() if measure else None}
     ok = isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(x.shape) and y.requires_grad
-    if not _agree(ok, ctx, group):
+    if not all_ok(ok, ctx.device, group):
         run["params"] = _parameters(block)
         return run
     first = len(events)
@@ -218,7 +197,7 @@ def _run(ctx: RankContext, block, data: dict, rows: slice, events: list, group=N
         (y * g).sum().backward()
     run["backward_events"] = [dict(e) for e in events[first:]]
     run["backward_ran"] = True
-    run["input_grad"] = _plain(x.grad)
+    run["input_grad"] = plain_tensor(x.grad)
     run["params"] = _parameters(block)
     return run
 
@@ -274,7 +253,7 @@ def _observe_group(ctx: RankContext, block_class, events: list) -> dict:
         run = _run(ctx, block, data, chunk_rows(members.index(ctx.rank), len(members), seq), events,
                    group=handles[mine])
     except Exception as exc:  # the observation; nothing after it runs in this group
-        return {"error": _error(exc), "members": members}
+        return {"error": learner_error(exc), "members": members}
     run["members"] = members
     return run
 
@@ -296,7 +275,7 @@ def _observe_shape(ctx: RankContext, block_class) -> dict:
     try:
         block = block_class(data["norm"], data["fc1"], data["fc2"])
     except Exception as exc:
-        return {"raised": None, "built": False, "error": _error(exc)}
+        return {"raised": None, "built": False, "error": learner_error(exc)}
     x = torch.randn(seq // ctx.world_size, BATCH, D_MODEL + 1, dtype=DTYPE, device=ctx.device)
     try:
         y = block(x)
@@ -322,4 +301,4 @@ def uneven_main(ctx: RankContext) -> dict:
             raise
         except Exception as exc:  # the observation: a refusal, or an accident of the lengths
             return {"raised": type(exc).__name__, "message": str(exc)[:300], "length": lengths[ctx.rank]}
-        return {"raised": None, "length": lengths[ctx.rank], "output": _plain(y)}
+        return {"raised": None, "length": lengths[ctx.rank], "output": plain_tensor(y)}

@@ -35,6 +35,7 @@ from torch import nn
 
 from grader import probes
 from grader.child import RankContext
+from grader.checks.shared.recording import all_ok
 
 IN_FEATURES, HIDDEN, OUT_FEATURES = 8, 32, 8  # the stub's
 SEED = 19  # the stub's dense_layers()
@@ -224,7 +225,7 @@ def watch_forwards(timeline: Timeline):
 # --- what a rank records ----------------------------------------------------------------------------
 
 
-def _error(exc: BaseException, learner_path: str | None = None) -> dict:
+def _failure(exc: BaseException, learner_path: str | None = None) -> dict:
     line = None
     if learner_path:
         for frame in traceback.extract_tb(exc.__traceback__):
@@ -267,13 +268,6 @@ def probe_groups(returned, rank: int, world_size: int) -> dict:
     return out
 
 
-def _agree(ok: bool) -> bool:
-    """Whether every rank is ok (on the world group, which the grader made)."""
-    flag = torch.tensor([1 if ok else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def describe_state(value) -> dict:
     """What train_2d returned: a dict of CPU float64 copies of its tensors, or what it was instead."""
     if not isinstance(value, dict):
@@ -303,7 +297,7 @@ def rank_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            obs["groups_error"] = _error(exc, ctx.learner_path)
+            obs["groups_error"] = _failure(exc, ctx.learner_path)
             returned = None
         if returned is not None:
             obs["groups"] = describe_groups(returned)
@@ -312,7 +306,7 @@ def rank_main(ctx: RankContext) -> dict:
         obs["make_groups_calls"] = len(calls)
         ready = obs["groups_error"] is None and obs["probe"] is not None and \
             not any("error" in p for p in obs["probe"].values())
-        if not _agree(ready):
+        if not all_ok(ready):
             return obs  # a rank without working groups: training would only wait on it
 
         del timeline[:]
@@ -323,7 +317,7 @@ def rank_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            obs["train_error"] = _error(exc, ctx.learner_path)
+            obs["train_error"] = _failure(exc, ctx.learner_path)
             result = None
         obs["trained"] = obs["train_error"] is None
         obs["returned"] = describe_state(result) if obs["trained"] else None
@@ -380,6 +374,6 @@ def bad_main(ctx: RankContext) -> dict:
             record["new_groups"] = len(calls) - before
             out.append(record)
             # Go on only when every rank came through the same way (a refusal everywhere, or a result).
-            if not _agree(record["raised"] in (None, "ValueError")):
+            if not all_ok(record["raised"] in (None, "ValueError")):
                 break
         return {"cases": out}

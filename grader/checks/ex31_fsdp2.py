@@ -103,10 +103,6 @@ def make_batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 # --- in each rank: the driver ---------------------------------------------------------------------
 
 
-def _error(exc: BaseException) -> str:
-    return learner_error(exc, 500)  # with the learner's frame: file, line and its text
-
-
 def _describe(module: nn.Module) -> list[dict]:
     from torch.distributed.tensor import DTensor
 
@@ -172,13 +168,13 @@ def rank_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            obs["error"] = _error(exc)
+            obs["error"] = learner_error(exc)
             obs["error_record"] = describe_exception(exc, ctx.learner_path)
             return obs
         try:
             obs["state"] = _full_state(sharded)
         except Exception as exc:
-            obs["state"] = {"error": _error(exc)}
+            obs["state"] = {"error": learner_error(exc)}
         return obs
 
 

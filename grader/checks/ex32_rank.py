@@ -244,6 +244,6 @@ def rank_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:
-            obs["error"] = learner_error(exc, 600)
+            obs["error"] = learner_error(exc)
             obs["error_record"] = describe_exception(exc, ctx.learner_path)
         return obs

@@ -48,7 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from grader import memory, probes, wire
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import local
-from grader.checks.shared.learner_errors import learner_error, learner_frame
+from grader.checks.shared.learner_errors import ERROR_CHARS, learner_error, learner_frame
 
 D_IN, DIM, HIDDEN, BLOCKS, D_OUT = 16, 48, 96, 2, 12
 GLOBAL_BATCH = 12
@@ -422,13 +422,13 @@ class Watch:
                 "scans": self.scans}
 
 
-def _error(exc: BaseException) -> str:
+def _checkpoint_error(exc: BaseException) -> str:
     """The exception with the learner's frame (file, line and its text)."""
     if isinstance(exc, CheckpointException) and exc.failures:  # its text holds every rank's traceback
         rank, (cause, _) = min(exc.failures.items(), key=lambda item: item[0])
         text = f"CheckpointException (ranks {sorted(exc.failures)}); rank {rank}'s: {type(cause).__name__}: {cause}"
-        return text[:500] + learner_frame(exc)
-    return learner_error(exc, 500)
+        return text[:ERROR_CHARS] + learner_frame(exc)
+    return learner_error(exc)
 
 
 def _setup(ctx: RankContext, watch: Watch):
@@ -500,7 +500,7 @@ class _Job:
         except NotImplementedError:
             raise
         except (Exception, CheckpointException) as exc:  # e.g. a refused save's, raised by the next .result()
-            entry["error"] = _error(exc)
+            entry["error"] = _checkpoint_error(exc)
         entry["returned"] = time.monotonic()
         entry["threads"] = [self.watch.threads.setdefault(t, len(self.watch.threads)) for t in new]
         self.threads.extend(new)
@@ -580,7 +580,7 @@ def _load(ctx: RankContext, watch: Watch, load, folder: str, model, optimizer) -
     except NotImplementedError:
         raise
     except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
-        entry["error"] = _error(exc)
+        entry["error"] = _checkpoint_error(exc)
         return entry
     entry["params"] = params_of(model)
     entry["optimizer"] = optimizer_of(model, optimizer)

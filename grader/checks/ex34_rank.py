@@ -29,6 +29,7 @@ from torch import nn
 
 from grader import memory, probes, rank_timeline
 from grader.child import RankContext
+from grader.checks.shared.learner_errors import learner_error
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 VOCAB, DIM, HIDDEN = 32, 16, 24
@@ -191,13 +192,6 @@ def _unpack(saved: _Saved):
     return saved.tensor
 
 
-def _error(exc: BaseException) -> str:
-    """The exception, with the learner's frame (file, line and its text) that led to it."""
-    from grader.checks.shared.learner_errors import learner_error
-
-    return learner_error(exc, 400)
-
-
 def _loss(value) -> dict:
     out = {"type": type(value).__name__, "value": None}
     try:
@@ -267,7 +261,7 @@ def _one_schedule(ctx: RankContext, schedule: str, build_pipeline, train_step, e
     except NotImplementedError:
         raise
     except Exception as exc:
-        obs["error"] = _error(exc)
+        obs["error"] = learner_error(exc)
     return obs
 
 

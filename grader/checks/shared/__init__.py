@@ -1,3 +1,3 @@
-"""Helpers that several exercises' checks share, in one place: state snapshots (:mod:`.state`), the
-words for how a process ended (:mod:`.wording`). A helper used by one exercise stays in its module;
-one a second exercise needs moves here."""
+"""Helpers that several exercises' checks share, in one place: what a driver records (:mod:`.recording`,
+:mod:`.learner_errors`), the models the grader keeps from the stubs, the debugging track's jobs, 41-43's
+measured runs. A helper used by one exercise stays in its checks; one a second exercise needs moves here."""

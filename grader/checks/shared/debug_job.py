@@ -37,7 +37,7 @@ from torch import nn
 
 from grader import diagnose, untrusted
 from grader.checks.shared import timelines
-from grader.checks.shared.state import cpu_state
+from grader.checks.shared.recording import cpu_state
 from grader.checks.shared.wording import describe_exit
 from grader.child import RankContext
 

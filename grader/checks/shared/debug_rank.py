@@ -18,7 +18,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
 from grader import probes, rank_timeline
-from grader.checks.shared.state import cpu_state
+from grader.checks.shared.recording import cpu_state
 from grader.child import RankContext
 
 COLLECTIVE_WAIT_S = 6.0  # a collective whose peers have not come after this long is a hang

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 
+ERROR_CHARS = 500  # an exception's message is cut here (never its frame)
 
-def learner_error(exc: BaseException, limit: int = 400, learner_path: str | None = None) -> str:
+
+def learner_error(exc: BaseException, limit: int = ERROR_CHARS, learner_path: str | None = None) -> str:
     """``exc`` as "Type: message (file line N, in function: `the line`)", the message cut at ``limit``
     characters (never the frame); ``learner_path`` defaults to this rank's learner's file."""
     from grader import child
@@ -27,7 +29,7 @@ def learner_frame(exc: BaseException, learner_path: str | None = None) -> str:
     return frame_words(child.describe_exception(exc, path or None).get("where"), path)
 
 
-def error_words(info: dict, learner_path: str, limit: int = 400) -> str:
+def error_words(info: dict, learner_path: str, limit: int = ERROR_CHARS) -> str:
     """The words of :func:`learner_error` from describe_exception's record."""
     text = f"{info.get('type')}: {str(info.get('message') or '')[:limit]}"
     return text + frame_words(info.get("where"), learner_path)
