@@ -62,7 +62,7 @@ def test_exit_codes_are_defined_once():
 LAYERS = [
     ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
               "grader.wire", "grader.kit", "grader.learner", "grader.untrusted", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
-              "grader.capacity_layout", "grader.capacity_plans", "grader.capacity_published"]),
+              "grader.capacity_layout", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.outcomes", "grader.harness",
                  "grader.diagnose", "grader.rank_timeline",

@@ -78,6 +78,7 @@ TOPICS: dict[str, str] = {
     "fsdp2": "FSDP2 in production: MixedPrecisionPolicy, reshard_after_forward, CPU offload, clipping DTensors",
     "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
     "capacity": "Capacity planning: bytes per rank (ZeRO, activations), traffic, FLOPs, step time, plans",
+    "resilience": "Resilience at scale: failure rates, goodput, checkpoint intervals, asynchronous saves, restarts",
     "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
