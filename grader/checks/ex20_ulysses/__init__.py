@@ -19,18 +19,18 @@ rank's tensors compared with its chunk of it; the messages, bytes and memory aga
 from __future__ import annotations
 
 from grader.checks.ex20_ulysses import verdicts
+from grader.checks.ex20_ulysses.rank import rank_main, refusal_main
 from grader.checks.interface import Grader
 
-RANK = "grader.checks.ex20_ulysses.rank"
 REFUSAL_PATTERNS = ("heads", "kv-heads")
 
 
 def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
     # The groups run in the largest world only: new groups cost time to connect.
-    runs = [g.Run(f"{RANK}:rank_main", world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
+    runs = [g.Run(rank_main, world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
     if largest >= 2:  # each pattern in a run of its own: a rank that does not refuse may be aborted by gloo
-        runs += [g.Run(f"{RANK}:refusal_main", largest, {"pattern": pattern}, expect_ok=False)
+        runs += [g.Run(refusal_main, largest, {"pattern": pattern}, expect_ok=False)
                  for pattern in REFUSAL_PATTERNS]
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     lines = []

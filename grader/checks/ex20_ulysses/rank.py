@@ -16,6 +16,7 @@ import torch.distributed as dist
 from grader import memory, probes
 from grader.child import RankContext
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import all_ok, plain_tensor
 
 BATCH, CHUNK, HEAD_DIM = 2, 4, 8  # CHUNK: sequence positions per rank
 DTYPE = torch.float64
@@ -283,23 +284,6 @@ def _graph_nodes(output) -> list:
 # --- in each rank: the scenarios -----------------------------------------------------------------
 
 
-def _plain(value):
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__}"
-    out = torch.empty(value.shape, dtype=value.dtype)
-    out.copy_(value.detach().to("cpu"))
-    return out
-
-
-def _agree(ok: bool, ctx: RankContext, group=None) -> bool:
-    """Whether every rank is ok (so that all go on to backward, or none does)."""
-    flag = torch.tensor([1 if ok else 0], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
-
-
 def _run(ctx: RankContext, call, scenario: str, learner, learner_file: str, *, members: list[int],
          group=None, measure: bool = False) -> dict:
     """Forward and backward of one scenario on this rank's chunk: the tensors, the collectives of each, and
@@ -316,18 +300,18 @@ def _run(ctx: RankContext, call, scenario: str, learner, learner_file: str, *, m
     forward_events: list = []
     with memory.watch_saved(held.saved), _watch_class()(forward_events, held.probe):
         out = call(q, k, v, shapes(scenario, size)[2])
-    run = {"output": _plain(out), "forward_events": forward_events, "backward_events": [], "backward_ran": False,
+    run = {"output": plain_tensor(out), "forward_events": forward_events, "backward_events": [], "backward_ran": False,
            "grads": {"q": None, "k": None, "v": None}}
     ok = isinstance(out, torch.Tensor) and out.requires_grad and tuple(out.shape) == tuple(q.shape)
     if measure:
         held.graph = _graph_nodes(out) if isinstance(out, torch.Tensor) else [out]
         held.probe("after forward (what is kept for backward)")
-    if _agree(ok, ctx, group):
+    if all_ok(ok, ctx.device, group):
         held.phase = "backward"
         with _watch_class()(run["backward_events"], held.probe):
             (out * chunk["g"]).sum().backward()
         run["backward_ran"] = True
-        run["grads"] = {"q": _plain(q.grad), "k": _plain(k.grad), "v": _plain(v.grad)}
+        run["grads"] = {"q": plain_tensor(q.grad), "k": plain_tensor(k.grad), "v": plain_tensor(v.grad)}
     held.graph = []
     run["held"] = held.record()
     return run
@@ -360,7 +344,7 @@ def _observe(ctx: RankContext, learner, ulysses_attention) -> dict:
             obs[scenario] = _run(ctx, call, scenario, learner, learner_file, members=everyone,
                                  measure=scenario in MEASURED)
         except Exception as exc:  # the observation; nothing after it runs (peers may be mid-exchange)
-            obs[scenario] = {"error": learner_error(exc, 400)}
+            obs[scenario] = {"error": learner_error(exc, 500)}
             return obs
 
     if not ctx.kwargs.get("groups"):
@@ -377,7 +361,7 @@ def _observe(ctx: RankContext, learner, ulysses_attention) -> dict:
     try:
         obs["group"] = _run(ctx, in_group, "group", learner, learner_file, members=members, group=handles[mine])
     except Exception as exc:
-        obs["group"] = {"error": learner_error(exc, 400)}
+        obs["group"] = {"error": learner_error(exc, 500)}
     obs["group"]["members"] = members
     return obs
 
@@ -395,7 +379,7 @@ def refusal_main(ctx: RankContext) -> dict:
         q, k, v = (chunk[name].requires_grad_(True) for name in ("q", "k", "v"))
         # Every rank connected before any may leave: a right answer refuses without a message, and a rank
         # still joining the group when a peer exits fails in gloo's connection instead.
-        _agree(True, ctx)
+        all_ok(True, ctx.device)
         events: list = []
         try:
             with _watch_class()(events, lambda *args: None):
@@ -403,5 +387,5 @@ def refusal_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:  # the observation: a refusal, or an accident of the shapes
-            return {"raised": type(exc).__name__, "message": learner_error(exc, 300), "events": events}
-        return {"raised": None, "output": _plain(out), "events": events}
+            return {"raised": type(exc).__name__, "message": learner_error(exc, 500), "events": events}
+        return {"raised": None, "output": plain_tensor(out), "events": events}
