@@ -340,3 +340,12 @@ def test_bytes_each_way_follow_the_method():
     assert reference.bytes_to_send("plain", 4) == 4 * 4096 * 3 // 4
     # Fewer key/value heads than ranks: 2 heads copied to 4, so k and v travel as 4 heads each.
     assert reference.bytes_to_send("few-kv", 4) == (2 * 4096 + 2 * 2048) * 3 // 4
+
+
+def test_the_report_line_survives_records_of_any_shape():
+    observations = right_observations(2)
+    assert "bytes sent off-rank 4096/4096 (expected 4096)" in verdicts.describe(observations, 2)
+    observations[0]["plain"]["held"] = ["not", "a", "dict"]
+    observations[1]["plain"] = "nothing"
+    line = verdicts.describe(observations, 2)
+    assert "held whole at once ?/?" in line and "all-to-alls per forward 4/0" in line

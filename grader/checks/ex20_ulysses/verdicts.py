@@ -457,8 +457,10 @@ def describe(observations: list, world_size: int) -> str:
         events = [e for e in _data(clean_events(run.get("forward_events")) or []) if is_all_to_all(e)]
         counts.append(len(events))
         sent.append(sum(e["sent"] for e in events))
-        most = (run.get("held") or {}).get("most") or {}
-        held.append(len(most.get("q") or []) if isinstance(most, dict) else "?")
+        held_record = run.get("held") if isinstance(run.get("held"), dict) else {}
+        most = held_record.get("most")
+        whole = most.get("q") if isinstance(most, dict) else None
+        held.append(len(whole) if isinstance(whole, list) else "?")
     heads = shapes("plain", world_size)[0]
     return (f"{world_size} ranks (rank 0/1/...), {heads} heads: all-to-alls per forward {per_rank(counts)}, bytes "
             f"sent off-rank {per_rank(sent)} (expected {bytes_to_send('plain', world_size)}); most query heads "
