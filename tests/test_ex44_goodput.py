@@ -278,3 +278,53 @@ def test_the_reference_refuses_what_the_statement_refuses():
     for cluster, job in ex44.BAD_INTERVAL.values():
         with pytest.raises(ValueError):
             rs.best_checkpoint_interval(cluster, job)
+
+
+class FakeContext:
+    """What the worker's handler reads of its context: the learner's names."""
+
+    def __init__(self, **names):
+        self.names = names
+
+    def function(self, name):
+        return self.names[name]
+
+
+def test_the_worker_sends_every_answer_as_it_came_and_decides_nothing():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Cluster:
+        gpus: int
+        gpu_failure_rate: float
+
+    @dataclass
+    class Job:
+        interval_s: float
+        save_s: float
+        restart_s: float
+        reload_s: float
+        asynchronous: bool = False
+        stall_s: float = 0.0
+
+    returns = iter([0.5, 2, True, 10**400, math.nan, "0.9", ValueError("no GPU")])
+
+    def goodput(cluster, job):
+        value = next(returns)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    case = ex44.case(*ex44.BLOCKING[next(iter(ex44.BLOCKING))])
+    got = ex44.answers(FakeContext(Cluster=Cluster, Job=Job, goodput=goodput), "goodput", [case] * 7)
+    assert got[:2] == [{"value": 0.5}, {"value": 2.0}]
+    assert got[2] == {"shown": "bool True"} and got[3]["shown"].startswith("int 1000")
+    assert math.isnan(got[4]["value"]) and got[5] == {"shown": "str '0.9'"}
+    assert got[6]["value_error"] is True and "ValueError: no GPU" in got[6]["error"]
+    assert [ex44.number(a, "goodput")[0] for a in got] == [0.5, 2.0, None, None, None, None, None]
+
+    def unfinished(cluster, job):
+        raise NotImplementedError
+
+    with pytest.raises(NotImplementedError):  # the stub: the grading stops with "not implemented yet"
+        ex44.answers(FakeContext(Cluster=Cluster, Job=Job, goodput=unfinished), "goodput", [case])

@@ -99,10 +99,14 @@ def answers(ctx: RankContext, function: str, cases: list) -> list:
         except Exception as exc:  # the learner's error is an answer: some cases must raise
             out.append({"error": learner_error(exc), "value_error": isinstance(exc, ValueError)})
             continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append({"value": float(value)})
-        else:
+        try:
+            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        except OverflowError:  # an int too large for a float
+            number = None
+        if number is None:
             out.append({"shown": f"{type(value).__name__} {value!r}"[:120]})
+        else:
+            out.append({"value": number})
     return out
 
 
