@@ -69,6 +69,45 @@ def test_causal_work_is_even_under_ulysses_and_not_over_a_contiguous_ring():
     assert ring == [80, 208, 336, 464]
 
 
+def test_a_longer_chunk_multiplies_a_rings_block_compute_by_4_and_its_hop_by_2():
+    """One head's block attention (q k^T, softmax, p v) at n and 2n positions: FLOPs counted by torch."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    found = []
+    for n in (64, 128):
+        q, k, v = (torch.randn(1, 1, n, 16) for _ in range(3))
+        with FlopCounterMode(display=False) as counter:
+            (q @ k.transpose(-2, -1) / 4).softmax(dim=-1) @ v
+        found.append((counter.get_total_flops(), (k.numel() + v.numel()) * k.element_size()))
+    (flops, hop), (flops_2n, hop_2n) = found
+    assert flops_2n == 4 * flops and hop_2n == 2 * hop
+
+
+def _cross_node_bytes_of_an_exchange(parts_bytes: list[int], rank: int, per_node: int) -> int:
+    """Bytes of an all-to-all's parts (part j to rank j) that go to ranks on another node."""
+    return sum(b for j, b in enumerate(parts_bytes) if j // per_node != rank // per_node)
+
+
+def test_across_two_nodes_usp_sends_a_third_of_ulysses_bytes_between_them_with_gqa():
+    """32 query heads, 8 key/value heads, 16 ranks in two nodes of 8; q's chunk on a rank is 1 unit
+    (a position's head row being the unit's 1 / (32 x positions per rank))."""
+    heads, kv_heads, world, per_node, positions = 32, 8, 16, 8, 2  # positions per rank
+    row = 1  # bytes of one head's row at one position, in units
+    q_chunk = heads * positions * row
+    rank = 0
+    # Ulysses over all 16: q and the output 32 heads; k and v copied to 16 heads (8 < 16), one to each rank.
+    part = lambda heads_sent: [heads_sent // world * positions * row] * world  # noqa: E731
+    ulysses = sum(_cross_node_bytes_of_an_exchange(part(h), rank, per_node) for h in (heads, 16, 16, heads))
+    # USP: Ulysses over the 8 ranks of a node (never crossing), then a ring of 2 across the nodes: one hop of
+    # this rank's K and V, 8 / 8 = 1 key/value head over the node's 8 chunks of positions.
+    usp = 2 * (kv_heads // per_node) * (per_node * positions) * row
+    assert (ulysses / q_chunk, usp / q_chunk) == (1.5, 0.5)
+    # With as many key/value heads as query heads the two send the same bytes across (2 query chunks).
+    ulysses_mha = sum(_cross_node_bytes_of_an_exchange(part(heads), rank, per_node) for _ in range(4))
+    usp_mha = 2 * (heads // per_node) * (per_node * positions) * row
+    assert ulysses_mha == usp_mha == 2 * q_chunk
+
+
 # --- one world of four ranks ----------------------------------------------------------------------
 
 
