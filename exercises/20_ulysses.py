@@ -16,26 +16,28 @@ so (W - 1) / W of each tensor leaves it.
         this rank's chunk of the sequence; rank r (its rank in `group`, the default group
         when None) holds positions [r * seq / W, (r + 1) * seq / W). Returns this rank's
         chunk of softmax(q k^T / sqrt(head_dim)) v over the whole sequence: the shape,
-        dtype and device of q. Query head h attends with key/value head
-        h // (heads / kv_heads) (grouped-query attention, paired as torch's
+        dtype and device of q. kv_heads divides heads, and query head h attends with
+        key/value head h // (heads / kv_heads) (grouped-query attention, paired as torch's
         scaled_dot_product_attention(..., enable_gqa=True) pairs them).
         - Heads: rank r computes query heads [r * heads / W, (r + 1) * heads / W).
-          heads not divisible by W: raise ValueError on every rank, before any message
-          (DeepSpeed's UlyssesSPAttentionHF refuses the same).
+          heads not divisible by W: raise ValueError on every rank (every rank sees the
+          same shapes, so none needs a message to agree; DeepSpeed's UlyssesSPAttentionHF
+          refuses the same).
         - Key/value heads, decided as UlyssesSPAttentionHF decides them: kv_heads
           divisible by W: each rank gets kv_heads / W of them, those its query heads use.
           Fewer key/value heads than ranks (W divisible by kv_heads): repeat each one
           W / kv_heads times along the heads (repeat_interleave) before the all-to-all, so
           that rank r receives copy r, which is head r // (W / kv_heads), the one its
           query heads use; autograd adds up the copies' gradients. Neither divides the
-          other, or kv_heads does not divide heads: ValueError on every rank.
+          other: ValueError on every rank.
         - Messages: all-to-alls in `group` only (dist.all_to_all_single, dist.all_to_all,
           or torch.distributed._functional_collectives.all_to_all_single(_autograd)).
-          Forward: q, k and v sequence-to-heads (one all-to-all each, or one for the
-          three together) and the output heads-to-sequence (one). Backward: the mirror
-          image, the output's gradient sequence-to-heads and the gradients of q, k and v
+          Forward: q, k and v sequence-to-heads (one all-to-all each, or fewer carrying
+          several) and the output heads-to-sequence (one). Backward: the mirror image, the
+          output's gradient sequence-to-heads and the gradients of q, k and v
           heads-to-sequence. A rank keeps its own part of every tensor it exchanges:
-          (W - 1) / W of it leaves the rank, and nothing else is sent.
+          (W - 1) / W of it leaves the rank. Nothing else is sent (a collective of a few
+          numbers is allowed).
         - Memory: a rank never holds the whole sequence of more heads than its own:
           heads / W heads of q (of k and v, kv_heads / W or one), in forward, in what
           autograd keeps for backward, in backward.
