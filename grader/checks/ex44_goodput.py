@@ -77,7 +77,7 @@ BAD_INTERVAL = {
 }
 
 
-# --- in the worker --------------------------------------------------------------------------------------
+# --- in each rank (here one worker process, which answers calls) ----------------------------------------
 
 
 def serve_main(ctx: RankContext) -> dict:
