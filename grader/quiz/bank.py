@@ -68,6 +68,7 @@ TOPICS: dict[str, str] = {
     "sequence-parallel": "Sequence parallelism: norms on chunks, all-gather and reduce-scatter, replicated gradients",
     "sharding": "ZeRO stage 3 by hand: slices, padding, gathers, freeing memory",
     "mixed-precision": "Mixed precision with DDP: autocast, GradScaler, bf16 vs fp16",
+    "float8": "Float8 training: E4M3 and E5M2, scales from the amax, torch._scaled_mm, FSDP2's float8 all-gather",
     "elastic": "torchrun and process groups: rendezvous, restarts, object collectives",
     "compile": "DDP with torch.compile: DDPOptimizer, optimize_ddp, compiled autograd",
     "nccl": "NCCL and torch NCCL settings: debugging, interfaces, timeouts, flight recorder",
