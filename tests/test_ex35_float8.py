@@ -79,7 +79,8 @@ def _right_record() -> dict:
         ex_rank.adamw_step(params, state, step)
     return {"modules": {layer: right_module(layer) for layer in ("plain", "zero-weight", "no-bias")},
             "calls": {call: right_call(call) for call in ex_rank.CALLS},
-            "training": {"losses": list(ref["losses"]), "params": [p.detach().clone() for p in params],
+            "training": {"losses": list(ref["losses"]),
+                         "params": {name: p.detach().clone() for name, p in model.named_parameters()},
                          "error": None}}
 
 
@@ -336,10 +337,32 @@ def test_training_that_stopped_or_sent_nan_fails():
     verdicts.check_training(g, record)
     assert statuses(g)["training-close"] == "fail"
     record = right_record()
-    record["training"]["params"][0] = torch.zeros(3)
+    record["training"]["params"]["0.weight"] = torch.zeros(3)
     g = grading()
     verdicts.check_training(g, record)
-    assert "shapes" in messages(g)["training-close"]
+    assert "0.weight [128, 64]" in messages(g)["training-close"]
+
+
+def test_the_final_weights_are_read_by_name_or_in_the_layers_own_order():
+    record = right_record()
+    params = record["training"]["params"]
+    record["training"]["params"] = {name: params[name] for name in reversed(list(params))}  # bias before weight
+    g = grading()
+    verdicts.check_training(g, record)
+    assert statuses(g)["training-close"] == "pass"
+    record["training"]["params"] = {name.replace(".", ".linear.", 1): value for name, value in params.items()}
+    g = grading()
+    verdicts.check_training(g, record)
+    assert statuses(g)["training-close"] == "pass"
+
+
+def test_parameters_registered_bias_first_pass_master_weights():
+    record = right_record()
+    module = record["modules"]["plain"]
+    module["parameters"].reverse()
+    g = grading()
+    verdicts.check_master(g, record)
+    assert statuses(g)["master-weights"] == "pass"
 
 
 def test_untrusted_shapes_of_records_fail_without_raising():

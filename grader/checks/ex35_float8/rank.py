@@ -276,6 +276,7 @@ def _train(Float8Linear, device: torch.device) -> dict:
     model = model.to(device)
     x, target = (t.to(device) for t in training_data())
     params, state, losses = list(model.parameters()), [], []
+    names = [name for name, _ in model.named_parameters()]
     try:
         for step in range(1, STEPS + 1):
             for p in params:
@@ -287,8 +288,8 @@ def _train(Float8Linear, device: torch.device) -> dict:
     except NotImplementedError:
         raise
     except Exception as exc:  # the observation: the steps before it are judged
-        return {"losses": losses, "params": [_plain(p) for p in params], "error": learner_error(exc)}
-    return {"losses": losses, "params": [_plain(p) for p in params], "error": None}
+        return {"losses": losses, "params": dict(zip(names, map(_plain, params))), "error": learner_error(exc)}
+    return {"losses": losses, "params": dict(zip(names, map(_plain, params))), "error": None}
 
 
 def linear_main(ctx: RankContext) -> dict:

@@ -152,7 +152,22 @@ def training_reference() -> dict:
         loss.backward()
         losses.append(float(loss.detach()))
         adamw_step(params, state, step)
-    return {"losses": losses, "final_loss": _mlp_loss(model), "shapes": [tuple(p.shape) for p in params]}
+    return {"losses": losses, "final_loss": _mlp_loss(model),
+            "params": [(name, tuple(p.shape)) for name, p in model.named_parameters()]}
+
+
+def ordered_weights(params) -> list | None:
+    """The MLP's parameters in the float32 model's order: by name, or in the layer's own order when it names them
+    otherwise (a wrapper's "0.linear.weight"); None unless each is a finite tensor of the right shape."""
+    if not isinstance(params, dict) or not all(isinstance(p, torch.Tensor) for p in params.values()):
+        return None
+    wanted = training_reference()["params"]
+    names = [name for name, _ in wanted]
+    ordered = [params[n] for n in names] if sorted(params) == sorted(names) else list(params.values())
+    if len(ordered) != len(wanted) or any(tuple(p.shape) != shape or not torch.isfinite(p.double()).all()
+                                          for p, (_, shape) in zip(ordered, wanted)):
+        return None
+    return ordered
 
 
 def loss_of(weights: list[torch.Tensor]) -> float:

@@ -12,7 +12,8 @@ from grader.checks.ex35_float8.rank import (CALLS, E4M3, E5M2, GATHER_COLS, GATH
                                             GATHER_SCENARIOS, IN, LAYER_OF, OUT, ROWS, SCALED_MM, STEPS,
                                             gather_weight)
 from grader.checks.ex35_float8.reference import (FORMATS, cast, cast_candidates, expected_call, float32_products,
-                                                 gather_expected, loss_of, own_shard_casts, training_reference)
+                                                 gather_expected, loss_of, ordered_weights, own_shard_casts,
+                                                 training_reference)
 from grader.compare import tensor_difference
 
 CANONICAL = {"input": (ROWS, IN), "weight": (OUT, IN), "grad": (ROWS, OUT)}
@@ -204,24 +205,18 @@ def check_scales(g, record) -> None:
     g.record("scaled-from-amax", True)
 
 
-def _amax_words(t: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype) -> str:
-    flat = int(t.abs().argmax())
-    index = [int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape)]
-    amax = float(t.abs().max())
-    return (f"the recipe's amax is {amax:.6g} (at {index} of the {' x '.join(map(str, t.shape))} matrix), "
-            f"scale = {torch.finfo(float8_dtype).max:g} / "
-            f"max(amax, 1e-12) = {float(scale):.8g}")
-
-
 def _cast_words(got: torch.Tensor, want: torch.Tensor, t: torch.Tensor, scale: torch.Tensor, role: str,
                 call: str) -> str:
     differ = got.view(torch.uint8) != want.view(torch.uint8)
     index = [int(i) for i in differ.nonzero()[0]]
     at = tuple(index)
-    text = (f"the {ROLE_WORDS[role]}'s float8 values differ from the recipe's cast in {int(differ.sum())} of "
+    top = [int(i) for i in torch.unravel_index(t.abs().argmax(), t.shape)]
+    return (f"the {ROLE_WORDS[role]}'s float8 values differ from the recipe's cast in {int(differ.sum())} of "
             f"{got.numel()} places; first at {index}: {float(got.float()[at]):g} where {float(t[at]):.6g} x "
-            f"{float(scale):.6g} rounds to {float(want.float()[at]):g}; {_amax_words(t, scale, got.dtype)}")
-    return text + _explain_cast(got, t, role, call)
+            f"{float(scale):.6g} rounds to {float(want.float()[at]):g}; the recipe's amax is "
+            f"{float(t.abs().max()):.6g} (at {top} of the {' x '.join(map(str, t.shape))} matrix), scale = "
+            f"{torch.finfo(got.dtype).max:g} / max(amax, 1e-12) = {float(scale):.8g}"
+            + _explain_cast(got, t, role, call))
 
 
 def _explain_cast(got: torch.Tensor, t: torch.Tensor, role: str, call: str) -> str:
@@ -403,7 +398,7 @@ def _master_problem(described, layer: str) -> str | None:
     wanted = ["weight"] + (["bias"] if "bias" in linear else [])
     params = described.get("parameters") or []
     names = [p.get("name") for p in params if isinstance(p, dict)]
-    if names != wanted:
+    if sorted(map(str, names)) != sorted(wanted):
         return (f"its parameters are {names}; the linear's are {wanted}, float32, under the same names (an optimizer "
                 "and a checkpoint of the float32 model see the same parameters)")
     for p in params:
@@ -446,13 +441,11 @@ def check_training(g, record) -> None:
         g.record("training-close", False, f"after {len(losses)} step(s) of {STEPS}: "
                  f"{training.get('error') or 'the losses were not recorded'}")
         return
-    params = training.get("params")
-    shapes = reference["shapes"]
-    if not isinstance(params, list) or len(params) != len(shapes) or any(
-            not isinstance(p, torch.Tensor) or tuple(p.shape) != s or not torch.isfinite(p.double()).all()
-            for p, s in zip(params, shapes)):
-        g.record("training-close", False, "the MLP's parameters after training are not the float32 model's "
-                 f"{len(shapes)} tensors of shapes {[list(s) for s in shapes]}, finite")
+    params = ordered_weights(training.get("params"))
+    if params is None:
+        wanted = [f"{name} {list(shape)}" for name, shape in reference["params"]]
+        g.record("training-close", False, f"the MLP's parameters after training are not the float32 model's "
+                 f"{len(wanted)} finite tensors ({', '.join(wanted)})")
         return
     got, want = loss_of(params), reference["final_loss"]
     if abs(got - want) > TRAINING_TOLERANCE * want:
