@@ -63,7 +63,7 @@ def right_module(layer: str) -> dict:
     return {"type": "Float8Linear", "is_module": True,
             "parameters": [{"name": name, "dtype": "float32", "shape": list(v.shape), "is_parameter": True,
                             "requires_grad": True} for name, v in values.items()],
-            "values": values, "state_dict": copy.deepcopy(values), "linear": copy.deepcopy(values)}
+            "values": values, "state_dict": copy.deepcopy(values)}
 
 
 @functools.cache
@@ -292,6 +292,36 @@ def test_renamed_parameters_and_extra_buffers_fail_master_weights():
     assert "amax_history" in messages(g)["master-weights"]
 
 
+def test_a_state_dict_of_float8_copies_fails_master_weights():
+    record = right_record()
+    state = record["modules"]["plain"]["state_dict"]
+    state["weight"] = state["weight"].to(E4M3)
+    g = grading()
+    verdicts.check_master(g, record)
+    assert "state_dict" in messages(g)["master-weights"]
+
+
+def test_the_linears_values_are_the_graders_own():
+    """A layer that recorded other values for the linear cannot make its own values the expected ones."""
+    record = right_record()
+    for key in ("values", "state_dict"):
+        record["modules"]["no-bias"][key]["weight"] = torch.zeros(ex_rank.OUT, ex_rank.IN)
+    record["modules"]["no-bias"]["linear"] = {"weight": torch.zeros(ex_rank.OUT, ex_rank.IN)}
+    g = grading()
+    verdicts.check_master(g, record)
+    assert statuses(g)["master-weights"] == "fail"
+
+
+def test_malformed_module_records_fail_without_raising():
+    for parameters, values in (([1, "x"], {}), ([{"name": "weight"}], []), (None, None)):
+        record = right_record()
+        record["modules"]["plain"]["parameters"] = parameters
+        record["modules"]["plain"]["values"] = values
+        g = grading()
+        verdicts.check_master(g, record)
+        assert statuses(g)["master-weights"] == "fail"
+
+
 def test_a_float8_weight_parameter_fails_master_weights():
     record = right_record()
     record["modules"]["no-bias"]["parameters"][0]["dtype"] = "float8_e4m3fn"
@@ -440,6 +470,24 @@ def test_a_whole_weight_all_reduced_fails_the_bytes():
     g = grading(2)
     verdicts.check_gather_bytes(g, gather_observations(2, events=events), 2)
     assert "besides its shard" in messages(g)["gather-bytes"]
+
+
+def test_the_group_is_the_graders_not_the_records():
+    observations = gather_observations(3)
+    for obs in observations:
+        obs["group"] = gather_run("plain", 2)
+        obs["group"]["members"] = list(range(10 ** 6))  # a rank's word for its group is not taken
+    observations[1]["group"] = gather_run("plain", 1)
+    g = grading(3)
+    verdicts.check_gather_group(g, observations, 3)
+    assert statuses(g)["gather-group"] == "pass"
+
+
+def test_a_scalar_returned_as_the_weight_fails_without_raising():
+    observations = gather_observations(2, weight=torch.tensor(1.0).to(E4M3))
+    g = grading(2)
+    verdicts.check_gather(g, observations, 2)
+    assert statuses(g)["gather-matches"] == "fail"
 
 
 def test_unreadable_events_and_results_fail_without_raising():

@@ -212,8 +212,8 @@ def _parameters(module) -> dict:
     return {name: _plain(p) for name, p in module.named_parameters()}
 
 
-def describe_module(layer, linear: nn.Linear) -> dict:
-    """What the learner's layer holds right after it was built from ``linear``."""
+def describe_module(layer) -> dict:
+    """What the learner's layer holds right after it was built."""
     try:
         state = {key: _plain(value) for key, value in layer.state_dict().items()}
     except Exception as exc:  # the observation
@@ -226,7 +226,6 @@ def describe_module(layer, linear: nn.Linear) -> dict:
                        for name, p in layer.named_parameters()] if isinstance(layer, nn.Module) else [],
         "values": _parameters(layer) if isinstance(layer, nn.Module) else {},
         "state_dict": state,
-        "linear": _parameters(linear),
     }
 
 
@@ -302,7 +301,7 @@ def linear_main(ctx: RankContext) -> dict:
         if name not in layers:
             linears[name] = make_linear(name).to(device)
             layers[name] = Float8Linear(linears[name])
-            modules[name] = describe_module(layers[name], linears[name])
+            modules[name] = describe_module(layers[name])
         layer = layers[name]
         if call == "outlier":  # the weight changes between the two calls, as an optimizer step changes it
             own = dict(layer.named_parameters()).get("weight") if isinstance(layer, nn.Module) else None

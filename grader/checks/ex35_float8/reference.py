@@ -159,7 +159,8 @@ def training_reference() -> dict:
 def ordered_weights(params) -> list | None:
     """The MLP's parameters in the float32 model's order: by name, or in the layer's own order when it names them
     otherwise (a wrapper's "0.linear.weight"); None unless each is a finite tensor of the right shape."""
-    if not isinstance(params, dict) or not all(isinstance(p, torch.Tensor) for p in params.values()):
+    if not isinstance(params, dict) or not all(isinstance(n, str) and isinstance(p, torch.Tensor)
+                                               for n, p in params.items()):
         return None
     wanted = training_reference()["params"]
     names = [name for name, _ in wanted]

@@ -10,7 +10,7 @@ import torch
 
 from grader.checks.ex35_float8.rank import (CALLS, E4M3, E5M2, GATHER_COLS, GATHER_OUTLIER, GATHER_ROWS,
                                             GATHER_SCENARIOS, IN, LAYER_OF, OUT, ROWS, SCALED_MM, STEPS,
-                                            gather_weight)
+                                            gather_weight, groups_of, make_linear)
 from grader.checks.ex35_float8.reference import (FORMATS, cast, cast_candidates, expected_call, float32_products,
                                                  gather_expected, loss_of, ordered_weights, own_shard_casts,
                                                  training_reference)
@@ -92,7 +92,7 @@ def raised_in(record) -> str | None:
         if run is None:
             return f"call '{call}' recorded nothing"
         if run.get("error"):
-            return f"call '{call}' ({CALL_WORDS[call]}) raised {run['error']}"
+            return f"call '{call}' ({CALL_WORDS[call]}) raised {str(run['error'])[:600]}"
     return None
 
 
@@ -394,11 +394,11 @@ def check_master(g, record) -> None:
 def _master_problem(described, layer: str) -> str | None:
     if not isinstance(described, dict) or not described.get("is_module"):
         return "it is not an nn.Module"
-    linear = described.get("linear") or {}
-    wanted = ["weight"] + (["bias"] if "bias" in linear else [])
-    params = described.get("parameters") or []
-    names = [p.get("name") for p in params if isinstance(p, dict)]
-    if sorted(map(str, names)) != sorted(wanted):
+    linear = {name: p.detach() for name, p in make_linear(layer).named_parameters()}  # the grader's own
+    wanted = sorted(linear)
+    params = [p for p in described.get("parameters") or [] if isinstance(p, dict)]
+    names = [str(p.get("name")) for p in params]
+    if sorted(names) != wanted:
         return (f"its parameters are {names}; the linear's are {wanted}, float32, under the same names (an optimizer "
                 "and a checkpoint of the float32 model see the same parameters)")
     for p in params:
@@ -406,16 +406,16 @@ def _master_problem(described, layer: str) -> str | None:
             return (f"{p['name']} is a {p.get('dtype')} {'Parameter' if p.get('is_parameter') else 'tensor'}"
                     f"{'' if p.get('requires_grad') else ' without requires_grad'}: the master weights stay float32 "
                     "Parameters; float8 copies are made in each forward")
-    values = described.get("values") or {}
+    values, state = described.get("values"), described.get("state_dict")
     for name in wanted:
-        found = tensor_difference(values.get(name), linear[name], check_dtype=True, name=name)
+        found = tensor_difference(values.get(name) if isinstance(values, dict) else None, linear[name],
+                                  check_dtype=True, name=name)
         if found is not None:
             return f"{found}: the parameters hold the linear's values"
-    state = described.get("state_dict")
-    if not isinstance(state, dict) or sorted(state) != sorted(wanted):
-        keys = sorted(state) if isinstance(state, dict) else state
-        return (f"its state_dict has {keys}; nn.Linear's has {wanted}: a float32 checkpoint must load into the float8 "
-                "model and back (keep no float8 copies or amax histories in buffers)")
+    keys = sorted(map(str, state)) if isinstance(state, dict) else state
+    if keys != wanted or any(tensor_difference(state[name], linear[name], check_dtype=True) for name in wanted):
+        return (f"its state_dict has {keys}; nn.Linear's has {wanted}, the float32 values: a float32 checkpoint must "
+                "load into the float8 model and back (keep no float8 copies or amax histories in buffers)")
     return None
 
 
@@ -498,6 +498,8 @@ def _gather_problem(run, scenario: str, size: int) -> str | None:
 
 
 def _explain_gather(weight: torch.Tensor, scenario: str, size: int) -> str:
+    if tuple(weight.shape) != (size * GATHER_ROWS, GATHER_COLS):
+        return ""
     for q, own, amax in own_shard_casts(scenario, size):
         if torch.equal(weight[q * GATHER_ROWS:(q + 1) * GATHER_ROWS].view(torch.uint8), own.view(torch.uint8)):
             return (f"; the rows of rank {q} of the group were cast with that shard's own amax ({amax:.4g}, where the "
@@ -578,12 +580,9 @@ def check_gather_bytes(g, observations: list, world_size: int) -> None:
 def check_gather_group(g, observations: list, world_size: int) -> None:
     for rank, obs in enumerate(observations):
         run = obs.get("group") if isinstance(obs, dict) else None
-        members = run.get("members") if isinstance(run, dict) else None
-        if not isinstance(members, list) or rank not in members:
-            g.record("gather-group", False, f"world size {world_size}, rank {rank}: the group scenario recorded "
-                     "nothing", rank=rank, world_size=world_size)
-            return
-        problem = _gather_problem(run, "plain", len(members))
+        members = next(m for m in groups_of(world_size) if rank in m)  # the grader's groups, not the record's
+        problem = "the group scenario recorded nothing" if not isinstance(run, dict) else \
+            _gather_problem(run, "plain", len(members))
         if problem is not None:
             g.record("gather-group", False, f"world size {world_size}, rank {rank} in group={members} (rank "
                      f"{members.index(rank)} of {len(members)} there, each group gathering a weight of its own): "
