@@ -52,8 +52,9 @@ flatten [batch, seq, features] to [batch * seq, features].
               output      = x8 @ w8^T            x, the weight: E4M3
               grad_input  = go8 @ w8             go, the output's gradient: E5M2
               grad_weight = go8^T @ x8
-          Write a torch.autograd.Function: autograd does not differentiate a
-          product of float8 tensors. The bias is added in float32 after the
+          Write a torch.autograd.Function: autograd has no derivative for
+          torch._scaled_mm ("derivative for aten::_scaled_mm is not
+          implemented"). The bias is added in float32 after the
           product (its gradient, go summed over the rows, is then autograd's).
 
     float8_all_gather(weight_shard, group) -> (Tensor, Tensor)
