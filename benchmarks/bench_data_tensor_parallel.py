@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks import ex19_rank as rank_side  # noqa: E402
-from grader.checks import ex19_verdicts as verdicts  # noqa: E402
+from grader.checks.ex19_data_tensor_parallel import rank as rank_side  # noqa: E402
+from grader.checks.ex19_data_tensor_parallel.reference import reference_run  # noqa: E402
 
 
 def load(path: Path):
@@ -105,7 +105,7 @@ def one_process(reps: int) -> tuple[float, float]:
     walls, cpus = [], []
     for _ in range(reps):
         start, cpu = time.perf_counter(), time.process_time()
-        verdicts.reference_run()
+        reference_run()
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
     return statistics.median(walls), statistics.median(cpus)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks import ex33_rank as ex  # noqa: E402
+from grader.checks.ex33_dcp import rank as ex  # noqa: E402
 
 STEPS = range(ex.FIRST_STEP, ex.LAST_STEP + 1)
 
@@ -56,7 +56,7 @@ def load(path: Path):
 
 def step(model, optimizer, number: int, rank: int, world_size: int) -> None:
     x, y = ex.batch(number, rank, world_size)
-    loss = F.mse_loss(model(x), y, reduction="sum") * world_size / (ex.GLOBAL_BATCH * ex.D_OUT)
+    loss = F.mse_loss(model(x), y, reduction="sum") * world_size / (ex.GLOBAL_BATCH * ex.MLP_OUT)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()

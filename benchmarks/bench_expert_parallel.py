@@ -5,7 +5,7 @@ One run on this machine's CPU, gloo, one compute thread per process (as the grad
     grader's router, 12 experts and tokens (float64), each of the graded scenarios: the slowest rank's
     seconds for a forward and backward of sum(y * G) + 0.5 * aux_loss, and the float64 rows each rank
     sent to other ranks per forward (the first all-to-all), beside the rows of its whole batch;
-  - one process: the grader's own computation of the same result (ex17_expert_parallel.reference: every
+  - one process: the grader's own computation of the same result (ex17_expert_parallel.reference.expected_run: every
     rank's tokens through every expert, forward and backward);
   - a warm grading: `ddp-grade` on the file through a warm pool (world sizes 2, 3 and 4 as graded by
     default), timed from the request to the report (--gradings of them, after one that is not counted),
@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks import ex17_expert_parallel as grader_side  # noqa: E402
-from grader.checks import ex17_rank as ex  # noqa: E402
+from grader.checks.ex17_expert_parallel import rank as ex  # noqa: E402
+from grader.checks.ex17_expert_parallel import reference as grader_side  # noqa: E402
 
 
 def load(path: Path):
@@ -118,7 +118,7 @@ def one_process(world_size: int, reps: int) -> dict[str, float]:
         times = []
         for _ in range(reps):
             start = time.perf_counter()
-            grader_side.reference(scenario, world_size)
+            grader_side.expected_run(scenario, world_size)
             times.append(time.perf_counter() - start)
         out[scenario] = statistics.median(times)
     return out

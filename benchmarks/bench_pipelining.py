@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks import ex34_pipelining as grading_side  # noqa: E402
-from grader.checks import ex34_rank as ex  # noqa: E402
+from grader.checks.ex34_pipelining import rank as ex  # noqa: E402
+from grader.checks.ex34_pipelining import reference as grading_side  # noqa: E402
 
 
 def load(path: Path):

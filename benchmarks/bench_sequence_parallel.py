@@ -43,8 +43,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
 from grader import probes  # noqa: E402
-from grader.checks import ex18_rank as rk  # noqa: E402
-from grader.checks import ex18_sequence_parallel as ex  # noqa: E402
+from grader.checks.ex18_sequence_parallel import rank as rk  # noqa: E402
+from grader.checks.ex18_sequence_parallel import reference as ex  # noqa: E402
+from grader.checks.ex18_sequence_parallel.verdicts import rank_saved  # noqa: E402
 
 
 def load(path: Path):
@@ -161,7 +162,7 @@ def main() -> None:
         run = sharded(world_size, args.reps, file)
         want = ex.expected_main(world_size)
         dense_outside = ex.outside_bytes_dense(want)
-        entries = ex.rank_saved({"main": run}, want, 0, world_size)
+        entries = rank_saved({"main": run}, want, 0, world_size)
         outside = sum(e["bytes"] for e in entries if e["kind"] == "outside")
         (w1, c1), (w2, c2) = run["first"], run["later"]
         print(f"  {world_size} ranks: 1st {w1 * 1e3:.2f} / {c1 * 1e3:.2f}, later {w2 * 1e3:.2f} / {c2 * 1e3:.2f} "

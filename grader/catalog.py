@@ -74,9 +74,12 @@ class Exercise:
 @lru_cache(maxsize=1)
 def exercises() -> tuple[Exercise, ...]:
     """Every exercise, in order."""
-    text = resources.files("grader").joinpath("catalog.toml").read_text(encoding="utf-8")
-    data = tomllib.loads(text)
-    return tuple(_exercise(entry) for entry in data["exercise"])
+    return read(resources.files("grader").joinpath("catalog.toml").read_text(encoding="utf-8"))
+
+
+def read(text: str) -> tuple[Exercise, ...]:
+    """The exercises of a catalog's text (``tests/template/catalog.toml`` holds the template's)."""
+    return tuple(_exercise(entry) for entry in tomllib.loads(text)["exercise"])
 
 
 def _exercise(entry: dict) -> Exercise:

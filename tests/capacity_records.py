@@ -1,19 +1,10 @@
-"""What the tests of exercises 41-43's verdicts share: a Grading to record into, answers and rank 0's
-records as a faithful run of the kit's model gives them (no processes started)."""
+"""What the tests of exercises 41-43's verdicts share: answers and rank 0's records as a faithful run of the
+kit's model gives them (no processes started)."""
 
 from __future__ import annotations
 
-from grader import capacity, catalog
+from grader import capacity
 from grader.checks.shared import capacity_cases as cases
-from grader.grading import Grading, Plan
-
-
-def grading(exercise: str) -> Grading:
-    return Grading(catalog.by_id(exercise), f"solutions/{exercise}.py", None, Plan("gloo", [2]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
 
 
 def answer(value) -> dict:

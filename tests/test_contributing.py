@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import importlib
+import inspect
 import re
 import subprocess
+
+import pytest
 
 from conftest import ROOT
 from grader import catalog
@@ -56,3 +61,76 @@ def test_nothing_outside_the_list_names_the_newest_exercise():
         if by_name or by_text:
             assert any(fnmatch.fnmatch(path, a) for a in allowed), \
                 f"{path} names exercise {newest.id}, but CONTRIBUTING.md does not list it among an exercise's files"
+
+
+# --- an exercise's checks: one module, or a package of files with fixed roles ------------------------------
+
+CHECKS = ROOT / "grader" / "checks"
+ROLES = {"__init__.py", "rank.py", "reference.py", "verdicts.py"}
+RANK_MARKERS, GRADER_MARKER = ("# --- in each rank", "# --- in the worker"), "# --- in the grader"
+
+
+def _drivers(tree) -> list[str]:
+    """The functions of a module that a rank runs: their first parameter is the rank's ``ctx``."""
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.args.args
+            and node.args.args[0].arg == "ctx"]
+
+
+def _imports(tree) -> set[str]:
+    """The modules ``tree`` imports; ``from package import rank`` counts as ``package.rank``."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            roles = [a.name for a in node.names if f"{a.name}.py" in ROLES]
+            found |= {f"{node.module}.{r}" for r in roles} if roles else {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+def _defines(tree, name: str) -> bool:
+    return any(isinstance(node, ast.FunctionDef) and node.name == name for node in tree.body)
+
+
+TEMPLATE = catalog.read((ROOT / "tests" / "template" / "catalog.toml").read_text(encoding="utf-8"))[0]
+
+
+@pytest.mark.parametrize("ex", [TEMPLATE, *catalog.exercises()], ids=lambda ex: ex.id)
+def test_every_exercises_checks_take_one_of_the_two_shapes(ex):
+    """A module exNN_slug.py with its rank side above its grader side, or a package exNN_slug/ whose files are
+    named by their role: drivers only in rank.py, which imports nothing of the grader side."""
+    name = f"ex{ex.id}_{ex.slug}"
+    assert sorted(p.name for p in CHECKS.glob(f"ex{ex.id}_*")) == [p.name for p in (CHECKS / f"{name}.py",
+                                                                                     CHECKS / name) if p.exists()]
+    module, package = CHECKS / f"{name}.py", CHECKS / name
+    if module.exists():
+        text = module.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        lines = text.splitlines()
+        grader_at = next((i for i, line in enumerate(lines, 1) if line.startswith(GRADER_MARKER)), None)
+        assert grader_at is not None, f"{module.name} has no '{GRADER_MARKER}' section"
+        assert _defines(tree, "grade") and ast.get_docstring(tree)
+        functions = {node.name: node.lineno for node in tree.body if isinstance(node, ast.FunctionDef)}
+        assert functions["grade"] > grader_at
+        drivers = _drivers(tree)
+        if drivers:
+            rank_at = next((i for i, line in enumerate(lines, 1) if line.startswith(RANK_MARKERS)), None)
+            assert rank_at is not None and rank_at < grader_at, f"{module.name}: '{RANK_MARKERS[0]}' before the grader"
+            assert all(rank_at < functions[d] < grader_at for d in drivers), f"{module.name}: a driver below the grader"
+        return
+    files = {p.name for p in package.glob("*.py")}
+    assert files <= ROLES and "__init__.py" in files and "rank.py" in files, sorted(files - ROLES)
+    trees = {f: ast.parse((package / f).read_text(encoding="utf-8")) for f in files}
+    assert ast.get_docstring(trees["__init__.py"]) and _defines(trees["__init__.py"], "grade")
+    for f, tree in trees.items():
+        assert f == "rank.py" or not _drivers(tree), f"{name}/{f} defines a driver: drivers live in rank.py"
+    above = {"rank.py": ("reference", "verdicts"), "reference.py": ("verdicts",), "verdicts.py": ()}
+    for f, roles in above.items():
+        if f in trees:
+            imported = _imports(trees[f])
+            wrong = [m for m in imported if m == f"grader.checks.{name}" or
+                     any(m == f"grader.checks.{name}.{r}" for r in roles)]
+            assert wrong == [], f"{name}/{f} imports {wrong}"
+    loaded = importlib.import_module(f"grader.checks.{name}")
+    for f in files - {"__init__.py"}:  # a name __init__ imports must not hide a role's module
+        assert inspect.ismodule(getattr(loaded, f[:-3])), f"{name}.{f[:-3]} is not the module {f}"

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader.checks import ex02_shard, ex02_verdicts
+from grader.checks import ex02_shard as ex
+from grader.checks.ex02_shard import rank as rank_side
+from grader.checks.ex02_shard import verdicts as v
 from grader.report import details_of, problem_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,14 +74,14 @@ def test_right_answers_written_differently_pass(grade, tmp_path, name):
 
 
 def test_describe_flags_what_is_not_a_list_of_ints():
-    assert ex02_shard._describe([3, 1]) == ("list", [3, 1], None)
-    assert ex02_shard._describe([]) == ("list", [], None)
-    assert ex02_shard._describe([5, 2**63, -2**63]) == ("list", [5, -1, -2**63], None)  # past int64: no index
-    kind, items, bad = ex02_shard._describe(torch.tensor([2, 0]))
+    assert rank_side._describe([3, 1]) == ("list", [3, 1], None)
+    assert rank_side._describe([]) == ("list", [], None)
+    assert rank_side._describe([5, 2**63, -2**63]) == ("list", [5, -1, -2**63], None)  # past int64: no index
+    kind, items, bad = rank_side._describe(torch.tensor([2, 0]))
     assert (kind, items, bad) == ("Tensor", [2, 0], None)
-    kind, items, bad = ex02_shard._describe([torch.tensor(4), 5])
+    kind, items, bad = rank_side._describe([torch.tensor(4), 5])
     assert kind == "list" and items == [4, 5] and bad.startswith("Tensor")
-    kind, items, bad = ex02_shard._describe([True, 2**70])
+    kind, items, bad = rank_side._describe([True, 2**70])
     assert items == [1, -1] and bad.startswith("bool")
 
 
@@ -92,23 +94,23 @@ def test_epoch_change_needs_a_new_set_not_only_a_new_order():
     same_sets = {"shuffled": [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]}
     for k in (1, 2, 3):
         same_sets[f"epoch+{k}"] = [list(reversed(s)) for s in same_sets["shuffled"]]
-    with pytest.raises(ex02_verdicts.Violation, match="the set of indices does not"):
-        ex02_verdicts.check_epoch_changes(16, 2, 0, 0, _results(same_sets))
+    with pytest.raises(v.Violation, match="the set of indices does not"):
+        v.check_epoch_changes(16, 2, 0, 0, _results(same_sets))
     changed = dict(same_sets, **{"epoch+2": [[0, 1, 2, 3, 4, 5, 6, 8], [7, 9, 10, 11, 12, 13, 14, 15]]})
-    ex02_verdicts.check_epoch_changes(16, 2, 0, 0, _results(changed))
+    v.check_epoch_changes(16, 2, 0, 0, _results(changed))
 
 
 def test_epoch_change_is_not_required_where_it_may_fail_by_chance():
     one_rank = {"shuffled": [[0, 1, 2]], "epoch+1": [[0, 1, 2]], "epoch+2": [[0, 1, 2]], "epoch+3": [[0, 1, 2]]}
-    ex02_verdicts.check_epoch_changes(3, 1, 0, 0, _results(one_rank))
+    v.check_epoch_changes(3, 1, 0, 0, _results(one_rank))
     tiny = {name: [[0], [1]] for name in ("shuffled", "epoch+1", "epoch+2", "epoch+3")}
-    ex02_verdicts.check_epoch_changes(2, 2, 0, 0, _results(tiny))
+    v.check_epoch_changes(2, 2, 0, 0, _results(tiny))
 
 
 def test_disjoint_names_both_ranks():
     results = _results({"plain": [[0, 1], [1, 2]], "shuffled": [[0, 1], [2, 3]]})
-    with pytest.raises(ex02_verdicts.Violation, match="index 1 is in the shards of rank 0 and rank 1"):
-        ex02_verdicts.check_disjoint(4, 2, 0, 0, results)
+    with pytest.raises(v.Violation, match="index 1 is in the shards of rank 0 and rank 1"):
+        v.check_disjoint(4, 2, 0, 0, results)
 
 
 # --- the shortcut: every example at once ----------------------------------------------------
@@ -135,10 +137,10 @@ class InProcess:
     def call(self, worker, name, **kwargs):
         _, seed, epoch = kwargs["configs"][0]
         self.examples.append((kwargs["num_samples"], kwargs["world_size"], seed, epoch))
-        return ex02_shard.shards(self, **kwargs)
+        return rank_side.shards(self, **kwargs)
 
     def try_call(self, worker, name, *, within_s, **kwargs):
-        return ex02_shard.shards_at_once(self, **kwargs)
+        return rank_side.shards_at_once(self, **kwargs)
 
     def record(self, check_id, passed, message=""):
         self.records.setdefault(check_id, passed)
@@ -150,20 +152,20 @@ class InProcess:
 
 def test_the_shortcut_checks_the_examples_hypothesis_tries_on_a_passing_answer_in_its_order():
     reference = InProcess(ROOT / "solutions" / "02_shard.py")
-    ex02_shard.grade_shards(reference, None)
-    assert reference.records == {check_id: True for check_id in ex02_shard.SHARD_CHECKS}
-    assert tuple(dict.fromkeys(reference.examples)) == ex02_shard.passing_examples()
-    assert len(ex02_shard.passing_examples()) > ex02_shard.EXAMPLES // 2
+    ex.grade_shards(reference, None)
+    assert reference.records == {check_id: True for check_id in v.SHARD_CHECKS}
+    assert tuple(dict.fromkeys(reference.examples)) == ex.passing_examples()
+    assert len(ex.passing_examples()) > ex.EXAMPLES // 2
 
 
 @pytest.mark.parametrize("variant", sorted(p.name for p in (ROOT / "tests" / "variants").glob("02_*.py")))
 def test_the_shortcut_passes_the_reference_and_leaves_every_wrong_answer_to_hypothesis(variant):
-    assert ex02_shard.passes_every_example_at_once(InProcess(ROOT / "solutions" / "02_shard.py"), None)
+    assert ex.passes_every_example_at_once(InProcess(ROOT / "solutions" / "02_shard.py"), None)
     wrong = InProcess(ROOT / "tests" / "variants" / variant)
-    if not ex02_shard.passes_every_example_at_once(wrong, None):
+    if not ex.passes_every_example_at_once(wrong, None):
         return
     # Only a variant whose mistake is in make_dataloader may pass the shortcut: Hypothesis agrees.
-    ex02_shard.grade_shards(wrong, None)
+    ex.grade_shards(wrong, None)
     assert all(wrong.records.values()), (variant, wrong.records)
 
 
@@ -172,4 +174,4 @@ def test_a_reply_the_shortcut_cannot_read_is_left_to_hypothesis():
         def try_call(self, worker, name, *, within_s, **kwargs):
             return [{"items": "not a tensor"}] * len(kwargs["examples"])
 
-    assert not ex02_shard.passes_every_example_at_once(Garbled(ROOT / "solutions" / "02_shard.py"), None)
+    assert not ex.passes_every_example_at_once(Garbled(ROOT / "solutions" / "02_shard.py"), None)

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from grader import catalog
-from grader.checks import ex04_launch as ex
-from grader.grading import Grading, Plan
+from grader.checks.ex04_launch import rank as rank_side
+from grader.checks.ex04_launch import verdicts as v
+from grading_helpers import grading_for, verdicts
 
 WS = 2
 CALLER_PIDS = [100, 200]
 
 
-def grading() -> Grading:
-    return Grading(catalog.by_id("04"), "solutions/04_launch.py", None, Plan("gloo", [WS]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("04", WS)
 
 
 def launch(caller: int, port: str = None, *, returned: float = 10.0, pids=None, received=None, error=None,
@@ -27,7 +22,7 @@ def launch(caller: int, port: str = None, *, returned: float = 10.0, pids=None, 
     records = []
     for rank in range(WS):
         records.append({
-            "received": received[rank] if received else [rank, WS, *ex.EXTRA_ARGS],
+            "received": received[rank] if received else [rank, WS, *rank_side.EXTRA_ARGS],
             "pid": pids[rank], "caller_pid": CALLER_PIDS[caller],
             "master_addr": "127.0.0.1", "master_port": port or str(40000 + caller),
             "start": 1.0, "end": 2.0, "group_error": None,
@@ -38,8 +33,8 @@ def launch(caller: int, port: str = None, *, returned: float = 10.0, pids=None, 
 
 def decide(launches: list[dict]) -> dict:
     g = grading()
-    ex.check_launches(g, [(f"caller {i}", CALLER_PIDS[i], l) for i, l in enumerate(launches)], WS)
-    ex.check_free_port(g, launches, CALLER_PIDS, WS)
+    v.check_launches(g, [(f"caller {i}", CALLER_PIDS[i], l) for i, l in enumerate(launches)], WS)
+    v.check_free_port(g, launches, CALLER_PIDS, WS)
     return verdicts(g)
 
 
@@ -78,7 +73,7 @@ def test_late_rank_fails_waits_for_all():
 
 
 def test_args_without_world_size_fail_passes_args():
-    received = [[r, *ex.EXTRA_ARGS] for r in range(WS)]
+    received = [[r, *rank_side.EXTRA_ARGS] for r in range(WS)]
     status, message = decide([launch(0, received=received), launch(1)])["passes-args"]
     assert status == "fail" and "fn(0, 'ddp-grade', 7)" in message
 
@@ -86,7 +81,7 @@ def test_args_without_world_size_fail_passes_args():
 @pytest.mark.parametrize("error, ok", [(None, False), ("ProcessRaisedException: boom", True)])
 def test_raises_on_failure(error, ok):
     g = grading()
-    ex.check_raises(g, launch(0, error=error), WS)
+    v.check_raises(g, launch(0, error=error), WS)
     assert verdicts(g)["raises-on-failure"][0] == ("pass" if ok else "fail")
 
 
@@ -94,8 +89,8 @@ def test_preset_port_overwritten_fails():
     g = grading()
     preset = launch(0)
     for r in preset["records"]:
-        r["master_addr"] = ex.PRESET_ADDR
-    ex.check_preset(g, preset, 40001, WS)
+        r["master_addr"] = rank_side.PRESET_ADDR
+    v.check_preset(g, preset, 40001, WS)
     status, message = verdicts(g)["keeps-set-port"]
     assert status == "fail" and "40001" in message and "40000" in message
 
@@ -103,7 +98,7 @@ def test_preset_port_overwritten_fails():
 @pytest.mark.parametrize("calls, ok", [([[3, 4]], True), ([[1, 4]], False), ([], False), ([[3, 4], [3, 4]], False)])
 def test_rank_from_RANK(calls, ok):
     g = grading()
-    ex.check_direct(g, {"calls": calls, "error": None})
+    v.check_direct(g, {"calls": calls, "error": None})
     assert verdicts(g)["rank-from-RANK"][0] == ("pass" if ok else "fail")
 
 
@@ -120,7 +115,7 @@ def torchrun_run(received, returncode=0) -> dict:
 ])
 def test_torchrun(received, returncode, ok):
     g = grading()
-    ex.check_torchrun(g, torchrun_run(received, returncode), WS)
+    v.check_torchrun(g, torchrun_run(received, returncode), WS)
     assert verdicts(g)["torchrun"][0] == ("pass" if ok else "fail")
 
 
@@ -147,14 +142,14 @@ def port_call(value, type_name=None, error=None, bind_error=None) -> dict:
 ])
 def test_find_free_port(calls, ok, words):
     g = grading()
-    ex.check_find_free_port(g, {"missing": False, "calls": calls})
+    v.check_find_free_port(g, {"missing": False, "calls": calls})
     status, message = verdicts(g)["find-free-port"]
     assert status == ("pass" if ok else "fail") and words in message
 
 
 def test_a_missing_find_free_port_fails():
     g = grading()
-    ex.check_find_free_port(g, {"missing": True, "calls": []})
+    v.check_find_free_port(g, {"missing": True, "calls": []})
     assert verdicts(g)["find-free-port"][0] == "fail"
 
 
@@ -173,8 +168,8 @@ def test_the_port_is_bound_right_after_each_call():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        found = ex._call_find_free_port(_Context(lambda: busy))
-        assert [c["type"] for c in found["calls"]] == ["int"] * ex.FIND_PORT_CALLS
+        found = rank_side._call_find_free_port(_Context(lambda: busy))
+        assert [c["type"] for c in found["calls"]] == ["int"] * rank_side.FIND_PORT_CALLS
         assert all(c["bind_error"] for c in found["calls"])
 
     def free():
@@ -182,7 +177,7 @@ def test_the_port_is_bound_right_after_each_call():
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
 
-    found = ex._call_find_free_port(_Context(free))
+    found = rank_side._call_find_free_port(_Context(free))
     assert not any(c["bind_error"] or c["error"] for c in found["calls"])
-    found = ex._call_find_free_port(_Context(lambda: str(free())))
+    found = rank_side._call_find_free_port(_Context(lambda: str(free())))
     assert found["calls"][0]["type"] == "str" and found["calls"][0]["bind_error"] is None

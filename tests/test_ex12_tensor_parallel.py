@@ -9,34 +9,30 @@ import torch
 from torch import nn
 
 from grader import catalog
-from grader.checks import ex12_rank
-from grader.checks import ex12_tensor_parallel as ex
-from grader.grading import Grading, Plan
+from grader.checks.ex12_tensor_parallel import rank as rank_side
+from grader.checks.ex12_tensor_parallel import reference as ref
+from grader.checks.ex12_tensor_parallel import verdicts as v
+from grading_helpers import grading_for, verdicts
 
-ACTIVATION = ex.BATCH * ex.SEQ * ex.D_MODEL * 4
-
-
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("12"), "solutions/12_tensor_parallel.py", None, Plan("gloo", [world_size]))
+ACTIVATION = rank_side.BATCH * rank_side.SEQ * rank_side.D_MODEL * 4
 
 
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status not in ("error",)}
+grading = grading_for("12")
 
 
 def right_run(scenario: str, rank: int, world_size: int, want: dict) -> dict:
     """What a correct rank would record for one scenario."""
-    hidden = ex.block(ex.HIDDEN, rank, world_size)
+    hidden = rank_side.block(rank_side.HIDDEN, rank, world_size)
     output, input_grad = want["output"], want["input_grad"]
     if scenario == "column":
         output = output[..., hidden]
     if scenario == "row":
         input_grad = input_grad[..., hidden]
     params = {}
-    for path, dim in ex.SPLIT[scenario].items():
+    for path, dim in ref.SPLIT[scenario].items():
         params[path] = {"missing": False, "in_parameters": True,
-                        "value": ex.shard(want["values"][path], dim, rank, world_size).clone(),
-                        "grad": ex.shard(want["grads"][path], dim, rank, world_size).clone()}
+                        "value": ref.shard(want["values"][path], dim, rank, world_size).clone(),
+                        "grad": ref.shard(want["grads"][path], dim, rank, world_size).clone()}
     event = {"op": "all_reduce", "bytes": ACTIVATION, "peer": None, "async_op": False}
     return {"output": output.clone(), "input_grad": input_grad.clone(), "backward_ran": True, "requires_grad": True,
             "params": params, "forward_events": [dict(event)], "backward_events": [dict(event)]}
@@ -45,15 +41,15 @@ def right_run(scenario: str, rank: int, world_size: int, want: dict) -> dict:
 @functools.cache
 def dense_results() -> dict:
     """The grader's dense references (read only: every record below is built from clones)."""
-    return {scenario: ex.dense(scenario) for scenario in ex.SEEDS}
+    return {scenario: ref.dense(scenario) for scenario in rank_side.SEEDS}
 
 
 def right_observations(world_size: int) -> tuple[list[dict], dict]:
     expected = dense_results()
     observations = []
     for rank in range(world_size):
-        obs = {scenario: right_run(scenario, rank, world_size, expected[scenario]) for scenario in ex.SPLIT}
-        share, _ = ex.held_limit(expected["mlp"], world_size)
+        obs = {scenario: right_run(scenario, rank, world_size, expected[scenario]) for scenario in ref.SPLIT}
+        share, _ = ref.held_limit(expected["mlp"], world_size)
         obs["mlp"]["held_bytes"] = share
         obs["no_bias"].update(error=None, biases={})
         refused = {"raised": "ValueError", "is_value_error": True, "message": "9 is not divisible by 2"}
@@ -64,14 +60,14 @@ def right_observations(world_size: int) -> tuple[list[dict], dict]:
 
 def grade_all(observations: list[dict], expected: dict, world_size: int) -> dict:
     g = grading(world_size)
-    ex.check_column(g, observations, expected["column"], world_size)
-    ex.check_row(g, observations, expected["row"], world_size)
-    ex.check_mlp(g, observations, expected["mlp"], world_size)
-    ex.check_weight_grads(g, observations, expected, world_size)
-    ex.check_collectives(g, observations, world_size)
-    ex.check_held(g, observations, expected["mlp"], world_size)
-    ex.check_no_bias(g, observations, expected["no_bias"], world_size)
-    ex.check_uneven(g, observations, world_size)
+    v.check_column(g, observations, expected["column"], world_size)
+    v.check_row(g, observations, expected["row"], world_size)
+    v.check_mlp(g, observations, expected["mlp"], world_size)
+    v.check_weight_grads(g, observations, expected, world_size)
+    v.check_collectives(g, observations, world_size)
+    v.check_held(g, observations, expected["mlp"], world_size)
+    v.check_no_bias(g, observations, expected["no_bias"], world_size)
+    v.check_uneven(g, observations, world_size)
     return verdicts(g)
 
 
@@ -158,25 +154,25 @@ def test_held_bytes_counts_whole_storages_attributes_and_nested_modules_once():
     module = nn.Module()
     module.weight = nn.Parameter(full.weight.detach()[:4])  # a view: the whole 8x4 storage
     module.notes = {"copy": full.bias.detach().clone(), "again": [module.weight]}
-    assert ex12_rank.held_bytes(module) == 8 * 4 * 4 + 8 * 4
+    assert rank_side.held_bytes(module) == 8 * 4 * 4 + 8 * 4
     outer = nn.Module()
     outer.inner = module
     object.__setattr__(outer, "kept", full)  # a module outside _modules is found too
-    assert ex12_rank.held_bytes(outer) == 8 * 4 * 4 + 8 * 4 + 8 * 4
+    assert rank_side.held_bytes(outer) == 8 * 4 * 4 + 8 * 4 + 8 * 4
     cloned = nn.Module()
     cloned.weight = nn.Parameter(full.weight.detach()[:4].clone())
-    assert ex12_rank.held_bytes(cloned) == 4 * 4 * 4
+    assert rank_side.held_bytes(cloned) == 4 * 4 * 4
 
 
 def test_full_weights_on_a_rank_fail_and_a_share_passes():
     observations, expected = right_observations(2)
-    share, full = ex.held_limit(expected["mlp"], 2)
+    share, full = ref.held_limit(expected["mlp"], 2)
     assert share == (16 * 48 + 48 + 48 * 16) * 4 // 2 + 16 * 4 and full == (16 * 48 + 48 + 48 * 16 + 16) * 4
     observations[1]["mlp"]["held_bytes"] = full
     status, message = grade_all(observations, expected, 2)["weights-sharded"]
     assert status == "fail" and f"rank 1: its ParallelMLP holds {full} bytes" in message and str(share) in message
     observations, expected = right_observations(2)
-    observations[0]["mlp"]["held_bytes"] = share + ex.HELD_SLACK  # a small index tensor besides the weights
+    observations[0]["mlp"]["held_bytes"] = share + ref.HELD_SLACK  # a small index tensor besides the weights
     assert grade_all(observations, expected, 2)["weights-sharded"][0] == "pass"
     observations, expected = right_observations(2)
     for obs in observations:
@@ -188,9 +184,9 @@ def test_full_weights_on_a_rank_fail_and_a_share_passes():
 def uneven_split(world_size: int, sizes: list[int] | None = None) -> list[dict]:
     """What each rank records for the uneven scenario when every class splits the n features into
     blocks of ``sizes`` (default: torch.tensor_split's) and computes right."""
-    n = ex.uneven(world_size)
+    n = rank_side.uneven(world_size)
     sizes = sizes or [len(b) for b in torch.tensor_split(torch.arange(n), world_size)]
-    want = ex.dense_uneven(world_size)
+    want = ref.dense_uneven(world_size)
     starts = [sum(sizes[:r]) for r in range(world_size)]
     records = []
     for rank in range(world_size):
@@ -199,13 +195,13 @@ def uneven_split(world_size: int, sizes: list[int] | None = None) -> list[dict]:
         row = want["RowParallelLinear"]
         mlp = want["ParallelMLP"]
         records.append({
-            "ColumnParallelLinear": {"raised": None, "weight_shape": [sizes[rank], ex.D_MODEL], "everywhere": True,
+            "ColumnParallelLinear": {"raised": None, "weight_shape": [sizes[rank], rank_side.D_MODEL], "everywhere": True,
                                      "widths": list(sizes), "run": {"output": column["output"][..., part].clone(),
                                      "input_grad": column["input_grad"].clone(), "backward_ran": True}},
-            "RowParallelLinear": {"raised": None, "weight_shape": [ex.D_MODEL, sizes[rank]], "everywhere": True,
+            "RowParallelLinear": {"raised": None, "weight_shape": [rank_side.D_MODEL, sizes[rank]], "everywhere": True,
                                   "widths": list(sizes), "run": {"output": row["output"].clone(),
                                   "input_grad": row["input_grad"][..., part].clone(), "backward_ran": True}},
-            "ParallelMLP": {"raised": None, "weight_shape": [sizes[rank], ex.D_MODEL], "everywhere": True,
+            "ParallelMLP": {"raised": None, "weight_shape": [sizes[rank], rank_side.D_MODEL], "everywhere": True,
                             "run": {"output": mlp["output"].clone(), "input_grad": mlp["input_grad"].clone(),
                                     "backward_ran": True}},
         })
@@ -217,7 +213,7 @@ def uneven_verdict(world_size: int, records: list[dict]) -> tuple[tuple[str, str
     for obs, record in zip(observations, records):
         obs["uneven"] = record
     g = grading(world_size)
-    said = ex.check_uneven(g, observations, world_size)
+    said = v.check_uneven(g, observations, world_size)
     return verdicts(g)["uneven-refused"], said
 
 
@@ -227,11 +223,11 @@ def refusal(kind: str, message: str = "") -> dict:
 
 def test_a_refusal_with_a_value_error_or_an_assert_passes_and_is_said():
     for kind in ("ValueError", "AssertionError"):
-        records = [{name: refusal(kind) for name in ex.UNEVEN_CLASSES} for _ in range(3)]
+        records = [{name: refusal(kind) for name in rank_side.UNEVEN_CLASSES} for _ in range(3)]
         (status, _), said = uneven_verdict(3, records)
         assert status == "pass" and said == f"3 ranks, 13 features: every class refused ({kind})"
     g = grading(1)
-    ex.check_uneven(g, [{}], 1)
+    v.check_uneven(g, [{}], 1)
     assert g.results(None)[-1].status == "skip"
 
 
@@ -275,7 +271,7 @@ def test_refusing_on_some_ranks_an_accidental_exception_or_a_failing_forward_fai
     (status, message), _ = uneven_verdict(2, records)
     assert status == "fail" and "rank 0: RowParallelLinear" in message and "but rank 1 built it" in message
 
-    records = [{name: refusal("RuntimeError", "shape '[2, 4]' is invalid") for name in ex.UNEVEN_CLASSES}] * 2
+    records = [{name: refusal("RuntimeError", "shape '[2, 4]' is invalid") for name in rank_side.UNEVEN_CLASSES}] * 2
     (status, message), _ = uneven_verdict(2, records)
     assert status == "fail" and "raised RuntimeError" in message and "not a refusal of the split" in message
 
@@ -293,12 +289,12 @@ def test_refusing_on_some_ranks_an_accidental_exception_or_a_failing_forward_fai
 
 
 def test_the_uneven_scenario_is_the_same_in_ranks_and_grader():
-    a, b = ex.build_uneven(3), ex.build_uneven(3)
+    a, b = rank_side.build_uneven(3), rank_side.build_uneven(3)
     assert all(torch.equal(a[k].weight, b[k].weight) for k in ("column", "row", "fc1", "fc2"))
-    assert torch.equal(a["x_row"], b["x_row"]) and a["x_row"].shape[-1] == ex.uneven(3)
-    want = ex.dense_uneven(3)
-    assert want["ColumnParallelLinear"]["output"].shape[-1] == ex.uneven(3)
-    assert want["RowParallelLinear"]["input_grad"].shape[-1] == ex.uneven(3)
+    assert torch.equal(a["x_row"], b["x_row"]) and a["x_row"].shape[-1] == rank_side.uneven(3)
+    want = ref.dense_uneven(3)
+    assert want["ColumnParallelLinear"]["output"].shape[-1] == rank_side.uneven(3)
+    assert want["RowParallelLinear"]["input_grad"].shape[-1] == rank_side.uneven(3)
 
 
 def test_bias_false_reports_an_error_or_a_bias_that_should_be_none():
@@ -313,13 +309,13 @@ def test_bias_false_reports_an_error_or_a_bias_that_should_be_none():
 
 
 def test_the_dense_reference_has_the_shapes_the_statement_names():
-    mlp = ex.dense("mlp")
-    assert mlp["output"].shape == (ex.BATCH, ex.SEQ, ex.D_MODEL) and mlp["input_grad"].shape == mlp["output"].shape
+    mlp = ref.dense("mlp")
+    assert mlp["output"].shape == (rank_side.BATCH, rank_side.SEQ, rank_side.D_MODEL) and mlp["input_grad"].shape == mlp["output"].shape
     assert set(mlp["grads"]) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
-    assert set(ex.dense("no_bias")["grads"]) == {"fc1.weight", "fc2.weight"}
-    assert ex.shard(mlp["grads"]["fc2.weight"], 1, 1, 4).shape == (ex.D_MODEL, ex.HIDDEN // 4)
+    assert set(ref.dense("no_bias")["grads"]) == {"fc1.weight", "fc2.weight"}
+    assert ref.shard(mlp["grads"]["fc2.weight"], 1, 1, 4).shape == (rank_side.D_MODEL, rank_side.HIDDEN // 4)
     for world_size in (2, 3, 4):
-        assert ex.HIDDEN % world_size == 0 and ex.uneven(world_size) % world_size != 0
+        assert rank_side.HIDDEN % world_size == 0 and rank_side.uneven(world_size) % world_size != 0
 
 
 def test_watch_collectives_sees_functional_collectives_and_the_single_names_once():

@@ -7,26 +7,22 @@ import functools
 import torch
 
 from grader import catalog
-from grader.checks import ex16_rank
-from grader.checks import ex16_ring_attention as ex
-from grader.grading import Grading, Plan
+from grader.checks.ex16_ring_attention import rank as rank_side
+from grader.checks.ex16_ring_attention import reference as ref
+from grader.checks.ex16_ring_attention import verdicts as checks
+from grading_helpers import grading_for, verdicts
 from grader.harness import RankOutcome, WorldOutcome
 
-BLOCK = ex16_rank.BATCH * ex16_rank.HEADS * ex16_rank.CHUNK * ex16_rank.HEAD_DIM * 8  # bytes of one K or V block, float64
-UNIT = ex16_rank.block_macs()
+BLOCK = rank_side.BATCH * rank_side.HEADS * rank_side.CHUNK * rank_side.HEAD_DIM * 8  # bytes of one K or V block, float64
+UNIT = rank_side.block_macs()
 
 
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("16"), "solutions/16_ring_attention.py", None, Plan("gloo", [world_size]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("16")
 
 
 @functools.cache
 def expected(world_size: int) -> dict:
-    return ex.expected_for(world_size)
+    return ref.expected_for(world_size)
 
 
 def p2p(op: str, peer: int, blocks: int = 1) -> dict:
@@ -50,13 +46,13 @@ def right_run(want: dict, rows: list[int], rank: int, members: list[int], blocks
     size = len(members)
     lengths = {"op": "all_reduce", "bytes": 16, "peer": None, "async_op": False}
     return {
-        "output": ex._chunk(want["output"], rows).clone(),
-        "grads": {name: ex._chunk(want[name], rows).clone() for name in ("q", "k", "v")},
+        "output": checks._chunk(want["output"], rows).clone(),
+        "grads": {name: checks._chunk(want[name], rows).clone() for name in ("q", "k", "v")},
         "backward_ran": True,
         "forward_events": [lengths] + ring_events(rank, members, size - 1),
         # Backward: K and V make W - 1 hops, their gradients W.
         "backward_events": ring_events(rank, members, size - 1) + ring_events(rank, members, size),
-        "forward_macs": ex16_rank.FORWARD_PER_BLOCK * blocks_computed * UNIT,
+        "forward_macs": rank_side.FORWARD_PER_BLOCK * blocks_computed * UNIT,
         "backward_macs": 5 * blocks_computed * UNIT,
         "held": {"most": [], "where": "", "probes": 0},
     }
@@ -67,18 +63,18 @@ def right_observations(world_size: int) -> list[dict]:
     everyone = list(range(world_size))
     observations = []
     for rank in range(world_size):
-        rows = ex16_rank.positions(rank, world_size)
+        rows = rank_side.positions(rank, world_size)
         obs = {
             "plain": right_run(want["plain"], rows, rank, everyone, world_size),
             "causal": right_run(want["causal"], rows, rank, everyone, rank + 1),
             "large": right_run(want["large"], rows, rank, everyone, world_size),
-            "zigzag": right_run(want["zigzag"], ex16_rank.positions(rank, world_size, zigzag=True), rank, everyone,
+            "zigzag": right_run(want["zigzag"], rank_side.positions(rank, world_size, zigzag=True), rank, everyone,
                                 (world_size + 1) / 2),
         }
-        if world_size > ex16_rank.MOST_HELD + 1:
+        if world_size > rank_side.MOST_HELD + 1:
             obs["plain"]["held"]["most"] = [r for r in ((rank - 1) % world_size, (rank - 2) % world_size)]
-        members = next(m for m in ex16_rank.groups_of(world_size) if rank in m)
-        obs["group"] = right_run(want["group"][len(members)], ex16_rank.positions(members.index(rank), len(members)),
+        members = next(m for m in rank_side.groups_of(world_size) if rank in m)
+        obs["group"] = right_run(want["group"][len(members)], rank_side.positions(members.index(rank), len(members)),
                                  rank, members, len(members))
         obs["group"]["members"] = members
         observations.append(obs)
@@ -88,16 +84,16 @@ def right_observations(world_size: int) -> list[dict]:
 def grade_all(observations: list[dict], world_size: int) -> dict:
     g = grading(world_size)
     want = expected(world_size)
-    ex.check_outputs(g, observations, want, world_size)
-    ex.check_gradients(g, observations, want, world_size)
-    ex.check_stable(g, observations, want["large"], world_size)
-    ex.check_neighbours(g, observations, world_size)
-    ex.check_hops(g, observations, world_size)
-    ex.check_causal_work(g, observations, world_size)
-    ex.check_held(g, observations, world_size)
-    ex.check_group(g, observations, want["group"], world_size)
-    ex.check_zigzag(g, observations, want["zigzag"], world_size)
-    ex.check_uneven(g, refusals(world_size), world_size)
+    checks.check_outputs(g, observations, want, world_size)
+    checks.check_gradients(g, observations, want, world_size)
+    checks.check_stable(g, observations, want["large"], world_size)
+    checks.check_neighbours(g, observations, world_size)
+    checks.check_hops(g, observations, world_size)
+    checks.check_causal_work(g, observations, world_size)
+    checks.check_held(g, observations, world_size)
+    checks.check_group(g, observations, want["group"], world_size)
+    checks.check_zigzag(g, observations, want["zigzag"], world_size)
+    checks.check_uneven(g, refusals(world_size), world_size)
     return verdicts(g)
 
 
@@ -114,7 +110,7 @@ def outcome(world_size: int, results: list | None = None, statuses: dict | None 
 
 
 def refusals(world_size: int, raised: str = "ValueError") -> WorldOutcome:
-    lengths = [len(rows) for rows in ex16_rank.uneven_positions(world_size)]
+    lengths = [len(rows) for rows in rank_side.uneven_positions(world_size)]
     return outcome(world_size, [{"raised": raised, "message": f"lengths {lengths}", "length": n} for n in lengths])
 
 
@@ -128,25 +124,25 @@ def test_a_right_record_passes_every_check_at_each_world_size():
 def test_the_chunks_and_the_zigzag_halves_cover_the_sequence_once():
     for world_size in (1, 2, 3, 4):
         for zigzag in (False, True):
-            held = sorted(p for r in range(world_size) for p in ex16_rank.positions(r, world_size, zigzag))
-            assert held == list(range(ex16_rank.CHUNK * world_size))
-    assert ex16_rank.positions(0, 2, zigzag=True) == [0, 1, 6, 7] and ex16_rank.positions(1, 2, zigzag=True) == [2, 3, 4, 5]
-    assert [len(rows) for rows in ex16_rank.uneven_positions(3)] == [5, 4, 4]
-    assert ex16_rank.groups_of(4) == [[0, 2, 3], [1]] and ex16_rank.groups_of(3) == [[0, 2], [1]] and ex16_rank.groups_of(2) == [[0], [1]]
+            held = sorted(p for r in range(world_size) for p in rank_side.positions(r, world_size, zigzag))
+            assert held == list(range(rank_side.CHUNK * world_size))
+    assert rank_side.positions(0, 2, zigzag=True) == [0, 1, 6, 7] and rank_side.positions(1, 2, zigzag=True) == [2, 3, 4, 5]
+    assert [len(rows) for rows in rank_side.uneven_positions(3)] == [5, 4, 4]
+    assert rank_side.groups_of(4) == [[0, 2, 3], [1]] and rank_side.groups_of(3) == [[0, 2], [1]] and rank_side.groups_of(2) == [[0], [1]]
 
 
 def test_an_output_without_the_scale_or_the_other_blocks_is_named():
     observations = right_observations(3)
-    data = ex16_rank.make_inputs("plain", 3 * ex16_rank.CHUNK)
-    rows = ex16_rank.positions(1, 3)
-    observations[1]["plain"]["output"] = ex._chunk(ex.attention(data["q"], data["k"], data["v"], scale=False), rows)
+    data = rank_side.make_inputs("plain", 3 * rank_side.CHUNK)
+    rows = rank_side.positions(1, 3)
+    observations[1]["plain"]["output"] = checks._chunk(ref.attention(data["q"], data["k"], data["v"], scale=False), rows)
     status, message = grade_all(observations, 3)["matches-attention"]
     assert status == "fail" and message.startswith("world size 3, rank 1 (non-causal, positions 4-7 of 12)")
     assert "without the 1/sqrt(head_dim) scale" in message
     observations = right_observations(2)
-    own = [ex._chunk(data2, ex16_rank.positions(0, 2)) for data2 in
-           (ex16_rank.make_inputs("plain", 8)[name] for name in ("q", "k", "v"))]
-    observations[0]["plain"]["output"] = ex.attention(*own)
+    own = [checks._chunk(data2, rank_side.positions(0, 2)) for data2 in
+           (rank_side.make_inputs("plain", 8)[name] for name in ("q", "k", "v"))]
+    observations[0]["plain"]["output"] = ref.attention(*own)
     status, message = grade_all(observations, 2)["matches-attention"]
     assert status == "fail" and "this rank's own chunk alone" in message
 
@@ -154,29 +150,29 @@ def test_an_output_without_the_scale_or_the_other_blocks_is_named():
 def test_a_causal_output_without_the_mask_or_with_the_own_block_unmasked_is_named():
     observations = right_observations(2)
     observations[1]["causal"]["output"] = observations[1]["plain"]["output"]  # another seed: no match
-    data = ex16_rank.make_inputs("causal", 8)
-    observations[1]["causal"]["output"] = ex._chunk(ex.attention(data["q"], data["k"], data["v"]), [4, 5, 6, 7])
+    data = rank_side.make_inputs("causal", 8)
+    observations[1]["causal"]["output"] = checks._chunk(ref.attention(data["q"], data["k"], data["v"]), [4, 5, 6, 7])
     got = grade_all(observations, 2)
     assert got["causal-matches"][0] == "fail" and "no mask was applied" in got["causal-matches"][1]
     assert got["matches-attention"][0] == "pass"
     observations = right_observations(2)
     upper = torch.ones(8, 8, dtype=torch.bool).triu(1)
     upper[:4, :4] = False  # rank 0's own block left unmasked
-    observations[0]["causal"]["output"] = ex._chunk(
-        ex.attention(data["q"], data["k"], data["v"], mask=upper), [0, 1, 2, 3])
+    observations[0]["causal"]["output"] = checks._chunk(
+        ref.attention(data["q"], data["k"], data["v"], mask=upper), [0, 1, 2, 3])
     status, message = grade_all(observations, 2)["causal-matches"]
     assert status == "fail" and "own block left unmasked" in message
 
 
 def test_gradients_that_never_came_home_are_named():
     observations = right_observations(2)
-    data = ex16_rank.make_inputs("plain", 8)
+    data = rank_side.make_inputs("plain", 8)
     q, k, v = (data[name].clone().requires_grad_(True) for name in ("q", "k", "v"))
     mine = torch.zeros_like(data["g"])
     mine[:, :, 4:] = data["g"][:, :, 4:]
-    (ex.attention(q, k, v) * mine).sum().backward()
-    observations[1]["plain"]["grads"]["k"] = ex._chunk(k.grad, [4, 5, 6, 7])
-    observations[1]["plain"]["grads"]["v"] = ex._chunk(v.grad, [4, 5, 6, 7])
+    (ref.attention(q, k, v) * mine).sum().backward()
+    observations[1]["plain"]["grads"]["k"] = checks._chunk(k.grad, [4, 5, 6, 7])
+    observations[1]["plain"]["grads"]["v"] = checks._chunk(v.grad, [4, 5, 6, 7])
     got = grade_all(observations, 2)
     status, message = got["grads-match"]
     assert status == "fail" and message.startswith("world size 2, rank 1") and "'k.grad' differs" in message
@@ -217,7 +213,7 @@ def test_messages_to_non_neighbours_and_large_collectives_fail_small_ones_pass()
     status, message = grade_all(observations, 3)["ring-neighbours"]
     assert status == "fail" and "dist.all_gather of 3072 bytes" in message
     observations = right_observations(3)
-    observations[1]["plain"]["forward_events"].append({"op": "all_gather", "bytes": ex16_rank.SMALL_MESSAGE, "peer": None,
+    observations[1]["plain"]["forward_events"].append({"op": "all_gather", "bytes": rank_side.SMALL_MESSAGE, "peer": None,
                                                        "async_op": False})
     assert grade_all(observations, 3)["ring-neighbours"][0] == "pass"
 
@@ -289,7 +285,7 @@ def test_zigzag_absent_skips_wrong_fails_and_whole_blocks_are_unbalanced():
     for obs in observations:
         obs["zigzag"] = {"absent": True}
     g = grading(3)
-    assert ex.check_zigzag(g, observations, expected(3)["zigzag"], 3) == "absent"
+    assert checks.check_zigzag(g, observations, expected(3)["zigzag"], 3) == "absent"
     observations = right_observations(3)
     observations[1]["zigzag"]["output"] = observations[1]["causal"]["output"]
     got = grade_all(observations, 3)
@@ -307,33 +303,33 @@ def test_zigzag_absent_skips_wrong_fails_and_whole_blocks_are_unbalanced():
 
 def test_uneven_chunks_refused_everywhere_pass_anything_else_fails():
     g = grading(4)
-    ex.check_uneven(g, refusals(4, "AssertionError"), 4)
+    checks.check_uneven(g, refusals(4, "AssertionError"), 4)
     assert verdicts(g)["uneven-refused"][0] == "pass"
     g = grading(4)
-    ex.check_uneven(g, refusals(4, "RuntimeError"), 4)
+    checks.check_uneven(g, refusals(4, "RuntimeError"), 4)
     status, message = verdicts(g)["uneven-refused"]
     assert status == "fail" and "chunks of lengths [5, 4, 4, 4]" in message and "an accident of the lengths" in message
     g = grading(3)
     results = [{"raised": "ValueError", "message": "x", "length": 5}, {"raised": None, "length": 4},
                {"raised": None, "length": 4}]
-    ex.check_uneven(g, outcome(3, results), 3)
+    checks.check_uneven(g, outcome(3, results), 3)
     status, message = verdicts(g)["uneven-refused"]
     assert status == "fail" and "rank 0 raised ValueError, but rank 1 did not refuse: it returned an output" in message
     g = grading(2)
-    ex.check_uneven(g, outcome(2, [None, None], statuses={1: "exited"}), 2)
+    checks.check_uneven(g, outcome(2, [None, None], statuses={1: "exited"}), 2)
     status, message = verdicts(g)["uneven-refused"]
     assert status == "fail" and "rank 1's process ended without a result (exit code -6)" in message
     assert "Received data size" in message
 
 
 def test_a_sum_that_hides_uneven_chunks_is_tried_and_a_rank_left_in_the_ring_fails():
-    assert ex16_rank.uneven_lengths(3, "sum-hides") == [3, 5, 4]
-    assert ex16_rank.uneven_lengths(4, "sum-hides") == [3, 5, 4, 4]
+    assert rank_side.uneven_lengths(3, "sum-hides") == [3, 5, 4]
+    assert rank_side.uneven_lengths(4, "sum-hides") == [3, 5, 4, 4]
     for world_size in (2, 3, 4):  # each pattern covers the sequence once, in rank order
-        for pattern in ex16_rank.UNEVEN_PATTERNS:
-            rows = [p for r in ex16_rank.uneven_positions(world_size, pattern) for p in r]
-            assert rows == list(range(sum(ex16_rank.uneven_lengths(world_size, pattern))))
-            assert len(set(ex16_rank.uneven_lengths(world_size, pattern))) > 1
+        for pattern in rank_side.UNEVEN_PATTERNS:
+            rows = [p for r in rank_side.uneven_positions(world_size, pattern) for p in r]
+            assert rows == list(range(sum(rank_side.uneven_lengths(world_size, pattern))))
+            assert len(set(rank_side.uneven_lengths(world_size, pattern))) > 1
     # A check that compares the total with W times its own length: the ranks holding 4 go on, and the ring
     # times out on them once the others have refused.
     results = [{"raised": "ValueError", "message": "15 is not 4 chunks of 3", "length": 3},
@@ -341,35 +337,35 @@ def test_a_sum_that_hides_uneven_chunks_is_tried_and_a_rank_left_in_the_ring_fai
                {"raised": "RuntimeError", "message": "Timed out waiting 5000ms for recv operation", "length": 4},
                {"raised": "RuntimeError", "message": "Timed out waiting 5000ms for recv operation", "length": 4}]
     g = grading(4)
-    ex.check_uneven(g, outcome(4, results), 4, "sum-hides")
+    checks.check_uneven(g, outcome(4, results), 4, "sum-hides")
     status, message = verdicts(g)["uneven-refused"]
     assert status == "fail" and "chunks of lengths [3, 5, 4, 4] (their sum is 16 = 4 x 4" in message
     assert "ranks 0, 1 raised ValueError, but rank 2 did not refuse: it went on and raised RuntimeError" in message
     assert "not only a neighbour's or the total" in message
     g = grading(4)
-    ex.check_uneven(g, refusals(4), 4, "sum-hides")
+    checks.check_uneven(g, refusals(4), 4, "sum-hides")
     assert verdicts(g)["uneven-refused"][0] == "pass"
 
 
 def test_uneven_chunks_computed_right_everywhere_pass():
-    want = ex.reference("uneven", 3 * ex16_rank.CHUNK + 1, False)
+    want = ref.reference("uneven", 3 * rank_side.CHUNK + 1, False)
     results = []
-    for rows in ex16_rank.uneven_positions(3):
-        results.append({"raised": None, "length": len(rows), "output": ex._chunk(want["output"], rows),
-                        "grads": {name: ex._chunk(want[name], rows) for name in ("q", "k", "v")}})
+    for rows in rank_side.uneven_positions(3):
+        results.append({"raised": None, "length": len(rows), "output": checks._chunk(want["output"], rows),
+                        "grads": {name: checks._chunk(want[name], rows) for name in ("q", "k", "v")}})
     g = grading(3)
-    ex.check_uneven(g, outcome(3, results), 3)
+    checks.check_uneven(g, outcome(3, results), 3)
     assert verdicts(g)["uneven-refused"][0] == "pass"
     results[2]["output"] = results[2]["output"] * 2
     g = grading(3)
-    ex.check_uneven(g, outcome(3, results), 3)
+    checks.check_uneven(g, outcome(3, results), 3)
     status, message = verdicts(g)["uneven-refused"]
     assert status == "fail" and "no rank refused, and rank 2's result is wrong" in message
 
 
 def test_matrix_products_are_counted_in_multiply_adds_whatever_wrote_them():
     calls = []
-    watch = ex16_rank._watch_class()(lambda: calls.append(1))
+    watch = rank_side._watch_class()(lambda: calls.append(1))
     a, b = torch.randn(2, 3, 4, 5, dtype=torch.float64), torch.randn(2, 3, 5, 6, dtype=torch.float64)
     with watch:
         a @ b
@@ -378,7 +374,7 @@ def test_matrix_products_are_counted_in_multiply_adds_whatever_wrote_them():
         a + 1
     assert watch.macs == 2 * (2 * 3 * 4 * 5 * 6) + 3 * 4 * 2 and len(calls) == 3
     q = torch.randn(1, 2, 4, 8, dtype=torch.float64)
-    watch = ex16_rank._watch_class()(lambda: None)
+    watch = rank_side._watch_class()(lambda: None)
     with watch:
         torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert watch.macs == 2 * (2 * 4 * 4 * 8)
@@ -389,17 +385,17 @@ def test_another_ranks_block_is_found_in_memory_and_copies_leave_nothing_behind(
 
     module = types.ModuleType("learner_like")
     block = torch.randn(2, 3, dtype=torch.float64)
-    fingerprint = ex16_rank._block_bytes(block.clone())
+    fingerprint = rank_side._block_bytes(block.clone())
     module.cache = [block]
-    held = ex16_rank.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
+    held = rank_side.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
     held.probe("in forward")
     assert held.record() == {"most": [5], "where": "in forward", "probes": 1}
     module.cache = [torch.zeros(2, 3, dtype=torch.float64)]
-    held = ex16_rank.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
+    held = rank_side.HeldBlocks({5: [fingerprint]}, module, "/nonexistent.py")
     held.probe("in forward")
     assert held.record()["most"] == []
     copy = torch.randn(4, dtype=torch.float64)
-    raw = ex16_rank._block_bytes(copy)
+    raw = rank_side._block_bytes(copy)
     assert len(raw) == 32 and not copy.any()
 
 
@@ -412,8 +408,8 @@ def test_a_wrong_backward_at_every_logit_scale_is_grads_match_not_an_overflow():
     got = grade_all(observations, 2)
     assert got["grads-match"][0] == "fail"
     g = grading(2)
-    ex.check_gradients(g, observations, expected(2), 2)
-    ex.check_stable(g, observations, expected(2)["large"], 2)
+    checks.check_gradients(g, observations, expected(2), 2)
+    checks.check_stable(g, observations, expected(2)["large"], 2)
     stable = next(c for c in g.results(None) if c.id == "stable-large-logits")
     assert stable.status == "not-checked" and stable.likely_cause == "grads-match"
     assert "overflows" not in stable.message
@@ -435,9 +431,9 @@ def test_an_output_right_to_float32_only_is_named_so_not_the_own_chunk_on_rank_0
     assert status == "fail" and "rank 0" in message
     assert "own chunk alone" not in message and "right to float32's precision only" in message
     # Another rank's output that really is its own chunk's attention is still named.
-    data = ex16_rank.make_inputs("causal", 3 * ex16_rank.CHUNK)
-    rows = ex16_rank.positions(1, 3)
-    own = ex.attention(*(ex._chunk(data[n], rows) for n in ("q", "k", "v")), True)
+    data = rank_side.make_inputs("causal", 3 * rank_side.CHUNK)
+    rows = rank_side.positions(1, 3)
+    own = ref.attention(*(checks._chunk(data[n], rows) for n in ("q", "k", "v")), True)
     observations[0]["causal"]["output"] = out
     observations[1]["causal"]["output"] = own
     status, message = grade_all(observations, 3)["causal-matches"]

@@ -10,25 +10,21 @@ import torch
 from torch import nn
 
 from grader import catalog
-from grader.checks import ex17_expert_parallel as ex
-from grader.checks import ex17_rank
-from grader.grading import Grading, Plan
+from grader.checks.ex17_expert_parallel import rank as rank_side
+from grader.checks.ex17_expert_parallel import reference as expected_side
+from grader.checks.ex17_expert_parallel import verdicts as v
+from grading_helpers import grading_for, verdicts
 from grader.harness import RankOutcome, WorldOutcome
 
-ROW = ex17_rank.D * 8  # bytes of one token's row, float64
+ROW = rank_side.D * 8  # bytes of one token's row, float64
 
 
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("17"), "solutions/17_expert_parallel.py", None, Plan("gloo", [world_size]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("17")
 
 
 @functools.cache
 def expected(world_size: int) -> dict:
-    return {scenario: ex.reference(scenario, world_size) for scenario in ex17_rank.SCENARIOS}
+    return {scenario: expected_side.expected_run(scenario, world_size) for scenario in rank_side.SCENARIOS}
 
 
 def a2a(rows_off: int, dtype: str = "float64", op: str = "alltoall_base_") -> dict:
@@ -36,15 +32,15 @@ def a2a(rows_off: int, dtype: str = "float64", op: str = "alltoall_base_") -> di
 
 
 def counts(world_size: int) -> dict:
-    return {"op": "alltoall_base_", "dtype": "int64", "bytes": 8 * ex17_rank.EXPERTS,
-            "off_rank": 8 * ex17_rank.EXPERTS // world_size * (world_size - 1), "rows": None, "peer": None}
+    return {"op": "alltoall_base_", "dtype": "int64", "bytes": 8 * rank_side.EXPERTS,
+            "off_rank": 8 * rank_side.EXPERTS // world_size * (world_size - 1), "rows": None, "peer": None}
 
 
 def right_run(want: dict, rank: int, world_size: int) -> dict:
     mine, rows = want["ranks"][rank], want["rows"][rank]
-    per_rank = ex17_rank.EXPERTS // world_size
+    per_rank = rank_side.EXPERTS // world_size
     owned = list(range(rank * per_rank, (rank + 1) * per_rank))
-    held = {"bytes": ex.router_bytes() + per_rank * ex.expert_bytes(), "experts": owned}
+    held = {"bytes": expected_side.router_bytes() + per_rank * expected_side.expert_bytes(), "experts": owned}
     return {
         "output": mine["output"].clone(), "aux": mine["aux"].clone(), "returned": "pair", "backward_ran": True,
         "grads": {"x": mine["x"].clone(), "router": [t.clone() for t in mine["router"]],
@@ -57,22 +53,22 @@ def right_run(want: dict, rank: int, world_size: int) -> dict:
 
 def right_observations(world_size: int) -> list[dict]:
     want = expected(world_size)
-    return [{scenario: right_run(want[scenario], rank, world_size) for scenario in ex17_rank.SCENARIOS}
+    return [{scenario: right_run(want[scenario], rank, world_size) for scenario in rank_side.SCENARIOS}
             for rank in range(world_size)]
 
 
 def grade_all(observations: list[dict], world_size: int, bad: WorldOutcome | None = None) -> dict:
     g = grading(world_size)
     want = expected(world_size)
-    ex.check_output(g, observations, want["plain"], world_size)
-    ex.check_aux(g, observations, want, world_size)
-    ex.check_grads(g, observations, want["plain"], world_size)
-    ex.check_capacity(g, observations, want["tight"], world_size, "tight", "capacity-order")
-    ex.check_capacity(g, observations, want["skewed"], world_size, "skewed", "skewed-router")
-    ex.check_sharded(g, observations, world_size)
-    ex.check_all_to_all_count(g, observations, world_size)
-    ex.check_routed_bytes(g, observations, want, world_size)
-    ex.check_bad_input(g, bad if bad is not None else refusals(world_size), world_size)
+    v.check_output(g, observations, want["plain"], world_size)
+    v.check_aux(g, observations, want, world_size)
+    v.check_grads(g, observations, want["plain"], world_size)
+    v.check_capacity(g, observations, want["tight"], world_size, "tight", "capacity-order")
+    v.check_capacity(g, observations, want["skewed"], world_size, "skewed", "skewed-router")
+    v.check_sharded(g, observations, world_size)
+    v.check_all_to_all_count(g, observations, world_size)
+    v.check_routed_bytes(g, observations, want, world_size)
+    v.check_bad_input(g, bad if bad is not None else refusals(world_size), world_size)
     return verdicts(g)
 
 
@@ -105,11 +101,11 @@ def test_the_capacity_queue_takes_every_first_choice_before_any_second_one():
     with torch.no_grad():
         router.weight.copy_(torch.tensor([[1.0], [-1.0]], dtype=torch.float64))
     x = torch.tensor([[-1.0], [-2.0], [1.0], [2.0]], dtype=torch.float64)
-    routing = ex.route(router, x, 2, 0.5)
+    routing = expected_side.route(router, x, 2, 0.5)
     assert routing["capacity"] == 2
     assert routing["experts"][:, 0].tolist() == [1, 1, 0, 0]
     assert routing["keep"].tolist() == [[True, False]] * 4
-    token_order = ex.route(router, x, 2, 0.5, order="token")
+    token_order = expected_side.route(router, x, 2, 0.5, order="token")
     assert token_order["keep"].tolist() == [[True, True], [True, True], [False, False], [False, False]]
 
 
@@ -120,7 +116,7 @@ def test_the_scenarios_tell_the_wrong_capacity_rules_apart(world_size):
     all but token order (nearly every first choice is the same expert)."""
     for scenario, wrong in (("tight", (0, 1, 2, 3)), ("skewed", (0, 1, 3))):
         want = expected(world_size)[scenario]["ranks"]
-        per_rank = [ex.alternatives(scenario, world_size, rank) for rank in range(world_size)]
+        per_rank = [expected_side.alternatives(scenario, world_size, rank) for rank in range(world_size)]
         for index in wrong:
             assert any(not torch.allclose(per_rank[rank][index][1], want[rank]["output"])
                        for rank in range(world_size)), (scenario, per_rank[0][index][0])
@@ -133,8 +129,8 @@ def test_the_skewed_router_overflows_one_expert_and_the_plain_one_drops_nothing(
             assert bool(r["routing"]["keep"].all())
         for r in want["skewed"]["ranks"]:
             firsts = r["routing"]["experts"][:, 0]
-            assert int((firsts == ex17_rank.SKEWED_EXPERT).sum()) >= ex17_rank.TOKENS - 2
-            kept = r["routing"]["keep"] & (r["routing"]["experts"] == ex17_rank.SKEWED_EXPERT)
+            assert int((firsts == rank_side.SKEWED_EXPERT).sum()) >= rank_side.TOKENS - 2
+            kept = r["routing"]["keep"] & (r["routing"]["experts"] == rank_side.SKEWED_EXPERT)
             assert int(kept.sum()) == r["routing"]["capacity"]
         assert any(not bool(r["routing"]["keep"].all()) for r in want["tight"]["ranks"])
 
@@ -173,7 +169,7 @@ def test_the_functional_and_list_all_to_alls_count_too():
 
 def test_gates_not_renormalised_are_named():
     observations = right_observations(2)
-    words, value = ex.alternatives("plain", 2, 1)[0]
+    words, value = expected_side.alternatives("plain", 2, 1)[0]
     observations[1]["plain"]["output"] = value
     found = failed(grade_all(observations, 2))
     assert "output-matches" in found and "not renormalised" in found["output-matches"]
@@ -190,10 +186,10 @@ def test_a_forward_that_returns_y_alone_fails_with_words():
 def test_aux_over_every_ranks_counts_is_named():
     world_size = 3
     observations = right_observations(world_size)
-    data = ex17_rank.build("plain", world_size)
-    routings = [ex.route(data["router"], x, ex17_rank.TOP_K, 6.0) for x in data["x"]]
-    every = sum(torch.bincount(r["experts"].flatten(), minlength=ex17_rank.EXPERTS) for r in routings)
-    observations[0]["plain"]["aux"] = ex.aux_loss(routings[0], every).detach()
+    data = rank_side.build("plain", world_size)
+    routings = [expected_side.route(data["router"], x, rank_side.TOP_K, 6.0) for x in data["x"]]
+    every = sum(torch.bincount(r["experts"].flatten(), minlength=rank_side.EXPERTS) for r in routings)
+    observations[0]["plain"]["aux"] = expected_side.aux_loss(routings[0], every).detach()
     found = failed(grade_all(observations, world_size))
     assert "aux-loss-matches" in found and "all-reduced" in found["aux-loss-matches"]
 
@@ -215,12 +211,12 @@ def test_token_order_and_global_capacity_fail_the_capacity_checks():
     world_size = 2
     observations = right_observations(world_size)
     for rank, obs in enumerate(observations):
-        obs["tight"]["output"] = ex.alternatives("tight", world_size, rank)[2][1]
+        obs["tight"]["output"] = expected_side.alternatives("tight", world_size, rank)[2][1]
     found = failed(grade_all(observations, world_size))
     assert "capacity-order" in found and "output-matches" not in found
     observations = right_observations(world_size)
     for rank, obs in enumerate(observations):
-        obs["skewed"]["output"] = ex.alternatives("skewed", world_size, rank)[3][1]
+        obs["skewed"]["output"] = expected_side.alternatives("skewed", world_size, rank)[3][1]
     found = failed(grade_all(observations, world_size))
     assert "skewed-router" in found and "all ranks together" in found["skewed-router"]
 
@@ -232,8 +228,8 @@ def test_a_scenario_that_raised_fails_its_check_and_the_next_is_not_checked():
         del obs["skewed"]
     g = grading(2)
     want = expected(2)
-    ex.check_capacity(g, observations, want["tight"], 2, "tight", "capacity-order")
-    ex.check_capacity(g, observations, want["skewed"], 2, "skewed", "skewed-router")
+    v.check_capacity(g, observations, want["tight"], 2, "tight", "capacity-order")
+    v.check_capacity(g, observations, want["skewed"], 2, "skewed", "skewed-router")
     found = verdicts(g)
     assert found["capacity-order"][0] == "fail" and "split sizes" in found["capacity-order"][1]
     assert found["skewed-router"][0] == "not-checked"
@@ -284,12 +280,12 @@ def test_too_many_integers_fail_the_count():
 def test_padded_or_whole_batch_all_to_alls_fail_the_bytes():
     world_size = 2
     observations = right_observations(world_size)
-    padded = ex17_rank.EXPERTS * 16 // world_size  # an [E, capacity] buffer's rows for the other rank
+    padded = rank_side.EXPERTS * 16 // world_size  # an [E, capacity] buffer's rows for the other rank
     observations[0]["plain"]["forward_events"][1] = a2a(padded)
     found = failed(grade_all(observations, world_size))
     assert "routed-bytes" in found and f"{padded} rows" in found["routed-bytes"]
     observations = right_observations(world_size)
-    observations[1]["tight"]["backward_events"][1] = a2a(ex17_rank.TOKENS)
+    observations[1]["tight"]["backward_events"][1] = a2a(rank_side.TOKENS)
     assert "backward" in failed(grade_all(observations, world_size))["routed-bytes"]
 
 

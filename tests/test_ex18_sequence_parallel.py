@@ -7,30 +7,26 @@ import functools
 import torch
 
 from grader import catalog
-from grader.checks import ex18_rank as rk
-from grader.checks import ex18_sequence_parallel as ex
-from grader.grading import Grading, Plan
+from grader.checks.ex18_sequence_parallel import rank as rank_side
+from grader.checks.ex18_sequence_parallel import reference as ref
+from grader.checks.ex18_sequence_parallel import verdicts as v
+from grading_helpers import grading_for, verdicts
 from grader.harness import RankOutcome, WorldOutcome
 
 NAMES = {"norm.weight": "norm.weight", "norm.bias": "norm.bias", "fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias",
          "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}
 
 
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("18"), "solutions/18_sequence_parallel.py", None, Plan("gloo", [world_size]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("18")
 
 
 @functools.cache
 def want() -> dict:
-    return ex.expected_main(2)  # the same block for 2, 3 and 4 ranks (rk.sizes)
+    return ref.expected_main(2)  # the same block for 2, 3 and 4 ranks (rank_side.sizes)
 
 
 def chunk_bytes(world_size: int) -> int:
-    return rk.chunk_elements(world_size) * 8
+    return rank_side.chunk_elements(world_size) * 8
 
 
 def event(op: str, nbytes: int) -> dict:
@@ -43,7 +39,7 @@ def right_events(world_size: int) -> tuple[list[dict], list[dict]]:
     chunk, whole = chunk_bytes(world_size), chunk_bytes(world_size) * world_size
     forward = [event("all_reduce", 16), event("all_gather_single", whole), event("reduce_scatter_single", chunk)]
     backward = [event("all_gather_single", whole), event("reduce_scatter_single", chunk)] + \
-        [event("all_reduce", rk.D_MODEL * 8)] * 3
+        [event("all_reduce", rank_side.D_MODEL * 8)] * 3
     return forward, backward
 
 
@@ -53,20 +49,20 @@ def saved_entry(tensor: torch.Tensor) -> dict:
 
 def right_saved(rank: int, world_size: int) -> list[dict]:
     """What a rank saves: its chunk of x and the norm's statistics, then the parallel region's tensors."""
-    rows = rk.chunk_rows(rank, world_size)
-    x = rk.build("main")["x"][rows]
-    stats = torch.randn(x.shape[0], rk.BATCH, 1, dtype=torch.float64)
+    rows = rank_side.chunk_rows(rank, world_size)
+    x = rank_side.build("main")["x"][rows]
+    stats = torch.randn(x.shape[0], rank_side.BATCH, 1, dtype=torch.float64)
     return [saved_entry(x), saved_entry(stats), saved_entry(stats + 1),
-            *[saved_entry(t) for t in ex.inside_tensors(want(), rank, world_size)]]
+            *[saved_entry(t) for t in ref.inside_tensors(want(), rank, world_size)]]
 
 
 def right_params(rank: int, world_size: int) -> list[dict]:
-    return [{"name": name, "value": ex.share_of(want(), name, rank, world_size).clone(),
-             "grad": ex.share_of(want(), name, rank, world_size, "grads").clone()} for name in NAMES]
+    return [{"name": name, "value": ref.share_of(want(), name, rank, world_size).clone(),
+             "grad": ref.share_of(want(), name, rank, world_size, "grads").clone()} for name in NAMES]
 
 
 def right_run(rank: int, world_size: int) -> dict:
-    rows = rk.chunk_rows(rank, world_size)
+    rows = rank_side.chunk_rows(rank, world_size)
     forward, backward = right_events(world_size)
     return {"output": want()["output"][rows].clone(), "input_grad": want()["x_grad"][rows].clone(),
             "backward_ran": True, "forward_events": forward, "backward_events": backward,
@@ -74,20 +70,20 @@ def right_run(rank: int, world_size: int) -> dict:
 
 
 def right_group_run(rank: int, world_size: int) -> dict:
-    groups = rk.groups_of(world_size)
+    groups = rank_side.groups_of(world_size)
     mine = next(i for i, members in enumerate(groups) if rank in members)
     members = groups[mine]
-    dense = ex.reference("group", len(members), salt=mine)
+    dense = ref.reference("group", len(members), salt=mine)
     place, size = members.index(rank), len(members)
-    rows = rk.chunk_rows(place, size)
+    rows = rank_side.chunk_rows(place, size)
     return {"output": dense["output"][rows], "input_grad": dense["x_grad"][rows], "backward_ran": True,
-            "members": members, "params": [{"name": name, "value": ex.share_of(dense, name, place, size),
-                                            "grad": ex.share_of(dense, name, place, size, "grads")} for name in NAMES]}
+            "members": members, "params": [{"name": name, "value": ref.share_of(dense, name, place, size),
+                                            "grad": ref.share_of(dense, name, place, size, "grads")} for name in NAMES]}
 
 
 def held_share(world_size: int) -> int:
     sizes = {name: t.numel() * 8 for name, t in want()["values"].items()}
-    return sum(sizes[n] for n in ex.REPLICATED) + sum(sizes[n] for n in ex.SPLIT) // world_size
+    return sum(sizes[n] for n in rank_side.REPLICATED) + sum(sizes[n] for n in rank_side.SPLIT) // world_size
 
 
 def right_observations(world_size: int) -> list[dict]:
@@ -109,23 +105,23 @@ def outcome(world_size: int, results: list | None = None, statuses: dict | None 
 
 def refusals(world_size: int, raised: str | None = "ValueError") -> WorldOutcome:
     return outcome(world_size, [{"raised": raised, "message": "lengths differ", "length": n}
-                                for n in rk.uneven_lengths(world_size)])
+                                for n in rank_side.uneven_lengths(world_size)])
 
 
 def grade_all(observations: list[dict], world_size: int, uneven: WorldOutcome | None = None) -> dict:
     g = grading(world_size)
-    main_ok = all([ex.check_output(g, observations, want(), world_size),
-                   ex.check_input_grad(g, observations, want(), world_size),
-                   ex.check_slices(g, observations, want(), world_size),
-                   ex.check_replicated(g, observations, want(), world_size)])
-    ex.check_second_step(g, observations, world_size)
-    ex.check_collectives(g, observations, world_size)
-    ex.check_saved(g, observations, want(), world_size)
-    ex.check_held(g, observations, want(), world_size)
-    ex.check_hidden(g, observations, world_size)
-    ex.check_shape(g, observations, world_size)
-    ex.check_group(g, observations, world_size, main_ok)
-    ex.check_uneven(g, uneven or refusals(world_size), world_size)
+    main_ok = all([v.check_output(g, observations, want(), world_size),
+                   v.check_input_grad(g, observations, want(), world_size),
+                   v.check_slices(g, observations, want(), world_size),
+                   v.check_replicated(g, observations, want(), world_size)])
+    v.check_second_step(g, observations, world_size)
+    v.check_collectives(g, observations, world_size)
+    v.check_saved(g, observations, want(), world_size)
+    v.check_held(g, observations, want(), world_size)
+    v.check_hidden(g, observations, world_size)
+    v.check_shape(g, observations, world_size)
+    v.check_group(g, observations, world_size, main_ok)
+    v.check_uneven(g, uneven or refusals(world_size), world_size)
     return verdicts(g)
 
 
@@ -137,19 +133,19 @@ def test_a_right_record_passes_every_check_at_each_world_size():
 
 
 def test_the_dense_reference_saves_its_whole_input_and_statistics_outside_the_region():
-    rk_x = rk.SEQ * rk.BATCH * rk.D_MODEL * 8
-    assert ex.outside_bytes_dense(want()) == rk_x + 2 * rk.SEQ * rk.BATCH * 8
-    assert [rk.chunk_rows(r, 3) for r in range(3)] == [slice(0, 4), slice(4, 8), slice(8, 12)]
-    assert rk.uneven_lengths(4) == [4, 3, 3, 3] and rk.uneven_hidden(2) % 2
-    assert rk.groups_of(4) == [[0, 2], [1, 3]] and rk.groups_of(3) == [[0, 2], [1]]
-    assert rk.sizes(2) == rk.sizes(3) == rk.sizes(4) == (rk.SEQ, rk.HIDDEN)
-    assert rk.sizes(5) == (15, 60) and rk.uneven_lengths(5) == [4, 3, 3, 3, 3]
-    assert ex.expected_main(5)["output"].shape == (15, rk.BATCH, rk.D_MODEL)
+    rk_x = rank_side.SEQ * rank_side.BATCH * rank_side.D_MODEL * 8
+    assert ref.outside_bytes_dense(want()) == rk_x + 2 * rank_side.SEQ * rank_side.BATCH * 8
+    assert [rank_side.chunk_rows(r, 3) for r in range(3)] == [slice(0, 4), slice(4, 8), slice(8, 12)]
+    assert rank_side.uneven_lengths(4) == [4, 3, 3, 3] and rank_side.uneven_hidden(2) % 2
+    assert rank_side.groups_of(4) == [[0, 2], [1, 3]] and rank_side.groups_of(3) == [[0, 2], [1]]
+    assert rank_side.sizes(2) == rank_side.sizes(3) == rank_side.sizes(4) == (rank_side.SEQ, rank_side.HIDDEN)
+    assert rank_side.sizes(5) == (15, 60) and rank_side.uneven_lengths(5) == [4, 3, 3, 3, 3]
+    assert ref.expected_main(5)["output"].shape == (15, rank_side.BATCH, rank_side.D_MODEL)
 
 
 def test_a_bias_added_on_every_rank_is_named():
     observations = right_observations(3)
-    rows = rk.chunk_rows(1, 3)
+    rows = rank_side.chunk_rows(1, 3)
     observations[1]["main"]["output"] = want()["output"][rows] + 2 * want()["values"]["fc2.bias"]
     got = grade_all(observations, 3)
     status, message = got["output-matches"]
@@ -160,7 +156,7 @@ def test_a_bias_added_on_every_rank_is_named():
 
 def test_an_input_gradient_of_the_own_hidden_block_alone_is_named():
     observations = right_observations(2)
-    own = ex._own_term(0, 2)["x_grad"][rk.chunk_rows(0, 2)]
+    own = ref.own_term(0, 2)["x_grad"][rank_side.chunk_rows(0, 2)]
     observations[0]["main"]["input_grad"] = own
     status, message = grade_all(observations, 2)["input-grad-matches"]
     assert status == "fail" and "own hidden block's term" in message and "reduce-scatter" in message
@@ -190,7 +186,7 @@ def test_replicated_gradients_that_differ_fail_agreement_and_averaged_ones_fail_
     observations = right_observations(2)
     for obs in observations:
         for p in obs["main"]["params"]:
-            if p["name"] in ex.REPLICATED:
+            if p["name"] in rank_side.REPLICATED:
                 p["grad"] = p["grad"] / 2
     got = grade_all(observations, 2)
     assert got["replicated-grads-agree"] == ("pass", "")
@@ -220,7 +216,7 @@ def test_an_all_reduce_of_an_activation_fails_and_torch_nn_scatters_count_as_one
 
 def test_a_norm_on_the_whole_sequence_fails_the_saved_check_and_chunk_sized_saves_pass():
     observations = right_observations(2)
-    whole_x = rk.build("main")["x"]
+    whole_x = rank_side.build("main")["x"]
     observations[0]["main"]["saved"][0] = saved_entry(whole_x)
     status, message = grade_all(observations, 2)["saved-activations-sharded"]
     assert status == "fail" and "384 elements" in message and "dense block keeps 3456" in message
@@ -229,7 +225,7 @@ def test_a_norm_on_the_whole_sequence_fails_the_saved_check_and_chunk_sized_save
     # A LayerNorm written by hand keeps several chunk-sized tensors (x - mean, the normalised x): fine.
     observations[1]["main"]["saved"] += [saved_entry(x - 1), saved_entry(x * 2)]
     # The parallel region's tensors in another layout (batch-first, flattened) are still recognised.
-    normed = want()["normed"].transpose(0, 1).reshape(-1, rk.D_MODEL).clone()
+    normed = want()["normed"].transpose(0, 1).reshape(-1, rank_side.D_MODEL).clone()
     observations[1]["main"]["saved"][3] = saved_entry(normed)
     assert grade_all(observations, 4)["saved-activations-sharded"] == ("pass", "")
 
@@ -264,18 +260,18 @@ def test_bad_input_must_be_refused_on_every_rank_with_value_error_or_assert():
 
 
 def test_a_sum_that_hides_uneven_chunks_fails_the_rank_that_went_on():
-    assert rk.uneven_lengths(4, "sum-hides") == [2, 4, 3, 3] and rk.uneven_lengths(3, "sum-hides") == [3, 5, 4]
+    assert rank_side.uneven_lengths(4, "sum-hides") == [2, 4, 3, 3] and rank_side.uneven_lengths(3, "sum-hides") == [3, 5, 4]
     results = [{"raised": "ValueError", "message": "not 4 chunks of 2", "length": 2},
                {"raised": "ValueError", "message": "not 4 chunks of 4", "length": 4},
                {"raised": "RuntimeError", "message": "Timed out waiting 5000ms", "length": 3},
                {"raised": "RuntimeError", "message": "Timed out waiting 5000ms", "length": 3}]
     g = grading(4)
-    ex.check_uneven(g, outcome(4, results), 4, "sum-hides")
+    v.check_uneven(g, outcome(4, results), 4, "sum-hides")
     status, message = verdicts(g)["uneven-sequence-refused"]
     assert status == "fail" and "(their sum is 12 = 3 x 4" in message
     assert "ranks 0, 1 raised ValueError, but rank 2 did not refuse" in message and "not only the total" in message
     g = grading(4)
-    ex.check_uneven(g, refusals(4), 4, "sum-hides")
+    v.check_uneven(g, refusals(4), 4, "sum-hides")
     assert verdicts(g)["uneven-sequence-refused"][0] == "pass"
 
 
@@ -309,7 +305,7 @@ def test_a_tanh_gelu_fails_the_output_and_not_the_saved_activations():
     # another shape of curve changes the values there, not where they lie.
     observations = right_observations(2)
     for rank, obs in enumerate(observations):
-        block = rk.hidden_block(rank, 2, rk.HIDDEN)
+        block = rank_side.hidden_block(rank, 2, rank_side.HIDDEN)
         tanh = torch.nn.functional.gelu(want()["hidden"][..., block], approximate="tanh")
         obs["main"]["saved"][-1] = saved_entry(tanh.reshape(-1, tanh.shape[-1]).clone())
         obs["main"]["output"] = obs["main"]["output"] + 1e-4
@@ -323,12 +319,12 @@ def test_a_tanh_gelu_fails_the_output_and_not_the_saved_activations():
 
 def test_a_norm_that_ignores_its_eps_is_named():
     observations = right_observations(2)
-    default_eps = ex.reference("main", 2, eps=1e-5)["output"]
+    default_eps = ref.reference("main", 2, eps=1e-5)["output"]
     for rank, obs in enumerate(observations):
-        obs["main"]["output"] = default_eps[rk.chunk_rows(rank, 2)].clone()
+        obs["main"]["output"] = default_eps[rank_side.chunk_rows(rank, 2)].clone()
     status, message = grade_all(observations, 2)["output-matches"]
     assert status == "fail" and "LayerNorm's default eps 1e-5, not the norm's eps (0.001)" in message
-    assert rk.build("main")["norm"].eps == rk.NORM_EPS != 1e-5
+    assert rank_side.build("main")["norm"].eps == rank_side.NORM_EPS != 1e-5
 
 
 def test_hooks_that_pile_up_fail_the_second_step_with_how_many_times():
@@ -336,7 +332,7 @@ def test_hooks_that_pile_up_fail_the_second_step_with_how_many_times():
     assert grade_all(observations, 3)["second-step-matches"] == ("pass", "")
     second = observations[1]["second"]
     for p in second["params"]:
-        if p["name"] in ex.REPLICATED:
+        if p["name"] in rank_side.REPLICATED:
             p["grad"] = p["grad"] * 3  # all-reduced twice: the first sum, summed again over 3 ranks
     status, message = grade_all(observations, 3)["second-step-matches"]
     assert status == "fail" and "rank 1" in message and "norm.weight.grad" in message

@@ -9,26 +9,21 @@ import functools
 
 import torch
 
-from grader import catalog
-from grader.checks import ex19_rank as rank_side
-from grader.checks import ex19_verdicts as v
-from grader.grading import Grading, Plan
+from grader.checks.ex19_data_tensor_parallel import rank as rank_side
+from grader.checks.ex19_data_tensor_parallel import verdicts as v
+from grader.checks.ex19_data_tensor_parallel.reference import local_block, reference_run
+from grading_helpers import grading_for, verdicts
 
 WORLD, TP = 4, 2
 DP = WORLD // TP
 
 
-def grading() -> Grading:
-    return Grading(catalog.by_id("19"), "solutions/19_data_tensor_parallel.py", None, Plan("gloo", [WORLD]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("19", WORLD)
 
 
 @functools.cache
 def reference(rows: int | None = None) -> dict:
-    return v.reference_run(rows)
+    return reference_run(rows)
 
 
 def shard_of(rank: int, world_size: int = WORLD, tp_size: int = TP) -> torch.Tensor:
@@ -53,7 +48,7 @@ def right_obs(rank: int, world_size: int = WORLD, tp_size: int = TP, *, batch=No
     timeline = []
     x = shard_of(rank, world_size, tp_size) if batch is None else batch
     for step in range(rank_side.STEPS):
-        params = {name: v.local_block(name, ref["before"][step], rank % tp_size, tp_size) for name in rank_side.PARAMETERS}
+        params = {name: local_block(name, ref["before"][step], rank % tp_size, tp_size) for name in rank_side.PARAMETERS}
         timeline.append({"kind": "forward", "grad": True, "module": "TensorParallelMLP", "input": x.clone(),
                          "params": params})
         timeline.append(collective("all_reduce", forward_group or tp, 512, in_forward=True, after=step + 1))
@@ -117,7 +112,7 @@ def test_the_reference_is_single_process_sgd_on_the_whole_batch():
     assert not torch.equal(reference()["final"]["fc2.bias"], reference()["before"][0]["fc2.bias"])
     # The blocks of one model copy put back together are the whole model.
     whole = reference()["final"]
-    blocks = [v.local_block("fc2_weight", whole, t, 2) for t in range(2)]
+    blocks = [local_block("fc2_weight", whole, t, 2) for t in range(2)]
     assert torch.equal(torch.cat(blocks, dim=1), whole["fc2.weight"])
 
 
@@ -234,7 +229,7 @@ def test_a_wrong_or_local_state_dict_fails_matches_single():
     bad = dict(ref["final"], **{"fc1.bias": ref["final"]["fc1.bias"] + 1e-6})
     got = run_all([right_obs(r, state=bad) for r in range(WORLD)])
     assert got["matches-single"][0] == "fail" and "fc1.bias" in got["matches-single"][1]
-    local = {k: v.local_block(k.replace(".", "_"), ref["final"], 0, TP) for k in rank_side.STATE_KEYS}
+    local = {k: local_block(k.replace(".", "_"), ref["final"], 0, TP) for k in rank_side.STATE_KEYS}
     got = run_all([right_obs(r, state=local) for r in range(WORLD)])
     assert got["matches-single"][0] == "fail" and "this rank's block" in got["matches-single"][1]
     missing = {k: t for k, t in ref["final"].items() if k != "fc2.bias"}

@@ -6,38 +6,32 @@ Each verdict is shown passing on the record a right answer leaves and failing on
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
 
 import pytest
 import torch
-from conftest import ROOT
 
-from grader import catalog
-from grader.checks import ex31_fsdp2 as ex
-from grader.checks import ex31_verdicts as v
-from grader.grading import Grading, Plan
+from grader.checks.ex31_fsdp2 import rank as rank_side
+from grader.checks.ex31_fsdp2 import reference as ref
+from grader.checks.ex31_fsdp2 import verdicts as v
+from grader.checks.shared.stub_models import FusedBlock, Transformer, lm_loss
+from grading_helpers import grading_for, verdicts
 
 
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("31"), "solutions/31_fsdp2.py", None, Plan("gloo", [world_size]))
+grading = grading_for("31")
 
 
 @functools.cache
 def replay_of(world_size: int) -> dict:
     """The replay, computed once per world size (the verdicts only read it)."""
-    return ex.reference_run(world_size)
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+    return ref.reference_run(world_size)
 
 
 def _params(world_size: int, *, plain=(), placement="Shard(dim=0)", dtype="float32") -> list[dict]:
     """What the driver records of the parameters after a shard_model (by default a right one);
     ``placement`` applies to the matrices, the norms' weights stay Shard(dim=0)."""
     out = []
-    for name, p in ex.build_model().named_parameters():
+    for name, p in rank_side.build_model().named_parameters():
         entry = {"name": name, "kind": "DTensor", "dtype": dtype, "shape": list(p.shape), "dtensor": True,
                  "placements": [placement if p.dim() == 2 else "Shard(dim=0)"], "mesh": [world_size]}
         if name in plain:
@@ -72,7 +66,7 @@ def _records(world_size: int, states: list[dict] | None = None, params=None, eve
 
 
 def _sizes(world_size: int, params=None) -> dict:
-    return v.unit_sizes(params or _params(world_size), ex.build_model(), world_size)
+    return v.unit_sizes(params or _params(world_size), rank_side.build_model(), world_size)
 
 
 def _gather(numel: int, dtype: str = "bfloat16") -> dict:
@@ -100,22 +94,8 @@ def _events(world_size: int, forward: list[int] | None = None, gather_dtype="bfl
 # --- the model, the batches, the replay --------------------------------------------------------------
 
 
-def test_the_graders_model_is_the_stubs():
-    spec = importlib.util.spec_from_file_location("stub31", ROOT / "exercises" / "31_fsdp2.py")
-    stub = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stub)
-    torch.manual_seed(ex.SEED)
-    theirs = stub.Transformer()
-    ours = ex.build_model()
-    assert {k: t.shape for k, t in theirs.state_dict().items()} == {k: t.shape for k, t in ours.state_dict().items()}
-    for a, b in zip(theirs.state_dict().values(), ours.state_dict().values()):
-        assert torch.equal(a, b)
-    tokens, targets = ex.make_batch(0, 0)
-    assert torch.equal(stub.loss_fn(theirs(tokens), targets), ex.loss_fn(ours(tokens), targets))
-
-
 def test_the_ranks_batches_differ_and_targets_are_the_next_tokens():
-    (a, ta), (b, _) = ex.make_batch(0, 0), ex.make_batch(0, 1)
+    (a, ta), (b, _) = rank_side.make_batch(0, 0), rank_side.make_batch(0, 1)
     assert not torch.equal(a, b) and torch.equal(a[:, 1:], ta[:, :-1])
 
 
@@ -123,28 +103,28 @@ def test_clipping_acts_at_every_step_and_each_ranks_shards_alone_need_it_too():
     """Else a missing or per-rank clip would change nothing the checks can see."""
     for world_size in (2, 3, 4):
         replay = replay_of(world_size)
-        assert min(replay["norms"]) > 2 * ex.MAX_NORM, (world_size, replay["norms"])
-        assert min(replay["norms"]) / math.sqrt(world_size) > ex.MAX_NORM
+        assert min(replay["norms"]) > 2 * rank_side.MAX_NORM, (world_size, replay["norms"])
+        assert min(replay["norms"]) / math.sqrt(world_size) > rank_side.MAX_NORM
 
 
 def test_the_replay_is_torch_clipping_and_sgd_on_the_averaged_bfloat16_gradients():
     world_size = 2
-    model = ex.build_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=ex.LR)
-    for step in range(ex.STEPS):
+    model = rank_side.build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=rank_side.LR)
+    for step in range(rank_side.STEPS):
         grads = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
         for rank in range(world_size):
-            low = ex.Transformer().to(torch.bfloat16)
+            low = Transformer(block=FusedBlock).to(torch.bfloat16)
             low.load_state_dict(model.state_dict())
-            tokens, targets = ex.make_batch(step, rank)
-            ex.loss_fn(low(tokens), targets).backward()
+            tokens, targets = rank_side.make_batch(step, rank)
+            lm_loss(low(tokens), targets).backward()
             for n, p in low.named_parameters():
                 grads[n] += p.grad.float() / world_size
         for n, p in model.named_parameters():
             p.grad = grads[n]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), ex.MAX_NORM)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), rank_side.MAX_NORM)
         optimizer.step()
-    replay = ex.reference_run(world_size)["states"][-1]
+    replay = ref.reference_run(world_size)["states"][-1]
     for name, value in model.state_dict().items():
         assert torch.allclose(value, replay[name], rtol=0, atol=1e-6), name
 
@@ -169,7 +149,7 @@ def test_local_part_follows_torch_chunk():
 
 def test_dtensors_sharded_on_dim0_pass():
     g = grading()
-    v.check_placements(g, [{"params": _params(2)}] * 2, 2, ex.build_model())
+    v.check_placements(g, [{"params": _params(2)}] * 2, 2, rank_side.build_model())
     got = verdicts(g)
     assert got["dtensor-shards"][0] == "pass" and got["root-unit"][0] == "pass" and "mixed-precision" not in got
 
@@ -177,7 +157,7 @@ def test_dtensors_sharded_on_dim0_pass():
 def test_a_root_never_sharded_fails_root_unit_and_names_its_parameters():
     root = ("tok_embeddings.weight", "norm.weight", "output.weight")
     g = grading()
-    v.check_placements(g, [{"params": _params(2, plain=root)}] * 2, 2, ex.build_model())
+    v.check_placements(g, [{"params": _params(2, plain=root)}] * 2, 2, rank_side.build_model())
     status, message = verdicts(g)["root-unit"]
     assert status == "fail" and "'norm.weight'" in message and "never passed to fully_shard" in message
     assert verdicts(g)["dtensor-shards"][0] == "fail"
@@ -185,7 +165,7 @@ def test_a_root_never_sharded_fails_root_unit_and_names_its_parameters():
 
 def test_another_placement_fails():
     g = grading()
-    v.check_placements(g, [{"params": _params(2, placement="Shard(dim=1)")}], 2, ex.build_model())
+    v.check_placements(g, [{"params": _params(2, placement="Shard(dim=1)")}], 2, rank_side.build_model())
     status, message = verdicts(g)["dtensor-shards"]
     assert status == "fail" and "Shard(dim=1)" in message
 
@@ -194,14 +174,14 @@ def test_a_wrong_local_shape_fails():
     params = _params(3)
     params[0]["local_shape"] = [96, 32]
     g = grading(3)
-    v.check_placements(g, [{"params": params}], 3, ex.build_model())
+    v.check_placements(g, [{"params": params}], 3, rank_side.build_model())
     status, message = verdicts(g)["dtensor-shards"]
     assert status == "fail" and "[32, 32]" in message
 
 
 def test_bfloat16_sharded_parameters_fail_mixed_precision():
     g = grading()
-    v.check_placements(g, [{"params": _params(2, dtype="bfloat16")}], 2, ex.build_model())
+    v.check_placements(g, [{"params": _params(2, dtype="bfloat16")}], 2, rank_side.build_model())
     status, message = verdicts(g)["mixed-precision"]
     assert status == "fail" and "the sharded parameters are bfloat16" in message
 
@@ -238,7 +218,7 @@ def test_one_gather_of_the_whole_model_fails_block_units():
 
 
 def test_gathers_of_each_layer_inside_the_blocks_fail_block_units():
-    model = ex.build_model()
+    model = rank_side.build_model()
     per_layer = [p.numel() for block in model.layers for p in block.parameters()]
     got = _units(2, _events(2, forward=[_sizes(2)["root"], *per_layer]))
     status, message = got["block-units"]
@@ -306,15 +286,15 @@ def test_an_update_of_lr_times_max_norm_passes():
 def test_an_unclipped_update_fails():
     world_size = 2
     raw = replay_of(world_size)["norms"][0]
-    status, message = _clip(world_size, _scaled_steps(world_size, lambda rank, name: raw / ex.MAX_NORM))
+    status, message = _clip(world_size, _scaled_steps(world_size, lambda rank, name: raw / rank_side.MAX_NORM))
     assert status == "fail" and "nothing clipped it" in message
 
 
 def test_each_rank_clipping_its_own_shards_fails_and_says_so():
     world_size = 2
     records = _scaled_steps(world_size, lambda rank, name: 1.0)
-    own = v.update_norms(records, 0, ex.LR)[1]
-    records = _scaled_steps(world_size, lambda rank, name: ex.MAX_NORM / own[rank])
+    own = v.update_norms(records, 0, rank_side.LR)[1]
+    records = _scaled_steps(world_size, lambda rank, name: rank_side.MAX_NORM / own[rank])
     status, message = _clip(world_size, records)
     assert status == "fail" and "each rank clipped with the norm of its own shards" in message
 

@@ -6,18 +6,16 @@ Each verdict is shown passing on the record a right answer leaves and failing on
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import pytest
 import torch
-from conftest import ROOT
 
-from grader import catalog
-from grader.checks import ex32_dtensor_tp as ex
-from grader.checks import ex32_rank as rank_side
-from grader.checks import ex32_verdicts as v
+from grader.checks.ex32_dtensor_tp import rank as rank_side
+from grader.checks.ex32_dtensor_tp import reference as ref
+from grader.checks.ex32_dtensor_tp import verdicts as v
 from grader.checks.shared import dtensors
-from grader.grading import Grading, Plan
+from grader.checks.shared.dtensors import expected_local
+from grading_helpers import grading_for, verdicts
 
 WORLD, TP = 4, 2
 DP = WORLD // TP
@@ -26,17 +24,12 @@ SHAPES = {name: list(p.shape) for name, p in MODEL.named_parameters()}
 NAMES = list(SHAPES)
 
 
-def grading() -> Grading:
-    return Grading(catalog.by_id("32"), "solutions/32_dtensor_tp.py", None, Plan("gloo", [WORLD]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("32", WORLD)
 
 
 @functools.cache
 def reference(world_size: int = WORLD, tp_size: int = TP) -> dict:
-    return ex.reference_run(world_size, tp_size)
+    return ref.reference_run(world_size, tp_size)
 
 
 def coord(rank: int, tp_size: int = TP) -> list[int]:
@@ -60,7 +53,7 @@ def entry(name: str, rank: int, placements: list[str] | None = None, names=("dp"
         placements = [on_dp, on_tp]
     out = {"kind": "DTensor", "dtensor": True, "shape": SHAPES[name], "dtype": "float32", "placements": placements,
            "mesh_names": list(names), "mesh_shape": list(shape), "coord": coord(rank), "layout": [[0, 1], [2, 3]]}
-    out["local_shape"] = list(v.expected_local(torch.empty(SHAPES[name]), out).shape)
+    out["local_shape"] = list(expected_local(torch.empty(SHAPES[name]), out).shape)
     return out
 
 
@@ -110,7 +103,7 @@ def record(rank: int, params: dict | None = None, **changes) -> dict:
     logits = {"kind": "Tensor", "dtensor": False, "shape": list(ref["logits"][group].shape),
               "local_shape": list(ref["logits"][group].shape), "local": ref["logits"][group].clone()}
     steps = [{"events": step_events(rank), "loss": 1.0,
-              "locals": {n: v.expected_local(state[n], params[n]).clone() for n in NAMES}}
+              "locals": {n: expected_local(state[n], params[n]).clone() for n in NAMES}}
              for state in ref["states"]]
     out = {"mesh": mesh(), "device_type": "cpu", "params": params, "setup_events": [], "error": None,
            "parallelize_error": None, "returned": None, "output": logits, "steps": steps,
@@ -138,19 +131,6 @@ def run_all(observations: list[dict]) -> dict:
 
 
 # --- the model, the data, the placements -------------------------------------------------------------
-
-
-def test_the_graders_model_is_the_stubs():
-    spec = importlib.util.spec_from_file_location("stub32", ROOT / "exercises" / "32_dtensor_tp.py")
-    stub = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stub)
-    torch.manual_seed(rank_side.SEED)
-    theirs = stub.Transformer()
-    assert {k: t.shape for k, t in theirs.state_dict().items()} == {k: t.shape for k, t in MODEL.state_dict().items()}
-    for a, b in zip(theirs.state_dict().values(), MODEL.state_dict().values()):
-        assert torch.equal(a, b)
-    tokens, targets = rank_side.make_batch(0, 0)
-    assert torch.equal(stub.loss_fn(theirs(tokens), targets), rank_side.loss_fn(MODEL(tokens), targets))
 
 
 def test_each_data_parallel_group_gets_its_own_batch():

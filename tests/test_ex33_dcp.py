@@ -5,30 +5,23 @@ Each verdict is shown passing on the record a right answer leaves and failing on
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
-from conftest import ROOT
 
-from grader import catalog
-from grader.checks import ex33_dcp as ex
-from grader.checks import ex33_rank as rank_side
-from grader.checks import ex33_verdicts as v
-from grader.grading import Grading, Plan
+from grader.checks.ex33_dcp import rank as rank_side
+from grader.checks.ex33_dcp import reference as ref
+from grader.checks.ex33_dcp import verdicts as v
+from grader.compare import first_difference
+from grading_helpers import grading_for, verdicts
 from grader.memory import tensor_bytes
 
-SHAPES = ex.shapes()
-LARGE = ex.large_parameters()
+SHAPES = ref.shapes()
+LARGE = ref.large_parameters()
 SAVE, LOAD = 2, 3
 
 
-def grading(world_size: int = SAVE) -> Grading:
-    return Grading(catalog.by_id("33"), "solutions/33_dcp.py", None, Plan("gloo", [world_size]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("33", SAVE)
 
 
 def _state(seed: int) -> dict:
@@ -62,7 +55,7 @@ def _save(folder: str, step: int, called: float, returned: float, threads: list[
 
 
 def _write(op: str, path: str, t: float, thread: int, **more) -> dict:
-    return {"op": op, "path": path, "folder": v.RESUME, "t": t, "thread": thread, "main": thread == 0, **more}
+    return {"op": op, "path": path, "folder": rank_side.RESUME, "t": t, "thread": thread, "main": thread == 0, **more}
 
 
 def _collective(op: str, t: float, thread: int, t_end: float | None = None, training: bool = False) -> dict:
@@ -88,7 +81,7 @@ def save_record(rank: int, world_size: int = SAVE) -> dict:
     first, second = f"{FOLDER}/step-00000009", f"{FOLDER}/step-00000010"
     w1, c1 = _background_save(rank, 1, 1.01, first)
     w2, c2 = _background_save(rank, 2, 1.42, second)  # after the first one's last collective (1.31 + 0.01)
-    return {"saves": [_save(v.RESUME, 9, 1.0, 1.005, [1], 1.006), _save(v.RESUME, 10, 1.1, 1.41, [2], 1.411)],
+    return {"saves": [_save(rank_side.RESUME, 9, 1.0, 1.005, [1], 1.006), _save(rank_side.RESUME, 10, 1.1, 1.41, [2], 1.411)],
             "writes": w1 + w2, "collectives": c1 + c2, "memory": [],
             "params": {step: _shard(state, rank, world_size) for step, state in STATES.items()},
             "optimizer": _optimizer_shard(OPTIMIZER, rank, world_size)}
@@ -102,19 +95,6 @@ def files_of(recs: list[dict], step: int = 10) -> dict:
     """Each rank's data file of the newest save holding its shards, as DCP writes them (with other bytes)."""
     return {f"{FOLDER}/step-{step:08d}/__{rank}_0.distcp":
             b"PK".join(tensor_bytes(t) for t in recs[rank]["params"][step].values()) for rank in range(len(recs))}
-
-
-def test_the_graders_model_is_the_stubs():
-    spec = importlib.util.spec_from_file_location("stub33", ROOT / "exercises" / "33_dcp.py")
-    stub = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stub)
-    torch.manual_seed(rank_side.SEED)
-    theirs = stub.Model()
-    ours = rank_side.build_model()
-    for (a, x), (b, y) in zip(theirs.state_dict().items(), ours.state_dict().items()):
-        assert a == b and torch.equal(x, y)
-    x, _ = rank_side.batch(9, 0, 1)
-    assert torch.equal(theirs(x), ours(x))
 
 
 def test_a_step_is_the_same_global_batch_on_any_number_of_ranks():
@@ -135,8 +115,8 @@ def test_the_large_parameters_are_the_matrices_and_their_shards_are_distinct():
 
 def test_assemble_puts_dim0_shards_together_and_takes_a_whole_tensor_once():
     state = STATES[10]
-    assert v.first_difference(v.assemble([_shard(state, r, 3) for r in range(3)], SHAPES), state) is None
-    assert v.first_difference(v.assemble([state, state], SHAPES), state) is None
+    assert first_difference(v.assemble([_shard(state, r, 3) for r in range(3)], SHAPES), state) is None
+    assert first_difference(v.assemble([state, state], SHAPES), state) is None
     assert v.assemble([_shard(state, 0, 2), {}], SHAPES) == {}
 
 
@@ -304,10 +284,10 @@ def loads(world_size: int = LOAD, resume: dict | None = None, kill: dict | None 
     """Every rank's record of a right load: the checkpoint of step 10 resumed to 12, the kill folder's of 12."""
     resume = STATES[10] if resume is None else resume
     kill = STATES[12] if kill is None else kill
-    return [{v.RESUME: {"returned": 10, "error": None, "params": _shard(resume, r, world_size),
+    return [{rank_side.RESUME: {"returned": 10, "error": None, "params": _shard(resume, r, world_size),
                         "optimizer": _optimizer_shard(OPTIMIZER, r, world_size),
                         "final": _shard(STATES[12], r, world_size)},
-             v.KILL: {"returned": 12, "error": None, "params": _shard(kill, r, world_size),
+             rank_side.KILL: {"returned": 12, "error": None, "params": _shard(kill, r, world_size),
                       "optimizer": _optimizer_shard(OPTIMIZER, r, world_size)},
              "memory": []} for r in range(world_size)]
 
@@ -331,7 +311,7 @@ def test_a_right_load_passes_every_load_check(world_size):
 @pytest.mark.parametrize("returned", [9, True, "10", 10.0, None])
 def test_any_other_step_fails_returns_step(returned):
     recs = loads()
-    recs[1][v.RESUME]["returned"] = returned
+    recs[1][rank_side.RESUME]["returned"] = returned
     status, message = load_verdicts(recs)["returns-step"]
     assert status == "fail" and "rank 1 of 3" in message and repr(returned) in message
 
@@ -353,17 +333,17 @@ def test_a_load_that_restores_nothing_fails_resume():
 
 def test_steps_after_the_load_off_by_more_than_rounding_fail_resume():
     recs = loads()
-    recs[0][v.RESUME]["final"]["head.weight"] += 1e-3
+    recs[0][rank_side.RESUME]["final"]["head.weight"] += 1e-3
     status, message = load_verdicts(recs)["resharded-resume"]
     assert status == "fail" and "'head.weight' differs by up to 0.001" in message
     recs = loads()
-    recs[0][v.RESUME]["final"]["head.weight"] += 1e-7
+    recs[0][rank_side.RESUME]["final"]["head.weight"] += 1e-7
     assert load_verdicts(recs)["resharded-resume"][0] == "pass"
 
 
 def test_a_load_that_raises_fails_resume_and_leaves_the_optimizer_undecided():
     recs = loads()
-    recs[2][v.RESUME] = {"returned": None, "error": "RuntimeError: mixed torch.Tensor and DTensor"}
+    recs[2][rank_side.RESUME] = {"returned": None, "error": "RuntimeError: mixed torch.Tensor and DTensor"}
     got = load_verdicts(recs)
     assert got["resharded-resume"][0] == "fail" and "rank 2 of 3" in got["resharded-resume"][1]
     assert got["optimizer-state"][0] == "not-checked"
@@ -372,7 +352,7 @@ def test_a_load_that_raises_fails_resume_and_leaves_the_optimizer_undecided():
 def test_a_fresh_optimizer_fails_optimizer_state():
     recs = loads()
     for record in recs:
-        record[v.RESUME]["optimizer"] = {}
+        record[rank_side.RESUME]["optimizer"] = {}
     status, message = load_verdicts(recs)["optimizer-state"]
     assert status == "fail" and "fresh AdamW" in message
 
@@ -380,20 +360,20 @@ def test_a_fresh_optimizer_fails_optimizer_state():
 def test_another_step_count_or_average_fails_optimizer_state():
     recs = loads()
     for record in recs:
-        record[v.RESUME]["optimizer"]["embed.weight"]["step"] = 0.0
+        record[rank_side.RESUME]["optimizer"]["embed.weight"]["step"] = 0.0
     assert "step for 'embed.weight' is 0.0" in load_verdicts(recs)["optimizer-state"][1]
     recs = loads()
-    recs[1][v.RESUME]["optimizer"]["head.bias"]["exp_avg"] += 0.5
+    recs[1][rank_side.RESUME]["optimizer"]["head.bias"]["exp_avg"] += 0.5
     assert "'head.bias' is not the checkpoint's" in load_verdicts(recs)["optimizer-state"][1]
 
 
 def test_after_a_kill_a_load_that_raises_or_takes_the_killed_save_fails():
     recs = loads()
-    recs[0][v.KILL] = {"returned": None, "error": "CheckpointException (ranks [0, 1, 2]); ..."}
+    recs[0][rank_side.KILL] = {"returned": None, "error": "CheckpointException (ranks [0, 1, 2]); ..."}
     status, message = load_verdicts(recs)["survives-kill"]
     assert status == "fail" and "rank 0 as it opened __0_0.distcp" in message and "CheckpointException" in message
     recs = loads()
-    recs[2][v.KILL]["returned"] = 13
+    recs[2][rank_side.KILL]["returned"] = 13
     assert "returned 13, the killed save's step" in load_verdicts(recs)["survives-kill"][1]
 
 

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from grader import catalog
-from grader.checks import ex34_pipelining as ex34
-from grader.checks import ex34_rank as ex
-from grader.checks import ex34_verdicts as v
-from grader.grading import Grading, Plan
+from grader.checks.ex34_pipelining import rank as rank_side
+from grader.checks.ex34_pipelining import reference as ref
+from grader.checks.ex34_pipelining import verdicts as v
+from grader.checks.shared.stub_models import pipeline_loss
+from grading_helpers import grading_for, verdicts
 
 # The orders torch 2.13's schedules run on 2 ranks with 4 micro-batches (as recorded by the rank driver).
 TORCH_ORDERS = {
@@ -28,17 +29,12 @@ LOOPED_BFS = ["F0.0 F0.1 F0.2 F0.3 F2.0 F2.1 F2.2 F2.3 B2.3 B2.2 B2.1 B2.0 B0.3 
               "F1.0 F1.1 F1.2 F1.3 F3.0 F3.1 F3.2 F3.3 B3.3 B3.2 B3.1 B3.0 B1.3 B1.2 B1.1 B1.0"]
 
 
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("34"), "solutions/34_pipelining.py", None, Plan("gloo", [world_size]))
-
-
-def verdicts(g: Grading) -> dict:
-    return {c.id: (c.status, c.message) for c in g.results(None) if c.status != "error"}
+grading = grading_for("34")
 
 
 @functools.cache
 def replay_of(schedule: str, world_size: int) -> dict:
-    return ex34.reference_run(schedule, world_size)
+    return ref.reference_run(schedule, world_size)
 
 
 def actions(order: str) -> list[tuple[str, int, int]]:
@@ -65,11 +61,11 @@ def records(schedule: str, world_size: int = 2, *, orders=None, states=None, los
     states = replay["states"] if states is None else states
     orders = orders or TORCH_ORDERS[schedule]
     losses = replay["losses"] if losses is None else losses
-    num_stages = ex.stages_per_rank(schedule) * world_size
+    num_stages = rank_side.stages_per_rank(schedule) * world_size
     out = []
     for rank in range(world_size):
-        mine = ex.stages_of_rank(schedule, rank, world_size)
-        names = [n for n in replay["initial"] if ex.stage_of(n, num_stages, world_size) in mine]
+        mine = rank_side.stages_of_rank(schedule, rank, world_size)
+        names = [n for n in replay["initial"] if rank_side.stage_of(n, num_stages, world_size) in mine]
         acts = actions(orders[rank])
         steps = [{"events": _events(schedule, rank, world_size), "actions": acts, "peak_live": peak(acts),
                   "loss": {"type": "float", "value": losses[i]} if rank == world_size - 1 else
@@ -92,44 +88,44 @@ def judge(schedule: str, per_rank: list[dict], world_size: int = 2) -> dict:
 # --- the layout ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ex.SCHEDULES)
+@pytest.mark.parametrize("schedule", rank_side.SCHEDULES)
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_stages_partition_the_model_and_loop_over_the_ranks(schedule, world_size):
-    names = [n for n, _ in ex.build_model(schedule, world_size).named_parameters()]
-    num_stages = ex.stages_per_rank(schedule) * world_size
-    per_rank = [ex.stages_of_rank(schedule, r, world_size) for r in range(world_size)]
+    names = [n for n, _ in rank_side.build_model(schedule, world_size).named_parameters()]
+    num_stages = rank_side.stages_per_rank(schedule) * world_size
+    per_rank = [rank_side.stages_of_rank(schedule, r, world_size) for r in range(world_size)]
     assert sorted(s for stages in per_rank for s in stages) == list(range(num_stages))
     assert all(s % world_size == r for r, stages in enumerate(per_rank) for s in stages)
-    owners = Counter(ex.stage_of(n, num_stages, world_size) for n in names)
+    owners = Counter(rank_side.stage_of(n, num_stages, world_size) for n in names)
     assert sorted(owners) == list(range(num_stages))
-    assert ex.stage_of("tok_embeddings.weight", num_stages, world_size) == 0
-    assert ex.stage_of("output.weight", num_stages, world_size) == num_stages - 1
+    assert rank_side.stage_of("tok_embeddings.weight", num_stages, world_size) == 0
+    assert rank_side.stage_of("output.weight", num_stages, world_size) == num_stages - 1
 
 
 def test_an_activation_is_larger_than_any_shape_header():
-    assert ex.activation_bytes() > v.HEADER_LIMIT
+    assert rank_side.activation_bytes() > v.HEADER_LIMIT
 
 
 def test_interleaved_on_two_ranks_sends_three_boundaries_worth_each_way():
-    m, size = ex.n_microbatches(2), ex.activation_bytes()
+    m, size = rank_side.n_microbatches(2), rank_side.activation_bytes()
     sends = v.expected_sends("Interleaved1F1B", 2)
     assert sends[0] == Counter({(1, size): 3 * m}) and sends[1] == Counter({(0, size): 3 * m})
     assert v.expected_sends("GPipe", 3)[1] == Counter({(0, size): 6, (2, size): 6})
 
 
 def test_the_replay_steps_with_the_gradient_of_the_whole_batch_mean_loss():
-    model = ex.build_model("GPipe", 2)
-    tokens, targets = ex.make_batch("GPipe", 2, 0)
-    ex.loss_fn(model(tokens), targets).backward()
+    model = rank_side.build_model("GPipe", 2)
+    tokens, targets = rank_side.make_batch("GPipe", 2, 0)
+    pipeline_loss(model(tokens), targets).backward()
     replay = replay_of("GPipe", 2)
     for name, p in model.named_parameters():
-        torch.testing.assert_close(replay["states"][0][name], p.detach() - ex.LR * p.grad, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(replay["states"][0][name], p.detach() - rank_side.LR * p.grad, rtol=1e-10, atol=1e-12)
 
 
 # --- right records pass ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ex.SCHEDULES)
+@pytest.mark.parametrize("schedule", rank_side.SCHEDULES)
 def test_a_right_record_passes_every_check(schedule):
     got = judge(schedule, records(schedule))
     assert {k: s for k, (s, _) in got.items()} == {c.id: "pass" for c in catalog.by_id("34").checks}, got
@@ -180,7 +176,7 @@ def test_too_few_micro_batches_fail_messages_per_step():
     for rank, obs in enumerate(per_rank):
         obs["steps"][1]["events"] = _events("1F1B", rank, 2, fewer)
     status, message = judge("1F1B", per_rank)["messages-per-step"]
-    assert status == "fail" and "at step 2" in message and f"{ex.n_microbatches(2)} x" in message
+    assert status == "fail" and "at step 2" in message and f"{rank_side.n_microbatches(2)} x" in message
 
 
 def test_small_messages_are_not_counted_as_activations():
@@ -218,7 +214,7 @@ def _scaled_states(schedule: str, factor: float) -> list[dict]:
 
 
 def test_gradients_n_microbatches_times_too_large_fail_grad_scale():
-    got = judge("GPipe", records("GPipe", states=_scaled_states("GPipe", ex.n_microbatches(2))))
+    got = judge("GPipe", records("GPipe", states=_scaled_states("GPipe", rank_side.n_microbatches(2))))
     status, message = got["grad-scale"]
     assert status == "fail" and "4 times" in message and "scale_grads" in message
     assert got["matches-single-process"][0] == "fail"
@@ -249,7 +245,7 @@ def test_a_rank_whose_optimizer_never_steps_fails_matches_single_process():
 
 def test_the_sum_of_the_losses_fails_loss_returned():
     replay = replay_of("GPipe", 2)
-    m = ex.n_microbatches(2)
+    m = rank_side.n_microbatches(2)
     status, message = judge("GPipe", records("GPipe", losses=[m * x for x in replay["losses"]]))["loss-returned"]
     assert status == "fail" and "summed, not averaged" in message
 
@@ -282,24 +278,3 @@ def test_a_rank_that_runs_nothing_is_named_when_its_neighbours_fail():
         step["actions"] = []
     status, message = judge("GPipe", per_rank)["matches-single-process"]
     assert status == "fail" and "rank(s) [1] returned from train_step without running their stages" in message
-
-
-def test_the_graders_model_is_the_stubs():
-    """The grader builds its own copy of the stub's Model (so that a learner's file cannot change it): the same
-    parameters, the same initial values from the same seed, the same loss on the same batch."""
-    import importlib.util
-
-    from conftest import ROOT
-
-    spec = importlib.util.spec_from_file_location("stub34", ROOT / "exercises" / "34_pipelining.py")
-    stub = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stub)
-    for schedule in ex.SCHEDULES:
-        ours = ex.build_model(schedule, 2)
-        torch.manual_seed(ex.SEED + 10 * 2 + ex.SCHEDULES.index(schedule))
-        theirs = stub.Model(n_layers=ex.n_layers(2)).double()
-        assert {k: t.shape for k, t in theirs.state_dict().items()} == {k: t.shape for k, t in ours.state_dict().items()}
-        for a, b in zip(theirs.state_dict().values(), ours.state_dict().values()):
-            assert torch.equal(a, b)
-        tokens, targets = ex.make_batch(schedule, 2, 0)
-        assert torch.equal(stub.loss_fn(theirs(tokens), targets), ex.loss_fn(ours(tokens), targets))

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from capacity_records import RECORDS, answer, grading, model_answers, verdicts
+from capacity_records import RECORDS, answer, model_answers
 from grader import capacity
 from grader.checks import ex41_memory as ex41
 from grader.checks.shared import capacity_cases as cases
+from grading_helpers import grading_for, verdicts
+
+grading = grading_for("41")
 
 
 def test_estimates_equal_to_the_measurement_pass_every_term():
-    g = grading("41")
+    g = grading()
     ex41.check_measured(g, model_answers(capacity.training_memory), RECORDS)
     got = verdicts(g)
     assert all(got[check][0] == "pass" for check in ex41.TERMS.values()), got
 
 
 def test_a_wrong_term_in_one_configuration_fails_that_term_only_and_names_it():
-    g = grading("41")
+    g = grading()
     answers = model_answers(capacity.training_memory)
     answers["dp2 zero1"]["value"]["grads"] /= 2  # gradients counted as sharded under ZeRO 1
     ex41.check_measured(g, answers, RECORDS)
@@ -32,7 +35,7 @@ def test_a_wrong_term_in_one_configuration_fails_that_term_only_and_names_it():
 def test_activations_are_held_within_what_the_measurement_needs(off, status):
     """The runs save LayerNorm's statistics beyond the formula (up to 1.12 % of what they measure): the
     formula passes, a figure 1 % below it or 3 % above it does not."""
-    g = grading("41")
+    g = grading()
     answers = model_answers(capacity.training_memory)
     for a in answers.values():
         a["value"]["activations"] *= off
@@ -74,7 +77,7 @@ def test_the_right_element_sizes_are_the_model_s():
 
 @pytest.mark.parametrize("wrong", list(WRONG_SIZES))
 def test_each_wrong_element_size_fails(wrong):
-    g = grading("41")
+    g = grading()
     answers = model_answers(capacity.training_memory)
     for name, plan in cases.CONFIGS.items():
         answers[name]["value"]["activations"] = WRONG_SIZES[wrong](cases.SMALL, plan)
@@ -84,7 +87,7 @@ def test_each_wrong_element_size_fails(wrong):
 
 
 def test_an_answer_that_raised_fails_every_measured_term_with_the_error():
-    g = grading("41")
+    g = grading()
     answers = model_answers(capacity.training_memory)
     answers["tp2"] = {"error": "KeyError: 'tp'", "value_error": False}
     ex41.check_measured(g, answers, RECORDS)
@@ -95,13 +98,13 @@ def test_an_answer_that_raised_fails_every_measured_term_with_the_error():
 def test_the_zero_paper_figures_come_from_the_model_and_a_missing_master_copy_fails_them():
     plans = [capacity.Plan(dp=64, zero=z) for z in ex41.ZERO_FIGURE_GB]
     right = [answer(capacity.training_memory(ex41.ZERO_MODEL, p)) for p in plans]
-    g = grading("41")
+    g = grading()
     ex41.check_zero_paper(g, right)
     assert verdicts(g)["zero-paper"][0] == "pass"
     wrong = [answer(capacity.training_memory(ex41.ZERO_MODEL, p)) for p in plans]
     for a, p in zip(wrong, plans):
         a["value"]["optimizer"] *= 8 / 12  # 2 + 2 + 8 bytes
-    g = grading("41")
+    g = grading()
     ex41.check_zero_paper(g, wrong)
     status, message = verdicts(g)["zero-paper"]
     assert status == "fail" and "120.0 GB" in message
@@ -117,13 +120,13 @@ def test_korthikantis_table_is_the_model_at_sixteen_bits():
 
 
 def test_a_refusal_must_be_a_value_error():
-    g = grading("41")
+    g = grading()
     cases.check_refusals(g, "training_memory", {"pp=3": {"value_error": True, "error": "ValueError: no"},
                                                 "tp=3": {"value_error": False, "error": "ZeroDivisionError: x"},
                                                 "zero=4": {"value": {"total": 1.0}}})
     status, message = verdicts(g)["bad-plans-refused"]
     assert status == "fail" and "tp=3" in message and "ZeroDivisionError" in message
-    g = grading("41")
+    g = grading()
     cases.check_refusals(g, "training_memory", {"zero=4": {"value": {"total": 1.0}}})
     status, message = verdicts(g)["bad-plans-refused"]
     assert status == "fail" and "zero=4: training_memory returned an answer, not ValueError" in message

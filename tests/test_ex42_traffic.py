@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import math
 
-from capacity_records import RECORDS, answer, grading, model_answers, verdicts
+from capacity_records import RECORDS, answer, model_answers
 from grader import capacity
 from grader import capacity_plans
 from grader.checks import ex42_traffic as ex42
 from grader.checks.shared import capacity_cases as cases
+from grading_helpers import grading_for, verdicts
+
+grading = grading_for("42")
 
 
 def test_traffic_equal_to_the_collectives_passes_and_a_missing_factor_two_fails():
-    g = grading("42")
+    g = grading()
     ex42.check_traffic(g, model_answers(capacity.communication), RECORDS)
     assert verdicts(g)["traffic-measured"][0] == "pass"
     answers = model_answers(capacity.communication)
     for a in answers.values():
         if "all-reduce" in a["value"]["dp"]:
             a["value"]["dp"]["all-reduce"] /= 2
-    g = grading("42")
+    g = grading()
     ex42.check_traffic(g, answers, RECORDS)
     status, message = verdicts(g)["traffic-measured"]
     assert status == "fail" and "dp all-reduce" in message and "dp2 zero0 fp32" in message
@@ -28,7 +31,7 @@ def test_traffic_equal_to_the_collectives_passes_and_a_missing_factor_two_fails(
 def test_a_collective_the_learner_left_out_fails():
     answers = model_answers(capacity.communication)
     answers["pp2 1f1b"]["value"]["pp"] = {}
-    g = grading("42")
+    g = grading()
     ex42.check_traffic(g, answers, RECORDS)
     status, message = verdicts(g)["traffic-measured"]
     assert status == "fail" and "pp send: 0 bytes estimated" in message
@@ -43,13 +46,13 @@ def test_measured_traffic_applies_the_ring_factor_of_each_group():
 
 
 def test_flops_must_equal_the_counted_flops():
-    g = grading("42")
+    g = grading()
     cluster = lambda p: capacity_plans.on(capacity_plans.H100, p.world_size)  # noqa: E731
     right = {n: answer(capacity.step_time(cases.SMALL, p, cluster(p))) for n, p in cases.CONFIGS.items()}
     ex42.check_flops(g, right, RECORDS)
     assert verdicts(g)["flops-measured"][0] == "pass"
     right["tp2 full fp32"]["value"]["flops"] *= 0.75
-    g = grading("42")
+    g = grading()
     ex42.check_flops(g, right, RECORDS)
     status, message = verdicts(g)["flops-measured"]
     assert status == "fail" and "tp2 full fp32" in message and "FlopCounterMode" in message
@@ -61,14 +64,14 @@ def test_the_bubble_is_gpipes_fraction_and_swapping_p_and_m_fails():
     for plan, t in zip(plans, times):
         share = t["value"]["bubble_s"] / t["value"]["total_s"]
         assert math.isclose(share, (plan.pp - 1) / (plan.micro_batches + plan.pp - 1))
-    g = grading("42")
+    g = grading()
     ex42.check_bubble(g, list(zip(plans, times)))
     assert verdicts(g)["bubble"][0] == "pass"
     for plan, t in zip(plans, times):
         busy = t["value"]["compute_s"] + t["value"]["tp_s"] + t["value"]["pp_s"]
         t["value"]["bubble_s"] = busy * (plan.micro_batches - 1) / plan.pp
         t["value"]["total_s"] = busy + t["value"]["bubble_s"]
-    g = grading("42")
+    g = grading()
     ex42.check_bubble(g, list(zip(plans, times)))
     assert verdicts(g)["bubble"][0] == "fail"
 
@@ -76,12 +79,12 @@ def test_the_bubble_is_gpipes_fraction_and_swapping_p_and_m_fails():
 def test_the_ring_shares_two_n_minus_one_over_n():
     plans = [capacity.Plan(dp=n) for n in ex42.RING_SIZES]
     right = [answer(capacity.communication(ex42.BIG, p)) for p in plans]
-    g = grading("42")
+    g = grading()
     ex42.check_ring(g, list(zip(plans, right)))
     assert verdicts(g)["ring-factor"][0] == "pass"
     for a in right:
         a["value"]["dp"] = {"all-reduce": a["value"]["dp"]["all-reduce"] / 2}
-    g = grading("42")
+    g = grading()
     ex42.check_ring(g, list(zip(plans, right)))
     status, message = verdicts(g)["ring-factor"]
     assert status == "fail" and "2(n-1)/n" in message
@@ -100,12 +103,12 @@ def test_every_step_time_case_reaches_each_link_and_term():
 def test_flops_measured_says_how_many_configurations_are_wrong_not_only_the_first():
     truths = {name: float(records[0]["flops"]) for name, records in RECORDS.items()}
     right = {name: {"value": {"flops": flops}} for name, flops in truths.items()}
-    g = grading("42")
+    g = grading()
     ex42.check_flops(g, right, RECORDS)
     assert verdicts(g)["flops-measured"][0] == "pass"
     wrong = {name: {"value": {"flops": flops * (0.5 if i % 2 else 1.0)}} for i, (name, flops) in enumerate(truths.items())}
     off = sum(1 for i in range(len(truths)) if i % 2)
-    g = grading("42")
+    g = grading()
     ex42.check_flops(g, wrong, RECORDS)
     status, message = verdicts(g)["flops-measured"]
     assert status == "fail" and f"(and {off - 1} more of the {len(truths)} configurations)" in message

@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import itertools
 
-from capacity_records import answer, grading, verdicts
+from capacity_records import answer
 from grader import capacity
 from grader import capacity_plans as plans
 from grader.checks import ex43_plan as ex43
+from grading_helpers import grading_for, verdicts
+
+grading = grading_for("43")
 
 
 def test_a_plan_outside_the_rules_says_why():
     model, cluster, tokens = plans.SCENARIOS["8B on 64 GPUs"]
     best = plans.best_plan(model, cluster, tokens)
-    g = grading("43")
+    g = grading()
     short = answer(capacity.Plan(**{**capacity.to_dict(best), "micro_batches": 1}))
     assert ex43.check_allowed(g, "8B", model, cluster, tokens, short) is None
     status, message = verdicts(g)["plan-allowed"]
     assert status == "fail" and "global batch" in message
-    g = grading("43")
+    g = grading()
     assert ex43.check_allowed(g, "8B", model, cluster, tokens, answer(best)) == best
 
 
@@ -33,7 +36,7 @@ def test_the_scenarios_best_plans_fit_and_nothing_fits_the_small_cluster():
 def test_a_slow_plan_is_named_with_what_limits_it():
     model, cluster, tokens = plans.SCENARIOS["8B on 64 GPUs"]
     slow = capacity.Plan(dp=8, tp=8, zero=3, micro_batches=64)
-    g = grading("43")
+    g = grading()
     ex43.check_near(g, [("8B on 64 GPUs", model, cluster, tokens, slow)])
     status, message = verdicts(g)["plan-near-fastest"]
     assert status == "fail" and "x the fastest" in message and "limited by" in message
@@ -80,7 +83,7 @@ def test_tensor_parallelism_across_two_nodes_is_the_fastest_plan_the_rules_forbi
     seconds, careless = fastest(model, cluster, tokens, tps=(1, 2, 4, 8, 16), node=False)
     assert careless.tp == 8 > cluster.gpus_per_node == 4
     assert seconds < capacity.step_time(model, plans.best_plan(model, cluster, tokens), cluster).total_s
-    g = grading("43")
+    g = grading()
     assert ex43.check_allowed(g, "4-GPU nodes", model, cluster, tokens, answer(careless)) is None
     assert "tp 8 spans 2 nodes" in verdicts(g)["plan-allowed"][1]
 
@@ -91,16 +94,16 @@ def test_tp_8_is_the_fastest_for_52_heads_if_nobody_checks_that_it_divides_them(
     careless = fastest(model, cluster, tokens, heads=False)[1]
     monkeypatch.undo()
     assert careless.tp == 8 and model.heads % 8
-    g = grading("43")
+    g = grading()
     assert ex43.check_allowed(g, "52 heads", model, cluster, tokens, answer(careless)) is None
     assert "tensor-parallel size 8 does not divide 52 heads" in verdicts(g)["plan-allowed"][1]
 
 
 def test_a_rounded_batch_fails_and_a_value_error_passes():
-    g = grading("43")
+    g = grading()
     ex43.check_batch_refused(g, {"value": {"dp": 64.0}})
     status, message = verdicts(g)["uneven-batch-refused"]
     assert status == "fail" and "512.50 sequences" in message
-    g = grading("43")
+    g = grading()
     ex43.check_batch_refused(g, {"error": "ValueError: not whole", "value_error": True})
     assert verdicts(g)["uneven-batch-refused"][0] == "pass"

@@ -7,25 +7,16 @@ import ast
 from conftest import ROOT
 
 
-def _runtime_nodes(tree):
-    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (imports for annotations only)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
-                stack.extend(child.orelse)
-                continue
-            stack.append(child)
-
-
-def imported_modules(path) -> set[str]:
+def imported_modules(path, modules: set[str] | None = None) -> set[str]:
+    """The names ``path`` imports: each module, and ``module.name`` for each name taken from one. Given the
+    package's ``modules``, ``from package import submodule`` counts as the submodule alone."""
     names = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):  # under TYPE_CHECKING too
         if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
+            taken = {f"{node.module}.{a.name}" for a in node.names}
+            names.update(taken)
+            if modules is None or not taken <= modules:
+                names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
     return names
@@ -61,7 +52,7 @@ def test_exit_codes_are_defined_once():
 # imports inside functions included; and no two modules import each other, however indirectly.
 LAYERS = [
     ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
-              "grader.wire", "grader.kit", "grader.learner", "grader.untrusted", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
+              "grader.wire", "grader.kit", "grader.learner", "grader.untrusted", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
               "grader.capacity_layout", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.outcomes", "grader.harness",
@@ -98,8 +89,9 @@ def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph = {}
     for name, path in modules.items():
-        graph[name] = {m for m in imported_modules(path) if m in modules and m != name}
-        graph[name] |= {m.rsplit(".", 1)[0] for m in imported_modules(path)
+        imported = imported_modules(path, set(modules))
+        graph[name] = {m for m in imported if m in modules and m != name}
+        graph[name] |= {m.rsplit(".", 1)[0] for m in imported
                         if m.rsplit(".", 1)[0] in modules and m.rsplit(".", 1)[0] != name and m not in modules}
     return graph
 
@@ -164,6 +156,22 @@ def test_the_graph_test_sees_a_circle_and_an_upward_import(tmp_path, monkeypatch
         pass
     else:
         raise AssertionError("the circle was not seen")
+
+
+def test_an_import_for_annotations_only_counts_too(tmp_path, monkeypatch):
+    """Two modules that import each other, one of them only under ``if TYPE_CHECKING:``: still a circle."""
+    (tmp_path / "grader" / "quiz").mkdir(parents=True)
+    (tmp_path / "grader" / "quiz" / "bank.py").write_text("from grader.quiz.giveaways import score\n")
+    (tmp_path / "grader" / "quiz" / "giveaways.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from grader.quiz.bank import Question\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    assert import_graph()["grader.quiz.giveaways"] == {"grader.quiz.bank"}
+    try:
+        test_no_two_modules_import_each_other_however_indirectly()
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("the circle through an annotation was not seen")
 
 
 def test_the_grading_object_has_every_member_the_checks_interface_names():

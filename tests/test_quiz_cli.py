@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 import grader.quiz.command as command
 from grader.cli import main
-from grader.quiz.bank import LETTERS, TOPICS, load_bank, topic_counts
+from grader.quiz.bank import TOPICS, load_bank, topic_counts
+from grader.quiz.question import LETTERS
 
 BANK_BY_ID = {q.id: q for q in load_bank()}
 

@@ -80,7 +80,7 @@ def test_absolute_words_are_no_tell_within_a_question(question):
 
 
 def test_absolute_word_tell_is_found():
-    from grader.quiz.bank import Question
+    from grader.quiz.question import Question
 
     def question(choices):
         return Question(id="x", topic="core", difficulty="easy", text="?", choices=tuple(choices),

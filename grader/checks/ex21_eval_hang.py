@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from grader.checks.shared import debug_job
 from grader.checks.interface import Grader
+from grader.checks.shared.stub_models import TwoLayerNet
 
 EPOCHS = 3
 LR = 0.1
@@ -54,7 +55,7 @@ def check_job(g, job: debug_job.Job, data: dict) -> None:
         if step in ends:
             at_epoch_end.append(debug_job.cpu_state(model))
 
-    replayed = debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
+    replayed = debug_job.check_replay(g, job, TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                                       after_step=after_step)
     if not replayed:
         g.not_checked("val-loss-logged", "matches-replay", "the validation loss is judged against the replayed "
@@ -66,7 +67,7 @@ def check_job(g, job: debug_job.Job, data: dict) -> None:
 
 
 def val_loss(state: dict, data: dict, rows: slice | None = None) -> float:
-    model = debug_job.TwoLayerNet()
+    model = TwoLayerNet()
     model.load_state_dict(state)
     x, y = data["val_x"], data["val_y"]
     if rows is not None:

@@ -10,12 +10,11 @@ the warm-up epoch, then the main loss plus AUX_WEIGHT times the auxiliary loss.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
-from torch import nn
 
 from grader.checks.shared import debug_job
 from grader.checks.interface import Grader
+from grader.checks.shared.stub_models import TwoHeadNet
 
 EPOCHS = 3
 LR = 0.1
@@ -23,20 +22,6 @@ AUX_WEIGHT = 0.3
 WARMUP_EPOCHS = 1
 N_TRAIN, N_VAL = 96, 48
 OTHER_CHECKS = ("ddp-defaults", "params-identical", "matches-replay")
-
-
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.head = nn.Linear(32, 4)
-        self.aux_head = nn.Linear(32, 4)
-
-    def forward(self, x):
-        h = torch.relu(self.fc1(x))
-        return self.head(h), self.aux_head(h)
 
 
 def make_data() -> dict:
@@ -90,7 +75,7 @@ def check_training(g, job: debug_job.Job, data: dict) -> None:
     def explain(per_rank, start, final) -> str:
         """Is it the schedule of the auxiliary loss? Name the one the ranks followed."""
         for warmup_weight, words in ((AUX_WEIGHT, "the auxiliary loss from the first epoch on (no warm-up)"),):
-            model = Net()
+            model = TwoHeadNet()
             model.load_state_dict(start)
             debug_job.replay(model, per_rank, data["train_x"], data["train_y"], lr=LR,
                              loss_fn=loss_with(warmup_weight))
@@ -99,5 +84,5 @@ def check_training(g, job: debug_job.Job, data: dict) -> None:
                         f"add {AUX_WEIGHT} x the auxiliary loss")
         return ""
 
-    debug_job.check_replay(g, job, Net(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_with(0.0),
+    debug_job.check_replay(g, job, TwoHeadNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=loss_with(0.0),
                            explain=explain)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from grader.checks.shared import debug_job
 from grader.child import RankContext
 from grader.checks.interface import Grader
+from grader.checks.shared.stub_models import TwoLayerNet
 
 EPOCHS = 3
 LR = 0.1
@@ -71,7 +72,7 @@ def grade(g: Grader) -> None:
         g.record("data-split", *debug_job.data_split_verdict(steps, world_size, n_train, EPOCHS, BATCH_SIZE),
                  world_size=world_size)
         debug_job.check_params_identical(g, job)
-        debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
+        debug_job.check_replay(g, job, TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                                uneven_epochs=EPOCHS)
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from grader.checks.shared import debug_job
 from grader.compare import largest_difference
 from grader.checks.interface import Grader
+from grader.checks.shared.stub_models import TwoLayerNet
 
 EPOCHS = 6
 LR = 0.1
@@ -63,7 +64,7 @@ def replay_schedule(start: dict, epochs: list[list[list[list[int]]]], data: dict
     ``epochs[e][r]``: rank r's micro-batches of each step of epoch e. Returns the final state and,
     per epoch, ``lr`` (the rate it trained at), ``val_loss`` after it and ``best`` before it.
     """
-    model = debug_job.TwoLayerNet()
+    model = TwoLayerNet()
     model.load_state_dict(start)
     lr, best = LR, float("inf")
     log = []
@@ -90,7 +91,7 @@ def check_schedule(g, job: debug_job.Job, data: dict) -> None:
         for check in ("lr-schedule", "matches-replay"):
             g.record(check, False, message, world_size=ws)
         return
-    misfit = debug_job.load_into(debug_job.TwoLayerNet(), first)
+    misfit = debug_job.load_into(TwoLayerNet(), first)
     if misfit:
         for check in ("lr-schedule", "matches-replay"):
             g.record(check, False, f"the model is not the script's: {misfit} (keep the model as it is)", world_size=ws)

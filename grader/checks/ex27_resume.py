@@ -18,6 +18,7 @@ from grader.checks.shared import debug_job
 from grader.child import RankContext
 from grader.compare import first_difference
 from grader.checks.interface import Grader
+from grader.checks.shared.stub_models import TwoLayerNet
 
 EPOCHS = 2  # trained after the resume
 LR = 0.1
@@ -38,7 +39,7 @@ def make_data() -> dict:
 def make_checkpoint(data: dict) -> dict:
     """An earlier run's checkpoint, the same in every process: a few SGD steps with momentum."""
     torch.manual_seed(2700)
-    model = debug_job.TwoLayerNet()
+    model = TwoLayerNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for step in range(6):
         x = data["train_x"][step * 16:(step + 1) * 16]
@@ -61,7 +62,7 @@ def rank_main(ctx: RankContext) -> dict:
         result["checkpoint"] = {
             "model": {k: v.clone() for k, v in checkpoint["model"].items()},
             "buffers": [state[i]["momentum_buffer"].clone() if i in state else None
-                        for i in range(len(list(debug_job.TwoLayerNet().parameters())))],
+                        for i in range(len(list(TwoLayerNet().parameters())))],
         }
     return result
 
@@ -79,7 +80,7 @@ def grade(g: Grader) -> None:
         steps = [s for s, _ in debug_job.per_rank_steps(job)]
         g.record("epochs-continue", *epochs_verdict(steps, world_size), world_size=world_size)
         g.record("params-identical", *identical_verdict(job, resumed), world_size=world_size)
-        debug_job.check_replay(g, job, debug_job.TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
+        debug_job.check_replay(g, job, TwoLayerNet(), data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                                momentum=MOMENTUM, buffers=[b.clone() if b is not None else None
                                                            for b in checkpoint["buffers"]],
                                start=checkpoint["model"], explain=explain_momentum(data, checkpoint))
@@ -140,7 +141,7 @@ def epochs_verdict(steps: list[list[debug_job.Step]], world_size: int) -> tuple[
 def explain_momentum(data: dict, checkpoint: dict):
     """A failing replay: does rank 0's model match a resume without the checkpoint's momentum?"""
     def explain(per_rank, start, final) -> str:
-        model = debug_job.TwoLayerNet()
+        model = TwoLayerNet()
         model.load_state_dict(start)
         debug_job.replay(model, per_rank, data["train_x"], data["train_y"], lr=LR, loss_fn=debug_job.cross_entropy,
                          momentum=MOMENTUM)

@@ -20,7 +20,8 @@ from torch import nn
 from grader import probes
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import debug_job, fsdp_job
-from grader.checks.shared.fsdp_job import LAYERS, build_model
+from grader.checks.shared.fsdp_job import build_model
+from grader.checks.shared.stub_models import JOB_LAYERS
 
 EPOCHS = 3
 SLACK = 1.05  # of the largest dim-0 shards' bytes: the ranks hold exactly those, give or take a step counter
@@ -143,7 +144,7 @@ def memory_verdict(records: list[dict], world_size: int) -> tuple[bool, str]:
 
 
 def units_verdict(records: list[dict], world_size: int) -> tuple[bool, str]:
-    """Every training forward gathers parameters in at least LAYERS + 1 all-gathers: each block's, and the
+    """Every training forward gathers parameters in at least JOB_LAYERS + 1 all-gathers: each block's, and the
     rest of the model's, apart (one unit gathers all its parameters at once, in one all-gather)."""
     for rank, record in enumerate(records):
         gathers, step, forward = 0, 0, True
@@ -151,10 +152,10 @@ def units_verdict(records: list[dict], world_size: int) -> tuple[bool, str]:
             if event.get("what") == "backward":
                 forward = False
             elif event.get("what") == "step":
-                if gathers < LAYERS + 1:
+                if gathers < JOB_LAYERS + 1:
                     seen = f"{gathers} parameter all-gather(s)" if gathers else "no parameter all-gather"
                     return False, (f"rank {rank}, optimizer step {step}: the forward gathered parameters in {seen}: "
-                                   f"FSDP gathered the model in {gathers} unit(s), for {LAYERS} blocks and the layers "
+                                   f"FSDP gathered the model in {gathers} unit(s), for {JOB_LAYERS} blocks and the layers "
                                    "around them")
                 gathers, step, forward = 0, step + 1, True
             elif forward:

@@ -14,6 +14,9 @@ from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
 from grader.checks.shared.capacity_cases import serve_main
 
+# --- in the grader --------------------------------------------------------------------------------
+# (41-43 share their rank side: the worker capacity_cases.serve_main)
+
 NEAR = 1.10  # at most 1.1 times the fastest plan's step time
 NOTHING_FITS = ("405B on 64 GPUs", plans.GPT_405B, plans.on(plans.H100, 64), 2**20)
 UNEVEN_BATCH = ("8B on 64 GPUs with half a sequence more", plans.GPT_8B, plans.on(plans.H100, 64), 4 * 2**20 + 4096)

@@ -29,8 +29,8 @@ import functools
 import importlib.util
 import re
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
+
 from grader.quiz.giveaways import (
     elimination_score,
     giveaway_problems,
@@ -42,6 +42,7 @@ from grader.quiz.giveaways import (
     singles_count,
     topic_giveaway_problems,
 )
+from grader.quiz.question import LETTERS, Question
 
 
 BANK_DIR = Path(__file__).parent / "bank"
@@ -83,7 +84,6 @@ TOPICS: dict[str, str] = {
     "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
-LETTERS = "abcde"
 MIN_CHOICES, MAX_CHOICES = 3, 5
 MIN_PER_TOPIC, MIN_TOTAL, MIN_TOPICS = 6, 150, 14
 MULTI_MARK = "choose all that apply"
@@ -129,49 +129,6 @@ _NUMBER_WORDS = frozenset("one two three four five six seven eight nine ten".spl
 
 class BankError(Exception):
     """A bank file that cannot be parsed at all (bad TOML, wrong types)."""
-
-
-@dataclass(frozen=True)
-class Question:
-    """One multiple-choice question, with its choices in the order of the bank file."""
-
-    id: str
-    topic: str
-    difficulty: str
-    text: str
-    choices: tuple[str, ...]
-    answer_letters: tuple[str, ...]
-    """Letters of the correct choices, referring to ``choices`` as written in the file."""
-    multi: bool
-    """True for a choose-all-that-apply question (answer given as a list)."""
-    explanation: str
-    sources: tuple[str, ...]
-    """Where the claim can be read: ``torch/<file>.py::Name`` or a docs URL with ``#anchor`` (one or more)."""
-    demos: tuple[str, ...] = ()
-    """``tests/quiz_demos/test_<x>.py::test_<y>``: the tests that run the claim on the installed torch."""
-    checked: str = ""
-    """The torch version the question was last checked against, e.g. ``2.13.0``."""
-    origin: str = ""
-    """The file the question came from (for error messages)."""
-
-    @property
-    def source(self) -> str:
-        """The sources as one line (for the screen and the JSON output)."""
-        return "; ".join(self.sources)
-
-    @property
-    def demo(self) -> str:
-        """The demonstrations as one line; empty when the claim is only cited."""
-        return "; ".join(self.demos)
-
-    @property
-    def correct(self) -> frozenset[int]:
-        """Indices into ``choices`` of the correct answers (letters outside the choices are dropped)."""
-        return frozenset(
-            LETTERS.index(letter)
-            for letter in self.answer_letters
-            if letter in LETTERS and LETTERS.index(letter) < len(self.choices)
-        )
 
 
 def load_bank(directory: Path | None = None) -> list[Question]:

@@ -5,10 +5,8 @@ absolute word or a reason; and near-duplicate questions. :mod:`grader.quiz.bank`
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from grader.quiz.bank import Question
+from grader.quiz.question import Question
 
 #: Giveaway limits, over the single-answer questions of the whole bank.
 MAX_LONGEST_SCORE = 0.35

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from grader.quiz.bank import LETTERS, TOPICS, Question
+from grader.quiz.bank import TOPICS
+from grader.quiz.question import LETTERS, Question
 from grader.quiz.session import Answer, Presented, Score, letters_of, plural
 
 WIDTH = 78

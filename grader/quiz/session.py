@@ -9,7 +9,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from grader.quiz.bank import LETTERS, Question
+from grader.quiz.question import LETTERS, Question
 
 
 class AnswerError(ValueError):

@@ -513,20 +513,7 @@ def same_state(a: dict, b: dict, tolerance: float = 1e-5) -> bool:
 # A checks module of the track is: its constants, ``make_data`` (the data file its runs read),
 # ``rank_main = job_driver(make_data, EPOCHS)`` (or a driver of its own when the script reads more),
 # and ``grade(g)`` looping over ``finished_jobs``, judging what is particular to its symptom, then
-# ``check_params_identical`` and ``check_replay`` with ``TwoLayerNet`` and ``cross_entropy``.
-
-
-class TwoLayerNet(nn.Module):
-    """The grader's copy of the scripts' model (every script of the track but 22's): 16 features in,
-    32 hidden, 4 classes."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.fc1(x)))
+# ``check_params_identical`` and ``check_replay`` with ``stub_models.TwoLayerNet`` and ``cross_entropy``.
 
 
 def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:

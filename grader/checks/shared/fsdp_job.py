@@ -1,7 +1,7 @@
 """The debugging track's FSDP2 jobs (28 and up): the scripts' model and data, and what the grader reads
 back of a job (the model rank 0 saves) and replays in one process.
 
-A script of this family trains :class:`Net` (token embeddings, residual MLP blocks, a final norm, a
+A script of this family trains :class:`~grader.checks.shared.stub_models.JobNet` (token embeddings, residual MLP blocks, a final norm, a
 head) sharded with fully_shard on a 1-D mesh, with SGD and momentum, a DistributedSampler (shuffle,
 seed 0) and a DataLoader of BATCH_SIZE, and rank 0 saves the full state dict to --out/model.pt at the
 end. The replay trains the same model in one process on the same global batches (the ranks' batches
@@ -18,8 +18,9 @@ from torch import nn
 
 from grader import untrusted
 from grader.checks.shared.debug_replay import load_into, replay
+from grader.checks.shared.stub_models import JOB_VOCAB, JobNet
 
-VOCAB, DIM, HIDDEN, LAYERS, SEQ = 256, 32, 64, 2, 8
+SEQ = 8
 BATCH_SIZE = 4
 LR, MOMENTUM = 0.05, 0.9
 N_TRAIN = 48  # 2 ranks: 6 steps an epoch; 3 ranks: 4
@@ -27,42 +28,14 @@ TOLERANCE = 2e-5  # float32, gradients averaged by a reduce-scatter instead of i
 MODEL_FILE = "model.pt"
 
 
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = nn.LayerNorm(DIM)
-        self.fc1 = nn.Linear(DIM, HIDDEN)
-        self.fc2 = nn.Linear(HIDDEN, DIM)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-class Net(nn.Module):
-    """The grader's copy of the script's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(DIM)
-        self.output = nn.Linear(DIM, VOCAB)
-
-    def forward(self, tokens):
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.output(self.norm(h).flatten(0, 1))
-
-
-def build_model() -> Net:
+def build_model() -> JobNet:
     torch.manual_seed(0)
-    return Net()
+    return JobNet()
 
 
 def make_data(seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (N_TRAIN, SEQ + 1), generator=g)
+    tokens = torch.randint(0, JOB_VOCAB, (N_TRAIN, SEQ + 1), generator=g)
     return {"train_x": tokens[:, :-1].contiguous(), "train_y": tokens[:, 1:].contiguous()}
 
 

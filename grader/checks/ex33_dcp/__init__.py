@@ -1,0 +1,105 @@
+"""Exercise 33: save and load with torch.distributed.checkpoint (DCP) under FSDP2, asynchronously.
+
+Rank side (rank.py): a save job on the first world size (2 by default) trains the stub's model,
+sharded with fully_shard, with AdamW, and calls the learner's save into a resume folder after steps
+9 and 10 (the disk slow for background threads, so that a save that returns before its files are
+written is seen doing so), trains on to step 12, waits for the background writes, saves into a kill
+folder after step 12, and is killed half-way through a save after step 13. Every rank records its
+writes and renames, the collectives of background threads and the group they use (one on the
+training's group is refused: left to run it aborts or hangs the job), whether it held a whole
+parameter at any moment of a save (measured from the storages alive), and its shards. A load job
+on each other world size (3 and 4) loads both folders into fresh models and optimizers and trains
+steps 11 and 12 after the resume folder's checkpoint.
+
+Grader side: the job that never stopped, put together from the save job's shards, is what every
+load is compared with; the files of the newest resume save are read for each rank's shard; the
+rest comes from the records (verdicts.py holds the verdicts).
+"""
+
+from __future__ import annotations
+
+import os
+
+from grader import untrusted, wire
+from grader.checks.ex33_dcp import verdicts
+from grader.checks.ex33_dcp.rank import (KILL, KILL_SAVES, KILLED, LAST_STEP, OBSERVATIONS, RESUME, RESUME_SAVES,
+                                         build_model, load_main, save_main)
+from grader.checks.ex33_dcp.reference import large_parameters, shapes
+from grader.checks.interface import Grader
+from grader.memory import tensor_bytes
+
+
+def read_records(run_dir: str, world_size: int) -> list[dict] | None:
+    """Every rank's observations of the save job (written to files: the job ends killed), or None."""
+    records = []
+    for rank in range(world_size):
+        path = os.path.join(run_dir, OBSERVATIONS.format(rank=rank))
+        if not os.path.lexists(path):
+            return None
+        records.append(wire.loads(untrusted.read_bytes(path)))
+    return records
+
+
+def read_folder(folder: str) -> dict[str, bytes]:
+    """Every regular file under ``folder`` (links and FIFOs left out, never followed), by absolute path."""
+    if not os.path.lexists(folder):
+        return {}
+    return {os.path.abspath(path): untrusted.read_bytes(path) for path in untrusted.list_files(folder, recursive=True)}
+
+
+def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
+    """The file each rank of the save job was opening when it was killed."""
+    notes = {}
+    for rank in range(world_size):
+        path = os.path.join(run_dir, KILLED.format(rank=rank))
+        if os.path.lexists(path):
+            notes[rank] = untrusted.clean_line(untrusted.read_text(path, 4096).strip())
+    return notes
+
+
+def grade(g: Grader) -> None:
+    save_size = g.world_sizes[0]
+    load_sizes = list(g.world_sizes[1:]) or [save_size + 1 if g.backend == "gloo" else save_size]
+    saved = g.run(save_main, save_size, expect_ok=False)
+    records = read_records(saved.run_dir, save_size)
+    if records is None:
+        g.stop_on_failures(saved)
+        g.stop("the save job ended before it could report what it saw", world_size=save_size)
+    if not verdicts.check_own_group(g, records, save_size):
+        for check_id in verdicts.AFTER_GROUP:
+            g.not_checked(check_id, "own-group", "the background saves failed", world_size=save_size)
+        return
+    failed = verdicts.first_save_error(records)
+    if failed is not None:
+        rank, entry = failed
+        g.stop(f"rank {rank}: save(path, model, optimizer, step={entry['step']}) raised {entry['error']}",
+               rank=rank, world_size=save_size)
+    verdicts.check_async(g, records, save_size)
+    verdicts.check_waits(g, records, save_size)
+    verdicts.check_own_shards(g, records, read_folder(os.path.join(saved.run_dir, RESUME)), save_size,
+                              large_parameters())
+    sizes = shapes()
+    expected = verdicts.expected_states(records, sizes)
+    initial = {name: p.detach() for name, p in build_model().named_parameters()}
+    newest, killed_after = RESUME_SAVES[-1], KILL_SAVES[0]
+    prints = {folder: {name: tensor_bytes(expected["params"][step][name]) for name in large_parameters()}
+              for folder, step in ((RESUME, newest), (KILL, killed_after))}
+    folders = {folder: os.path.join(saved.run_dir, folder) for folder in (RESUME, KILL)}
+    notes = read_notes(saved.run_dir, save_size)
+    held = [dict(entry, rank=rank, world_size=save_size) for rank, record in enumerate(records)
+            for entry in record["memory"]]
+    for world_size in load_sizes:
+        # The kill folder is loaded once, on the first of them: it is about the files, not the sizes.
+        load = [RESUME, KILL] if world_size == load_sizes[0] else [RESUME]
+        loads = g.run(load_main, world_size, kwargs={"folders": folders, "fingerprints": prints, "load": load}).results()
+        verdicts.check_returns_step(g, loads, newest, world_size)
+        verdicts.check_resume(g, loads, expected, initial, sizes, newest, LAST_STEP, save_size, world_size)
+        verdicts.check_optimizer(g, loads, expected, sizes, newest, world_size)
+        if KILL in load:
+            verdicts.check_kill(g, loads, expected, initial, notes, killed_after, world_size)
+        held += [dict(entry, rank=rank, world_size=world_size) for rank, load in enumerate(loads)
+                 for entry in load["memory"]]
+    verdicts.check_memory(g, held, sizes)
+    if load_sizes == [save_size]:
+        g.section("not resharded", f"NCCL grades one world size here ({save_size}): the checkpoint was loaded on as "
+                  "many ranks as saved it")
