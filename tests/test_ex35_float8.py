@@ -9,25 +9,24 @@ import functools
 import pytest
 import torch
 
-from grader import catalog
+from grading_helpers import grading_for
+from grading_helpers import verdicts as decided
+
 from grader.checks.ex35_float8 import rank as ex_rank
 from grader.checks.ex35_float8 import reference, verdicts
-from grader.grading import Grading, Plan
+from grader.grading import Grading
 
 E4M3, E5M2 = ex_rank.E4M3, ex_rank.E5M2
 SHARD = ex_rank.GATHER_ROWS * ex_rank.GATHER_COLS
-
-
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("35"), "solutions/35_float8.py", None, Plan("gloo", [world_size]))
+grading = grading_for("35")
 
 
 def statuses(g: Grading) -> dict:
-    return {c.id: c.status for c in g.results(None) if c.status != "error"}
+    return {check: status for check, (status, _) in decided(g).items()}
 
 
 def messages(g: Grading) -> dict:
-    return {c.id: c.message for c in g.results(None)}
+    return {check: message for check, (_, message) in decided(g).items()}
 
 
 def strided(t: torch.Tensor, column_major: bool) -> tuple[torch.Tensor, list[int]]:
