@@ -137,7 +137,18 @@ def gather_weight(scenario: str, size: int) -> torch.Tensor:
     if scenario == "outlier":
         (row, col), value = GATHER_OUTLIER
         weight[(size - 1) * GATHER_ROWS + row, col] = value
-    return weight
+    return away_from_ties(weight, E4M3)
+
+
+def away_from_ties(t: torch.Tensor, float8_dtype: torch.dtype, slack: float = 2.0 ** -20) -> torch.Tensor:
+    """``t`` with every value whose scaled value lies within ``slack`` (relative) of a float8 rounding boundary moved
+    a little away from it: there, ways of computing t * scale that round apart in float32 would cast apart."""
+    largest = torch.finfo(float8_dtype).max
+    scale = (largest / torch.clamp(t.abs().max().double(), min=EPS)).float().double()
+    exact = t.double() * scale
+    low, high = ((exact * (1 + side * slack)).clamp(-largest, largest).to(float8_dtype) for side in (-1, 1))
+    near = low.float() != high.float()
+    return torch.where(near, t * (1 + 16 * slack), t)
 
 
 def groups_of(world_size: int) -> list[list[int]]:
