@@ -8,6 +8,12 @@ another from the start of the run, so that their waiting overlaps the rest of th
 gets the same result it would have computed itself: the same call, on the same file, with the
 same options. Every test still asserts on it.
 
+A test declares the jobs its parameters ask for with a mark, where it lists them: ``background.grading(path,
+options)`` or ``background.command(path, args, timeout_s)`` in ``pytest.param(..., marks=...)``;
+``tests/conftest.py`` collects the marks of the selected tests, whatever the tests are called. What waits:
+``waits(path, header)``, from the variant's header (a deadline it runs to) or its exercise (15 starts
+real torchrun jobs), and every debugging-track script as shipped.
+
 Two kinds of job:
 - ``grade``: ``grade_file`` in a warm harness session, the ``grade`` fixture's own call; the result
   is the report.
@@ -29,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "@@job "  # a line of the background process's output that carries one job's result
 GRADE_TIMEOUT_S = 60.0  # a grading's deadline in the tests, unless a test sets its own
+WAITING_EXERCISES = ("15",)  # every grading of these starts real torchrun jobs
 
 
 def grade_key(path, options: dict) -> str:
@@ -37,6 +44,33 @@ def grade_key(path, options: dict) -> str:
 
 def cli_key(path, args: list[str]) -> str:
     return "cli " + json.dumps([str(Path(path).resolve()), list(args)])
+
+
+def waits(path, expected: dict | None = None) -> bool:
+    """Whether grading ``path`` waits more than it computes: a file of a waiting exercise, or a variant whose
+    header (``expected``, tests/test_variants.py's reading of it) says it runs to a deadline."""
+    if Path(path).name.startswith(tuple(f"{n}_" for n in WAITING_EXERCISES)):
+        return True
+    return bool(expected) and (expected["status"] == "timeout" or "finishes" in expected["fail"])
+
+
+def grading(path, options: dict | None = None):
+    """The mark of a test that grades ``path`` with ``options`` (the ``grade`` fixture's call): run it in
+    the background."""
+    import pytest
+
+    options = options or {}
+    job = {"kind": "grade", "key": grade_key(path, options), "path": str(path), "options": sorted(options.items())}
+    return pytest.mark.background(job=job)
+
+
+def command(path, args: list[str], timeout_s: float):
+    """The mark of a test that runs ``ddp-grade path args`` (the ``cli_grading`` fixture's call) in the background."""
+    import pytest
+
+    job = {"kind": "cli", "key": cli_key(path, list(args)), "path": str(path), "args": list(args),
+           "timeout_s": timeout_s}
+    return pytest.mark.background(job=job)
 
 
 def processes_with(entry: str) -> list[int]:

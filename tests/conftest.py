@@ -59,9 +59,8 @@ def grade(session):
 
 # --- jobs that run in the background -----------------------------------------------------------
 #
-# tests/background.py says why. The jobs are the selected tests' own calls, found at collection
-# finish; ``grade`` and ``cli_grading`` hand each test its result.
-BACKGROUND_EXERCISES = ("15",)  # every grading of these starts real torchrun jobs
+# tests/background.py says why. The jobs are what the selected tests' "background" marks declare,
+# gathered at collection finish; ``grade`` and ``cli_grading`` hand each test its result.
 _background = None
 
 
@@ -146,51 +145,12 @@ def cli_grading(tmp_path):
     return _cli_grading
 
 
-def _grade_job(path: Path, options: dict | None = None) -> dict:
-    options = options or {}
-    return {"kind": "grade", "key": background.grade_key(path, options), "path": str(path),
-            "options": sorted(options.items())}
-
-
-def _of_background_exercise(path: Path) -> bool:
-    return path.name.startswith(tuple(f"{n}_" for n in BACKGROUND_EXERCISES))
-
-
-def _waits_more_than_it_computes(path: Path) -> dict | None:
-    """A variant that hangs until a deadline stops it (or one of exercise 15's), as a job."""
-    from test_variants import expectations
-
-    e = expectations(path)
-    if _of_background_exercise(path) or e["status"] == "timeout" or "finishes" in e["fail"]:
-        return _grade_job(path, e["options"])  # the options test_variants grades it with
-    return None
-
-
-def _background_job(item) -> dict | None:
-    """The job a selected test will ask for, when it is one that waits more than it computes."""
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    name = item.originalname
-    if name == "test_variant_fails_with_the_right_check":
-        return _waits_more_than_it_computes(params["path"])
-    if name == "test_right_answer_passes" and _of_background_exercise(params["path"]):
-        return _grade_job(params["path"])  # right answers are graded with the default options
-    if name == "test_solution_passes_every_check" and params["exercise"].id in BACKGROUND_EXERCISES:
-        return _grade_job(ROOT / "solutions" / params["exercise"].filename)
-    if name == "test_broken_script_as_shipped_shows_its_symptom":  # each hangs or runs to a deadline
-        return _grade_job(ROOT / "grader" / "stubs" / params["exercise"].filename)  # as test_exercises grades it
-    if name == "test_no_agent_or_worker_outlives_a_grading_of_15":
-        path, args, timeout_s = params["path"], list(item.module.CLI_ARGS), item.module.CLI_TIMEOUT_S
-        return {"kind": "cli", "key": background.cli_key(path, args), "path": str(path), "args": args,
-                "timeout_s": timeout_s}
-    return None
-
-
 def pytest_collection_finish(session):
     global _background
     jobs = {}
-    for job in (_background_job(item) for item in session.items):
-        if job is not None:
-            jobs.setdefault(job["key"], job)  # in the order the tests ask
+    for item in session.items:
+        for mark in item.iter_markers("background"):
+            jobs.setdefault(mark.kwargs["job"]["key"], mark.kwargs["job"])  # in the order the tests ask
     if jobs:
         _background = BackgroundJobs(list(jobs.values()))
 

@@ -46,6 +46,22 @@ def test_the_list_names_the_files_every_exercise_needs():
                 assert fnmatch.filter(tracked, wanted), f"exercise {ex.id}: no {wanted} (CONTRIBUTING.md lists it)"
 
 
+def _named_for(ex: catalog.Exercise, path: str) -> bool:
+    """Whether ``path`` carries exercise ``ex``'s name: its module or file name, or NN_ in a folder of tests."""
+    return any(n in path for n in (f"{ex.id}_{ex.slug}", f"ex{ex.id}_{ex.slug}")) or \
+        bool(re.match(rf"tests/\w+/{ex.id}_", path))
+
+
+@pytest.mark.parametrize("ex", catalog.exercises(), ids=lambda ex: ex.id)
+def test_every_file_named_for_an_exercise_is_in_the_list(ex):
+    """Each exercise in turn, as if it were the newest: every file its name is in (its checks in either shape,
+    stubs, solutions, variants, right and hostile answers, tests) is one the list admits."""
+    allowed = [for_exercise(pattern, ex) for pattern, _ in listed_files()]
+    outside = [path for path in tracked_files() if _named_for(ex, path)
+               and not any(fnmatch.fnmatch(path, a) for a in allowed)]
+    assert outside == [], f"exercise {ex.id}: {outside} are not among an exercise's files in CONTRIBUTING.md"
+
+
 def test_nothing_outside_the_list_names_the_newest_exercise():
     """Adding the newest exercise touched only the listed files: no other file names it or its module."""
     newest = catalog.exercises()[-1]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import background
 from conftest import ROOT
 from grader import catalog
 from grader.checks import ex15_elastic as ex
@@ -476,9 +477,9 @@ CLI_TIMEOUT_S = catalog.by_id("15").timeout_s + 120
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 @pytest.mark.parametrize("path, code", [
-    (ROOT / "solutions" / "15_elastic.py", 0),
-    (ROOT / "tests" / "variants" / "15_overwrites_in_place.py", 1),
-], ids=["passes", "fails"])
+    pytest.param(path, code, id=name, marks=background.command(path, CLI_ARGS, CLI_TIMEOUT_S))
+    for path, code, name in ((ROOT / "solutions" / "15_elastic.py", 0, "passes"),
+                             (ROOT / "tests" / "variants" / "15_overwrites_in_place.py", 1, "fails"))])
 def test_no_agent_or_worker_outlives_a_grading_of_15(cli_grading, path, code):
     """Graded by the command, which has ended; the processes still carrying its tag are looked at then."""
     done = cli_grading(path, *CLI_ARGS, timeout_s=CLI_TIMEOUT_S)

@@ -6,6 +6,7 @@ import ast
 
 import pytest
 
+import background
 from conftest import ROOT, statuses
 from grader import catalog
 from grader.report import details_of, problem_of
@@ -82,7 +83,9 @@ def test_every_stub_body_is_a_todo(exercise):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+@pytest.mark.parametrize("exercise", [
+    pytest.param(ex, id=ex.id, marks=[background.grading(ROOT / "solutions" / ex.filename)]
+                 if background.waits(ex.filename) else []) for ex in EXERCISES])
 def test_solution_passes_every_check(grade, exercise):
     report = grade(ROOT / "solutions" / exercise.filename)
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
@@ -107,7 +110,8 @@ def test_every_broken_script_starts_with_a_report_and_differs_from_its_fix(exerc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exercise", DEBUGGING, ids=[ex.id for ex in DEBUGGING])
+@pytest.mark.parametrize("exercise", [  # each script as shipped hangs or runs to a deadline
+    pytest.param(ex, id=ex.id, marks=background.grading(SHIPPED / ex.filename)) for ex in DEBUGGING])
 def test_broken_script_as_shipped_shows_its_symptom(grade, exercise):
     """The grader reproduces the colleague's report: the symptom checks fail, saying what was observed."""
     report = grade(SHIPPED / exercise.filename)

@@ -100,6 +100,7 @@ def test_the_defaults_are_on_and_zero_turns_a_limit_off():
     assert limits.address_space_bytes(2**30) > 2**30
 
 
+@pytest.mark.slow
 def test_limit_options_reach_the_sessions_the_command_makes(tmp_path, monkeypatch):
     seen = []
 
@@ -126,6 +127,7 @@ def test_only_the_end_of_a_huge_output_is_kept(tmp_path):
     assert tail.startswith("[... ") and tail.rstrip().endswith("the last line")
 
 
+@pytest.mark.slow
 def test_a_session_removes_its_temporary_folder(tmp_path):
     with harness.Session() as session:
         run_dir = session.new_run_dir()
@@ -160,6 +162,7 @@ def _world(name: str, size: int, **kwargs) -> harness.World:
     return harness.World(f"test_harness:{name}", size, kwargs)
 
 
+@pytest.mark.slow
 def test_worlds_run_together_answer_in_order_each_with_its_own_ranks():
     with harness.Session() as session:
         outcomes = session.run_many([_world("sleeps_then_answers_main", 2), _world("sleeps_then_answers_main", 3)],
@@ -185,6 +188,7 @@ def waits_for_a_stopped_rank_main(ctx) -> dict:
     return {"rank": ctx.rank, "saw_it_stopped": True}
 
 
+@pytest.mark.slow
 def test_a_failing_world_gets_its_grace_without_cutting_short_the_world_beside_it(tmp_path):
     """Order, not seconds: the world beside answers only after the failing world's rank 0 was stopped, so
     this finishes only if that rank is stopped when its grace ends, while the world beside still runs."""
@@ -199,6 +203,7 @@ def test_a_failing_world_gets_its_grace_without_cutting_short_the_world_beside_i
     assert beside.results() == [{"rank": r, "saw_it_stopped": True} for r in range(2)]
 
 
+@pytest.mark.slow
 def test_worlds_after_a_failed_world_read_last_are_stopped_with_it(tmp_path):
     """``last_read_on_failure``: the grading reads nothing after a world that failed, so the worlds after
     it (here one that would run until the deadline) are stopped with it; the ones before it run on."""
@@ -212,6 +217,7 @@ def test_worlds_after_a_failed_world_read_last_are_stopped_with_it(tmp_path):
     assert [r.status for r in after.ranks] == ["killed", "killed"] and not after.timed_out
 
 
+@pytest.mark.slow
 def test_a_world_that_hangs_times_out_alone():
     # The deadline is far beyond what the world beside needs even on a loaded machine: what is
     # asserted is which world timed out, not how fast the other was.
@@ -223,6 +229,7 @@ def test_a_world_that_hangs_times_out_alone():
     assert not beside.timed_out and beside.ok
 
 
+@pytest.mark.slow
 def test_every_process_of_a_grading_bounds_its_name_lookups(monkeypatch):
     """c10d looks up the name of 127.0.0.1 on every store connection; a DNS server that drops the query
     must not stall a rank for glibc's default 5 s (harness.RESOLVER_OPTIONS)."""
@@ -296,6 +303,7 @@ def _spares(session: harness.Session, count: int) -> set[int]:
     return set(session.spare_pids())
 
 
+@pytest.mark.slow
 def test_a_session_with_spares_runs_its_next_ranks_on_processes_forked_ahead():
     with harness.Session(spares=True) as session:
         first = session.run("test_harness:pid_main", 3, learner_path=__file__, timeout_s=60)
@@ -309,6 +317,7 @@ def test_a_session_with_spares_runs_its_next_ranks_on_processes_forked_ahead():
     assert not [pid for pid in waiting | refilled if _running(pid)]  # closing the session ends them
 
 
+@pytest.mark.slow
 def test_a_spare_that_died_while_it_waited_is_passed_over():
     with harness.Session(spares=True) as session:
         session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
@@ -324,6 +333,7 @@ def test_a_spare_that_died_while_it_waited_is_passed_over():
     assert not set(outcome.results()) & dead
 
 
+@pytest.mark.slow
 def test_a_session_without_spares_forks_nothing_ahead():
     with harness.Session() as session:
         outcome = session.run("test_harness:pid_main", 2, learner_path=__file__, timeout_s=60)
@@ -332,6 +342,7 @@ def test_a_session_without_spares_forks_nothing_ahead():
 
 
 
+@pytest.mark.slow
 def test_the_deadline_of_a_run_counts_from_after_its_ranks_are_started(monkeypatch):
     """Starting the ranks (on a cold pool, waiting for it to import torch) is the grader's time: the
     deadline a run waits under begins once every rank is started, and the outcome says how long that took."""
@@ -356,6 +367,7 @@ def test_the_deadline_of_a_run_counts_from_after_its_ranks_are_started(monkeypat
     assert seen["deadline"] >= seen["started_by"] + 60
 
 
+@pytest.mark.slow
 def test_a_gradings_deadline_starts_after_its_checks_are_imported(session, monkeypatch):
     """Importing the exercise's checks (torch, in a cold process) is the grader's time too."""
     import importlib

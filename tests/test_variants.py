@@ -18,6 +18,7 @@ import re
 
 import pytest
 
+import background
 from conftest import VARIANTS, statuses
 from grader.report import details_of, problem_of
 
@@ -49,8 +50,15 @@ def test_every_variant_says_what_it_expects():
         assert e["fail"] or e["problem"], f"{path.name} has no expect-fail or expect-problem line"
 
 
+def _graded(path):
+    """The variant as a parameter; one that waits more than it computes is graded in the background."""
+    e = expectations(path)
+    marks = [background.grading(path, e["options"])] if background.waits(path, e) else []
+    return pytest.param(path, id=path.stem, marks=marks)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", [_graded(path) for path in FILES])
 def test_variant_fails_with_the_right_check(grade, path):
     e = expectations(path)
     report = grade(path, **e["options"])
