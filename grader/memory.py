@@ -39,8 +39,11 @@ def reachable_tensors(roots: list, learner_module: str) -> list[torch.Tensor]:
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             tensors.append(obj)
-            if obj.is_leaf and obj.grad is not None:
-                stack.append(obj.grad)
+            try:
+                if obj.is_leaf and obj.grad is not None:
+                    stack.append(obj.grad)
+            except RuntimeError:  # a view changed in place under no_grad: autograd refuses to rebuild its grad_fn
+                pass
             for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
                 hooks = getattr(obj, name, None)
                 if hooks:

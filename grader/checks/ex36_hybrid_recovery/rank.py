@@ -1,0 +1,393 @@
+"""Exercise 36, rank side: the model and batches every rank builds (the stub's, kept here so that the learner's
+file cannot change them), the layout graded at each world size, and one job per world size: the learner's
+shard_hybrid, steps of AdamW with every collective's group recorded, the same steps again without a failure
+(the replay), then a replica wiped and the learner's recover_from_peer watched (every message below the Python
+API, files opened for writing, whole tensors looked for in memory), and the steps after it."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from grader import memory, probes
+from grader.checks.interface import RankContext
+from grader.checks.shared.dtensors import describe
+from grader.checks.shared.learner_errors import learner_error
+from grader.child import describe_exception
+
+D_IN, DIM, HIDDEN, BLOCKS, D_OUT = 8, 16, 32, 2, 8
+BATCH = 4  # rows per rank and step
+STEPS_BEFORE, STEPS_AFTER = 2, 2  # steps before the failure, and after the recovery
+LR, WEIGHT_DECAY = 1e-2, 0.01
+SEED, WIPE_SEED = 3600, 3601
+STALL_TIMEOUT_S = 10.0  # once the model is sharded: a rank that failed must not leave the others waiting
+FINGERPRINT_BYTES = 512  # whole tensors smaller than this are not looked for in memory
+OPEN_WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+NOT_MESSAGES = ("wait_tensor", "_wrap_tensor_autograd")  # dispatched around collectives, moving nothing
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, d_in: int = D_IN, dim: int = DIM, hidden: int = HIDDEN, n_blocks: int = BLOCKS,
+                 d_out: int = D_OUT):
+        super().__init__()
+        self.inp = nn.Linear(d_in, dim)
+        self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(n_blocks))
+        self.out = nn.Linear(dim, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+# --- shared by ranks and grader -----------------------------------------------------------------
+
+
+def layout(world_size: int) -> dict:
+    """What one world size grades: (replicas, shards), the replica recovery copies from, the dtype.
+    4 ranks: 2 replicas of 2 shards in float64, replica 1 the source (replica 0 wiped); 2 ranks: 2 replicas
+    of 1 shard in float32, replica 0 the source. One rank: nothing to recover."""
+    shards = 2 if world_size % 2 == 0 and world_size >= 4 else 1
+    replicas = world_size // shards
+    source = 1 if world_size >= 4 else 0
+    return {"replicas": replicas, "shards": shards, "source": source if replicas > 1 else None,
+            "wiped": [r for r in range(replicas) if r != source] if replicas > 1 else [],
+            "dtype": "float64" if shards > 1 else "float32"}
+
+
+def build_model(dtype: str) -> Model:
+    torch.manual_seed(SEED)
+    return Model().to(getattr(torch, dtype))
+
+
+def make_batch(step: int, rank: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s (inputs, targets) at ``step`` (the same at the same step, wherever the job is)."""
+    generator = torch.Generator().manual_seed(36_000 + 100 * step + rank)
+    x = torch.randn(BATCH, D_IN, generator=generator, dtype=torch.float64)
+    y = torch.randn(BATCH, D_OUT, generator=generator, dtype=torch.float64)
+    return x.to(getattr(torch, dtype)), y.to(getattr(torch, dtype))
+
+
+def loss_of(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(output, target)
+
+
+# --- in each rank: what a rank holds and sends ----------------------------------------------------
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    return value.to_local() if hasattr(value, "to_local") else value
+
+
+def _copy(value: torch.Tensor) -> torch.Tensor:
+    local = _local(value).detach()
+    out = torch.empty(local.shape, dtype=local.dtype)
+    out.copy_(local.to("cpu"))
+    return out
+
+
+def training_state(model: nn.Module, optimizer, names: dict[int, str]) -> dict:
+    """Every parameter's local values (through the model, as it now is) and the optimizer's state of every
+    parameter it steps (by the name the parameter had when the optimizer was built)."""
+    params = {name: _copy(p) for name, p in model.named_parameters()}
+    state = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            entry = optimizer.state.get(p, {})
+            state[names.get(id(p), "?")] = {str(k): _copy(v) for k, v in entry.items() if isinstance(v, torch.Tensor)}
+    return {"params": params, "state": state}
+
+
+def _state_tensors(model: nn.Module, optimizer) -> list[torch.Tensor]:
+    """The grader's own list of this rank's state tensors (parameters, then each one's optimizer state)."""
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            out.append(p)
+            out += [v for _, v in sorted(optimizer.state.get(p, {}).items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def fingerprints(model: nn.Module, optimizer, names: dict[int, str]) -> dict[str, bytes]:
+    """The bytes of each large parameter and optimizer state whole (DTensor.full_tensor: the grader's own
+    all-gathers, on every rank in the same order, outside what is recorded)."""
+    out = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            values = [("", p)] + sorted((f".{k}", v) for k, v in optimizer.state.get(p, {}).items()
+                                        if isinstance(v, torch.Tensor) and v.dim())
+            for suffix, value in values:
+                if value.numel() * value.element_size() >= FINGERPRINT_BYTES and hasattr(value, "full_tensor"):
+                    whole = value.detach().full_tensor()
+                    out[names[id(p)] + suffix] = memory.tensor_bytes(whole)
+                    del whole
+    return out
+
+
+def held(roots: list, learner, prints: dict[str, bytes], when: str) -> dict:
+    """The bytes of the distinct storages ``roots`` reach, and the whole tensors found in them."""
+    storages = memory.distinct_storages(memory.reachable_tensors(roots, learner.__name__))
+    whole = memory.found_in([memory.storage_bytes(s) for s in storages.values()], prints) if prints else []
+    return {"when": when, "bytes": sum(s.nbytes() for s in storages.values()), "whole": sorted(whole)}
+
+
+def _learner_roots(learner) -> list:
+    return [value for name, value in vars(learner).items() if not name.startswith("__")]
+
+
+def _process_group(value):
+    try:
+        if isinstance(value, str):
+            return dist.distributed_c10d._resolve_process_group(value)
+        if type(value).__name__ == "ScriptObject":
+            return torch._C._distributed_c10d.ProcessGroup.unbox(value)
+    except (RuntimeError, ValueError, TypeError):
+        pass
+    return None
+
+
+def _bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_bytes(v) for v in value)
+    return 0
+
+
+def describe_message(func, args) -> dict:
+    """One dispatched c10d operation: its name, bytes, dtype, its group's global ranks and, for a send or a
+    receive, the peer's global rank."""
+    name = str(func)
+    group = next((g for g in map(_process_group, args) if g is not None), None)
+    ranks = sorted(dist.get_process_group_ranks(group)) if group is not None else None
+    data = args[0] if args else None
+    first = data[0] if isinstance(data, (list, tuple)) and data and isinstance(data[0], torch.Tensor) else data
+    event = {"op": name, "bytes": _bytes(data), "group": ranks, "peer": None,
+             "dtype": str(first.dtype).removeprefix("torch.") if isinstance(first, torch.Tensor) else None}
+    if ("c10d.send" in name or "c10d.recv_" in name) and "any_source" not in name and group is not None:
+        with contextlib.suppress(Exception):
+            event["peer"] = int(dist.get_global_rank(group, int(args[2])))
+    return event
+
+
+@functools.cache
+def _watch_class():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Messages(TorchDispatchMode):
+        """Every c10d operation dispatched (the Python API's, a ProcessGroup's own send and recv, DTensor's
+        functional collectives), with a look at memory after each."""
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # nothing here is compiled: without this the first use imports torch._dynamo
+
+        def __init__(self, events: list, after):
+            super().__init__()
+            self.events, self.after = events, after
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace in ("c10d", "_c10d_functional", "_c10d_functional_autograd") and \
+                    not any(word in str(func) for word in NOT_MESSAGES):
+                self.events.append(describe_message(func, args))
+                self.after(str(func).split(".")[1], [args, out])
+            return out
+
+    return Messages
+
+
+_WRITES: list | None = None  # the list the audit hook appends to while a recovery runs
+_AUDIT_ADDED = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _WRITES is None or event not in ("open", "os.rename", "os.replace"):
+        return
+    try:
+        if event == "open":
+            path, mode, flags = args[0], args[1], args[2]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                bool(isinstance(flags, int) and flags & OPEN_WRITE)
+            if writing and isinstance(path, (str, bytes, os.PathLike)) and os.fspath(path) != os.devnull:
+                _WRITES.append(str(os.fspath(path))[:300])
+        else:
+            _WRITES.append(str(args[1])[:300])
+    except Exception:  # an audit hook that raised would fail the learner's own call
+        pass
+
+
+@contextlib.contextmanager
+def watched(events: list, writes: list, after):
+    global _WRITES, _AUDIT_ADDED
+    if not _AUDIT_ADDED:
+        sys.addaudithook(_audit)  # for the rest of this process: audit hooks cannot be removed
+        _AUDIT_ADDED = True
+    _WRITES = writes
+    try:
+        with _watch_class()(events, after):
+            yield
+    finally:
+        _WRITES = None
+
+
+# --- in each rank: the job -------------------------------------------------------------------------
+
+
+def describe_mesh(mesh) -> dict:
+    out = {"type": type(mesh).__name__}
+    if type(mesh).__name__ == "DeviceMesh":
+        out.update(device_type=mesh.device_type, shape=list(mesh.shape), names=list(mesh.mesh_dim_names or []),
+                   layout=mesh.mesh.tolist())
+    return out
+
+
+def train_step(model: nn.Module, optimizer, step: int, ctx: RankContext, dtype: str) -> None:
+    x, y = (t.to(ctx.device) for t in make_batch(step, ctx.rank, dtype))
+    loss_of(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _shorten_timeouts(mesh) -> None:
+    """From here on a failure is an observation: a peer left waiting raises instead of hanging."""
+    groups = [None]
+    for name in getattr(mesh, "mesh_dim_names", None) or []:
+        with contextlib.suppress(Exception):
+            groups.append(mesh.get_group(name))
+    for group in groups:
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S), group)
+
+
+def _returned(value) -> str | None:
+    """None when shard_hybrid returned (module, DeviceMesh); else what it returned, in words."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], nn.Module) and \
+            type(value[1]).__name__ == "DeviceMesh":
+        return None
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
+    return f"a {type(value).__name__}"
+
+
+def _set_state(tensors: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for tensor, value in zip(tensors, values):
+            _local(tensor).copy_(value.to(_local(tensor).device))
+
+
+def _wipe(tensors: list[torch.Tensor], rank: int) -> None:
+    """A replica restarted on new machines: fresh random parameters, AdamW's state zero."""
+    generator = torch.Generator().manual_seed(WIPE_SEED * 100 + rank)
+    with torch.no_grad():
+        for tensor in tensors:
+            local = _local(tensor)
+            if isinstance(tensor, nn.Parameter):
+                local.copy_(0.1 * torch.randn(local.shape, generator=generator, dtype=torch.float64))
+            else:
+                local.zero_()
+
+
+def rank_main(ctx: RankContext) -> dict:
+    probes.torchrun_environment(ctx.rank, ctx.world_size)
+    torch.set_num_threads(1)
+    plan = layout(ctx.world_size)
+    dtype = plan["dtype"]
+    events: list = []
+    with ctx.group(), probes.watch_groups(events):
+        shard_hybrid, recover_from_peer = ctx.function("shard_hybrid"), ctx.function("recover_from_peer")
+        learner = ctx.learner()
+        returned = shard_hybrid(build_model(dtype).to(ctx.device), plan["replicas"], plan["shards"])
+        obs = {"returned": _returned(returned), "error": None}
+        if obs["returned"] is not None:
+            return obs
+        model, mesh = returned
+        obs.update(mesh=describe_mesh(mesh), params={name: describe(p) for name, p in model.named_parameters()},
+                   setup_events=[dict(e) for e in events], steps=[], held=[])
+        roots = lambda: [model, optimizer] + _learner_roots(learner)  # noqa: E731
+        initial = {name: memory.tensor_bytes(p.detach()) for name, p in build_model(dtype).named_parameters()
+                   if p.numel() * p.element_size() >= FINGERPRINT_BYTES} if plan["shards"] > 1 else {}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        names = {id(p): name for name, p in model.named_parameters()}
+        obs["held"].append(held(roots(), learner, initial, "after shard_hybrid"))
+        model.register_forward_hook(lambda *_: events.append({"op": "mark", "what": "forward-returned",
+                                                               "group": None, "bytes": 0}))
+        _shorten_timeouts(mesh)
+        for step in range(STEPS_BEFORE):
+            first = len(events)
+            train_step(model, optimizer, step, ctx, dtype)
+            obs["steps"].append({"events": [dict(e) for e in events[first:]],
+                                 "params": {name: _copy(p) for name, p in model.named_parameters()}})
+        if plan["source"] is None:
+            return obs
+        # The state at the failure; every later look at memory searches for these tensors whole.
+        tensors = _state_tensors(model, optimizer)
+        snapshot = [_copy(t) for t in tensors]
+        prints = fingerprints(model, optimizer, names) if plan["shards"] > 1 else {}
+        obs["held"].append(held(roots(), learner, prints, f"after step {STEPS_BEFORE}"))
+        obs["before"] = training_state(model, optimizer, names)
+        # The replay: the same job without the failure.
+        for step in range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER):
+            train_step(model, optimizer, step, ctx, dtype)
+        obs["replay"] = training_state(model, optimizer, names)
+        _set_state(tensors, snapshot)
+        obs["wiped"] = ctx.rank // plan["shards"] in plan["wiped"]  # replica r: ranks r * shards ... as stated
+        if obs["wiped"]:
+            _wipe(tensors, ctx.rank)
+        del snapshot
+        dist.barrier()  # every replica restored (and the failed one wiped) before any recovery starts
+        recovery = {"events": [], "writes": [], "held": [], "error": None}
+        obs["recovery"] = recovery
+
+        def look(op: str, extra: list) -> None:
+            if not prints or any(h["whole"] for h in recovery["held"]):
+                return
+            try:
+                found = held(roots() + memory.running_locals(os.path.abspath(learner.__file__)) + extra,
+                             learner, prints, f"after {op}")
+            except Exception as exc:  # the grader's look must never fail the learner's call
+                recovery["look_failed"] = f"{type(exc).__name__}: {exc}"[:300]
+                return
+            if found["whole"]:
+                recovery["held"].append(found)
+
+        try:
+            with watched(recovery["events"], recovery["writes"], look):
+                recover_from_peer(model, optimizer, mesh, plan["source"])
+            look("recover_from_peer returned", [])
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            recovery["error"] = learner_error(exc)
+            recovery["error_record"] = describe_exception(exc, ctx.learner_path)
+            return obs
+        obs["after"] = training_state(model, optimizer, names)
+        dist.barrier()  # every rank's state read before the next step changes it
+        try:
+            for step in range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER):
+                train_step(model, optimizer, step, ctx, dtype)
+        except Exception as exc:  # e.g. parameters the recovery replaced by others of another shape
+            obs["error"] = learner_error(exc)
+            return obs
+        obs["resumed"] = training_state(model, optimizer, names)
+        return obs

@@ -1,0 +1,129 @@
+"""Exercise 36: hybrid sharding (HSDP) with FSDP2, and a wiped replica recovered from a live peer.
+
+Exercise 31 sharded a model over every rank. At thousands of GPUs that is slow: every step's
+all-gathers and reduce-scatters cross the whole job. Hybrid sharding splits the ranks into
+`replicas` groups of `shards` neighbouring ranks (one node, say). Inside a replica the model is
+fully sharded, each rank holding 1 / shards of every parameter; the replicas hold the same
+model, so the gradient of a step is reduce-scattered inside each replica, then all-reduced
+across the replicas, between the ranks that hold the same shard. FSDP2 does this when
+fully_shard is given a 2-D DeviceMesh: dim 0 replicates, dim 1 shards, and each parameter
+becomes a DTensor placed (Replicate(), Shard(0)).
+
+Replicas also make a failure cheap. When one replica dies, torchft (PyTorch's fault-tolerance
+library) does not reload a checkpoint: the replaced replica fetches the state, at the current
+step, from a replica that kept training. Each shard rank of the new replica receives its own
+shard from the same shard rank of a healthy replica, by point-to-point messages
+(torchft/checkpointing/pg_transport.py: each DTensor's local tensor, never gathered), and
+training goes on as if nothing happened.
+
+    shard_hybrid(model, replicas, shards) -> (model, mesh)
+        Build a 2-D DeviceMesh of shape (replicas, shards) named ("replicate", "shard"), on the
+        device type of the model's parameters: "shard" is the inner dimension, so replica r is
+        ranks r * shards ... r * shards + shards - 1. Apply fully_shard on that mesh to each
+        block of model.blocks, then to model itself (the root takes what is left: inp and out).
+        Return the model (fully_shard works in place) and the mesh.
+
+    recover_from_peer(model, optimizer, mesh, source_replica) -> None
+        Called on every rank, right after the grader wiped the state of every replica but
+        `source_replica` (as a replica restarted on new machines: its parameters freshly
+        initialised, its AdamW state allocated but zero, as torchtitan's torchft integration
+        allocates it before it heals). Make every replica's parameters and optimizer state
+        equal the source replica's, bit for bit, decided as torchft's PGTransport decides:
+        - the rank of shard s of a wiped replica receives from the rank of shard s of the source
+          replica (the ranks mesh["replicate"] groups together), by point-to-point messages
+          (send/recv or isend/irecv). No collective: a broadcast over the replicas would stop
+          every replica and send each healthy one what it already has. No file.
+        - what travels is each DTensor's local tensor (to_local()): every parameter's shard and
+          every AdamW state tensor (exp_avg, exp_avg_sq and the step count), received in place
+          into the wiped rank's own tensors. Nothing is gathered whole, on either side.
+        - unlike PGTransport, send no pickled description of the state first: both replicas
+          built the same model and optimizer, so the receiver already knows every name, shape
+          and dtype (a step number or a length, at most 1 KiB besides the tensors, is allowed).
+        On GPUs (NCCL) AdamW keeps its step counts on the CPU: send them through the GPU.
+
+The grader starts the ranks and the process group (gloo on CPU), builds `Model` (below) in
+float64 on 4 ranks (2 replicas x 2 shards) and in float32 on 2 (2 x 1), calls shard_hybrid,
+trains with torch.optim.AdamW on a different batch on every rank, and compares with one process
+training on all the batches. Then it wipes one replica and calls recover_from_peer. It records
+the process group of every collective, what each rank holds in memory, every message the
+recovery sends and its bytes, and whether the next steps end bit for bit where the steps of
+the same job without the failure end.
+
+Replace each `raise NotImplementedError` below; keep the names and signatures.
+Grade it with:  ddp-grade exercises/36_hybrid_recovery.py      (stuck? ddp-grade hint 36)
+"""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+class Block(nn.Module):
+    """A residual MLP block: norm, up projection, tanh, down projection, added to its input."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.tanh(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    """An input projection, a list of blocks and an output head."""
+
+    def __init__(self, d_in: int = 8, dim: int = 16, hidden: int = 32, n_blocks: int = 2, d_out: int = 8):
+        super().__init__()
+        self.inp = nn.Linear(d_in, dim)
+        self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(n_blocks))
+        self.out = nn.Linear(dim, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
+
+
+def shard_hybrid(model: nn.Module, replicas: int, shards: int) -> tuple[nn.Module, DeviceMesh]:
+    device_type = next(model.parameters()).device.type
+    # Dim 0 replicates, dim 1 shards: a replica is one row of the mesh, `shards` neighbouring ranks.
+    mesh = init_device_mesh(device_type, (replicas, shards), mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, mesh
+
+
+def local_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """This rank's tensors of the training state, in an order every replica agrees on: each
+    parameter's local shard, then its optimizer state (exp_avg, exp_avg_sq, step, by name)."""
+    tensors = []
+    for param in model.parameters():
+        for value in [param] + [v for _, v in sorted(optimizer.state[param].items())]:
+            if isinstance(value, torch.Tensor):
+                tensors.append(value.to_local() if hasattr(value, "to_local") else value)
+    return tensors
+
+
+def recover_from_peer(model: nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh,
+                      source_replica: int) -> None:
+    replicas = mesh.get_group("replicate")  # this shard's rank in every replica
+    me = mesh.get_local_rank("replicate")
+    source = dist.get_global_rank(replicas, source_replica)
+    with torch.no_grad():
+        for tensor in local_state(model, optimizer):
+            # NCCL sends only GPU tensors; AdamW's step count lives on the CPU.
+            wire = tensor if tensor.device.type == mesh.device_type else tensor.to(mesh.device_type)
+            if me == source_replica:
+                for replica in range(replicas.size()):
+                    if replica != source_replica:
+                        dist.send(wire, dst=dist.get_global_rank(replicas, replica))
+            else:
+                dist.recv(wire, src=source)  # in place: into this rank's own shard
+                if wire is not tensor:
+                    tensor.copy_(wire)

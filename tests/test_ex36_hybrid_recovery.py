@@ -1,0 +1,332 @@
+"""Exercise 36's verdicts, from hand-made records (no processes started)."""
+
+from __future__ import annotations
+
+import torch
+
+from grader import catalog
+from grader.checks.ex36_hybrid_recovery import readable, verdicts
+from grader.checks.ex36_hybrid_recovery.rank import STEPS_BEFORE, layout
+from grader.checks.ex36_hybrid_recovery.reference import (held_limit, local_shape, reference_run, shapes,
+                                                          unit_elements)
+from grader.grading import Grading, Plan
+
+REFERENCES = {world_size: reference_run(world_size) for world_size in (4, 2)}
+
+
+def grading(world_size: int) -> Grading:
+    return Grading(catalog.by_id("36"), "solutions/36_hybrid_recovery.py", None, Plan("gloo", [world_size]))
+
+
+def statuses(g: Grading) -> dict:
+    return {c.id: c.status for c in g.results(None) if c.status != "error"}
+
+
+def messages(g: Grading) -> dict:
+    return {c.id: c.message for c in g.results(None)}
+
+
+def chunk(full: torch.Tensor, shards: int, shard: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.chunk(full, shards, dim=0)[shard].to(dtype).clone()
+
+
+def state_of(params: dict, shards: int, shard: int, dtype: torch.dtype, step: float, seed: int) -> dict:
+    """A rank's state: its rows of ``params`` and AdamW moments made up from ``seed`` (the same for a shard in
+    every replica)."""
+    generator = torch.Generator().manual_seed(seed)
+    own = {name: chunk(full, shards, shard, dtype) for name, full in params.items()}
+    state = {}
+    for name, full in params.items():
+        moments = [torch.randn(full.shape, generator=generator, dtype=torch.float64) for _ in range(2)]
+        state[name] = {"exp_avg": chunk(moments[0], shards, shard, dtype),
+                       "exp_avg_sq": chunk(moments[1].abs(), shards, shard, dtype),
+                       "step": torch.tensor(step, dtype=torch.float32)}
+    return {"params": own, "state": state}
+
+
+def step_events(rank: int, plan: dict, itemsize: int) -> list[dict]:
+    """What FSDP2 runs in one step on the 2-D mesh: an all-gather of each unit in forward (the root first),
+    the blocks again in backward, then a reduce-scatter and an all-reduce of each unit."""
+    shards = plan["shards"]
+    row = verdicts.replica_ranks(plan, rank // shards)
+    column = verdicts.shard_ranks(plan, rank % shards)
+    units = unit_elements(shards)
+    sizes = [units["root"]] + units["blocks"]
+    gather = lambda n: {"op": "all_gather_single", "group": row, "bytes": n * itemsize}  # noqa: E731
+    events = [gather(n) for n in sizes] + [{"op": "mark", "what": "forward-returned", "group": None, "bytes": 0}]
+    events += [gather(n) for n in reversed(units["blocks"])]
+    for n in reversed(sizes):
+        events.append({"op": "reduce_scatter_single", "group": row, "bytes": n * shards * itemsize})
+        events.append({"op": "all_reduce", "group": column, "bytes": n * itemsize})
+    if shards == 1:  # one shard: FSDP2 gathers and reduce-scatters nothing
+        events = [e for e in events if e["op"] in ("mark", "all_reduce")]
+    return events
+
+
+def messages_of(rank: int, plan: dict, state: dict) -> list[dict]:
+    """The recovery's messages: the source sends each local tensor to the same shard of every wiped replica."""
+    shards, source = plan["shards"], plan["source"]
+    tensors = []
+    for name, value in state["params"].items():
+        tensors += [value] + [state["state"][name][k] for k in ("exp_avg", "exp_avg_sq", "step")]
+    if rank // shards == source:
+        return [{"op": "c10d.send.default", "bytes": t.numel() * t.element_size(), "group": None,
+                 "peer": r * shards + rank % shards, "dtype": str(t.dtype)} for r in plan["wiped"] for t in tensors]
+    return [{"op": "c10d.recv_.default", "bytes": t.numel() * t.element_size(), "group": None,
+             "peer": source * shards + rank % shards, "dtype": str(t.dtype)} for t in tensors]
+
+
+def right_observations(world_size: int) -> list[dict]:
+    plan = layout(world_size)
+    shards, dtype = plan["shards"], getattr(torch, plan["dtype"])
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    reference = REFERENCES[world_size]
+    observations = []
+    for rank in range(world_size):
+        shard = rank % shards
+        before = state_of(reference["states"][STEPS_BEFORE - 1], shards, shard, dtype, STEPS_BEFORE, 10 + shard)
+        replay = state_of(reference["states"][-1], shards, shard, dtype, STEPS_BEFORE + 2, 20 + shard)
+        observations.append({
+            "returned": None, "error": None, "wiped": rank // shards in plan["wiped"],
+            "mesh": {"type": "DeviceMesh", "device_type": "cpu", "shape": [plan["replicas"], shards],
+                     "names": ["replicate", "shard"],
+                     "layout": [verdicts.replica_ranks(plan, r) for r in range(plan["replicas"])]},
+            "params": {name: {"dtensor": True, "placements": ["Replicate()", "Shard(dim=0)"],
+                              "mesh_shape": [plan["replicas"], shards], "local_shape": local_shape(shape, shards, shard)}
+                       for name, shape in shapes().items()},
+            "held": [{"when": "after shard_hybrid", "bytes": held_limit(shards, itemsize, False), "whole": []},
+                     {"when": f"after step {STEPS_BEFORE}", "bytes": held_limit(shards, itemsize, True), "whole": []}],
+            "steps": [{"events": step_events(rank, plan, itemsize),
+                       "params": {n: chunk(full, shards, shard, dtype) for n, full in reference["states"][step].items()}}
+                      for step in range(STEPS_BEFORE)],
+            "before": before, "replay": replay, "after": before, "resumed": replay,
+            "recovery": {"events": messages_of(rank, plan, before), "writes": [], "held": [], "error": None},
+        })
+    return observations
+
+
+def grade_all(observations: list[dict], world_size: int) -> Grading:
+    """Every verdict, in the order grade() calls them."""
+    plan = layout(world_size)
+    itemsize = torch.empty(0, dtype=getattr(torch, plan["dtype"])).element_size()
+    g = grading(world_size)
+    verdicts.check_mesh(g, observations, world_size, plan, "cpu")
+    verdicts.check_placements(g, observations, world_size, plan, shapes())
+    if plan["shards"] > 1:
+        verdicts.check_units(g, observations, world_size, plan, unit_elements(plan["shards"]), itemsize)
+    verdicts.check_groups(g, observations, world_size, plan)
+    verdicts.check_training(g, observations, world_size, plan, REFERENCES[world_size])
+    verdicts.check_recovered(g, observations, world_size, plan)
+    verdicts.check_resumed(g, observations, world_size)
+    if verdicts.check_messages(g, observations, world_size, plan):
+        verdicts.check_bytes(g, observations, world_size, plan)
+    else:
+        g.not_checked("recovery-bytes", "peer-messages", "not point to point", world_size=world_size)
+    verdicts.check_held(g, observations, world_size, plan, itemsize)
+    return g
+
+
+def test_right_records_pass_every_check():
+    for world_size in (4, 2):
+        observations = right_observations(world_size)
+        assert all(readable(obs) for obs in observations)
+        got = statuses(grade_all(observations, world_size))
+        assert set(got.values()) == {"pass"}, (world_size, got)
+        assert len(got) == (10 if world_size == 4 else 9)
+
+
+def test_mesh_dimensions_named_the_other_way_round_are_named():
+    observations = right_observations(4)
+    observations[1]["mesh"]["names"] = ["shard", "replicate"]
+    g = grade_all(observations, 4)
+    said = messages(g)["mesh"]
+    assert statuses(g)["mesh"] == "fail" and "rank 1" in said and "['shard', 'replicate']" in said
+
+
+def test_replicas_as_the_inner_dimension_fail_the_mesh_and_the_groups():
+    observations = right_observations(4)
+    for rank, obs in enumerate(observations):
+        obs["mesh"]["layout"] = [[0, 2], [1, 3]]
+        obs["steps"][0]["events"][0]["group"] = [0, 2] if rank % 2 == 0 else [1, 3]
+    g = grade_all(observations, 4)
+    got, said = statuses(g), messages(g)
+    assert got["mesh"] == "fail" and "row of neighbouring ranks ([[0, 1], [2, 3]])" in said["mesh"]
+    assert got["collective-groups"] == "fail"
+    assert "all_gather_single of 1120 bytes ran among ranks [0, 2]" in said["collective-groups"]
+
+
+def test_a_one_dimensional_placement_is_named_with_its_mesh():
+    observations = right_observations(4)
+    observations[2]["params"]["blocks.0.up.weight"].update(placements=["Shard(dim=0)"], mesh_shape=[4])
+    g = grade_all(observations, 4)
+    said = messages(g)["hybrid-placements"]
+    assert "rank 2: 'blocks.0.up.weight' is placed (Shard(dim=0)) on a mesh of shape [4]" in said
+
+
+def test_a_plain_parameter_and_a_wrong_local_shape_fail_the_placements():
+    observations = right_observations(4)
+    observations[0]["params"]["out.bias"]["dtensor"] = False
+    assert "'out.bias' is a plain tensor" in messages(grade_all(observations, 4))["hybrid-placements"]
+    observations = right_observations(4)
+    observations[3]["params"]["inp.weight"]["local_shape"] = [16, 8]
+    said = messages(grade_all(observations, 4))["hybrid-placements"]
+    assert "rank 3" in said and "[16, 8]" in said and "[8, 8]" in said
+
+
+def test_the_root_alone_as_one_unit_is_named():
+    observations = right_observations(4)
+    plan, units = layout(4), unit_elements(2)
+    whole = (sum(units["blocks"]) + units["root"]) * 8
+    for rank, obs in enumerate(observations):
+        row = verdicts.replica_ranks(plan, rank // 2)
+        obs["steps"][0]["events"][:3] = [{"op": "all_gather_single", "group": row, "bytes": whole}]
+    g = grade_all(observations, 4)
+    assert statuses(g)["block-units"] == "fail" and "only the root" in messages(g)["block-units"]
+
+
+def test_no_all_reduce_across_replicas_fails_the_groups():
+    observations = right_observations(4)
+    for obs in observations:
+        obs["steps"][1]["events"] = [e for e in obs["steps"][1]["events"] if e["op"] != "all_reduce"]
+    g = grade_all(observations, 4)
+    said = messages(g)["collective-groups"]
+    assert statuses(g)["collective-groups"] == "fail" and "step 2" in said and "no all-reduce" in said
+
+
+def test_an_all_reduce_over_the_world_fails_the_groups():
+    observations = right_observations(4)
+    observations[0]["steps"][0]["events"][-1]["group"] = [0, 1, 2, 3]
+    said = messages(grade_all(observations, 4))["collective-groups"]
+    assert "ran among ranks [0, 1, 2, 3]" in said and "shard 0, [0, 2]" in said
+
+
+def test_a_copy_of_the_model_kept_beside_the_shards_fails_what_each_rank_holds():
+    observations = right_observations(4)
+    observations[1]["held"][0]["bytes"] += 19_904
+    g = grade_all(observations, 4)
+    said = messages(g)["holds-one-over-shards"]
+    assert statuses(g)["holds-one-over-shards"] == "fail" and "rank 1, after shard_hybrid" in said
+
+
+def test_a_whole_tensor_found_in_the_recovery_is_named():
+    observations = right_observations(4)
+    observations[2]["recovery"]["held"] = [{"when": "after all_gather_into_tensor", "bytes": 0,
+                                            "whole": ["inp.weight.exp_avg"]}]
+    said = messages(grade_all(observations, 4))["holds-one-over-shards"]
+    assert "rank 2, after all_gather_into_tensor: held 'inp.weight.exp_avg' whole" in said
+
+
+def test_training_off_the_single_process_replay_is_named():
+    observations = right_observations(4)
+    observations[3]["steps"][1]["params"]["out.weight"] += 1e-3
+    g = grade_all(observations, 4)
+    said = messages(g)["matches-single-process"]
+    assert statuses(g)["matches-single-process"] == "fail" and "after step 2, rank 3: 'out.weight'" in said
+
+
+def test_float32_rounding_is_within_the_tolerance():
+    observations = right_observations(2)
+    for obs in observations:
+        for name, value in obs["steps"][0]["params"].items():
+            value.add_(value.abs() * 2e-7)
+    assert statuses(grade_all(observations, 2))["matches-single-process"] == "pass"
+
+
+def test_a_step_count_left_at_zero_is_named():
+    observations = right_observations(4)
+    after = observations[0]["after"] = {"params": dict(observations[0]["before"]["params"]),
+                                        "state": {n: dict(e) for n, e in observations[0]["before"]["state"].items()}}
+    after["state"]["inp.weight"]["step"] = torch.tensor(0.0)
+    g = grade_all(observations, 4)
+    said = messages(g)["recovered-bitwise"]
+    assert statuses(g)["recovered-bitwise"] == "fail"
+    assert "rank 0 (wiped; shard 0 of replica 1 is rank 2)" in said and "step of 'inp.weight' is 0, not 2" in said
+
+
+def test_one_bit_off_fails_and_minus_zero_is_not_zero():
+    observations = right_observations(4)
+    params = dict(observations[1]["before"]["params"])
+    params["out.bias"] = params["out.bias"].clone()
+    params["out.bias"][0] = torch.nextafter(params["out.bias"][0], torch.tensor(1.0, dtype=torch.float64))
+    observations[1]["after"] = {"params": params, "state": observations[1]["before"]["state"]}
+    assert "'out.bias' differs by up to" in messages(grade_all(observations, 4))["recovered-bitwise"]
+    zero = torch.zeros(3, dtype=torch.float64)
+    assert verdicts._same(-zero, zero, "x") is not None and verdicts._same(zero.clone(), zero, "x") is None
+
+
+def test_a_source_overwritten_by_the_wiped_replica_is_named():
+    observations = right_observations(4)
+    observations[2]["after"] = state_of(REFERENCES[4]["initial"], 2, 0, torch.float64, 0.0, 99)  # the wiped values
+    g = grade_all(observations, 4)
+    said = messages(g)["recovered-bitwise"]
+    assert statuses(g)["recovered-bitwise"] == "fail"
+    assert said.startswith("rank 2 (replica 1, not wiped): after recover_from_peer 'inp.weight' differs")
+    assert "must keep its own state" in said
+
+
+def test_training_after_the_recovery_off_the_replay_is_named():
+    observations = right_observations(4)
+    resumed = {"params": dict(observations[0]["replay"]["params"]), "state": observations[0]["replay"]["state"]}
+    resumed["params"]["blocks.1.norm.weight"] = resumed["params"]["blocks.1.norm.weight"] + 0.01
+    observations[0]["resumed"] = resumed
+    g = grade_all(observations, 4)
+    said = messages(g)["training-resumes"]
+    assert statuses(g)["training-resumes"] == "fail" and "rank 0 (wiped)" in said and "blocks.1.norm.weight" in said
+
+
+def test_a_broadcast_fails_the_messages_and_leaves_the_bytes_undecided():
+    observations = right_observations(4)
+    for rank, obs in enumerate(observations):
+        obs["recovery"]["events"] = [{"op": "c10d.broadcast_.default", "bytes": 512,
+                                      "group": [0, 2] if rank % 2 == 0 else [1, 3], "peer": None}]
+    g = grade_all(observations, 4)
+    got = statuses(g)
+    assert got["peer-messages"] == "fail" and got["recovery-bytes"] == "not-checked"
+    assert "broadcast_ of 512 bytes among ranks [0, 2]" in messages(g)["peer-messages"]
+
+
+def test_a_barrier_and_a_small_header_are_allowed():
+    observations = right_observations(4)
+    for rank, obs in enumerate(observations):
+        obs["recovery"]["events"].append({"op": "c10d.barrier.default", "bytes": 0, "group": [0, 1, 2, 3]})
+        if rank >= 2:
+            obs["recovery"]["events"].insert(0, {"op": "c10d.send.default", "bytes": 8, "peer": rank - 2})
+    got = statuses(grade_all(observations, 4))
+    assert got["peer-messages"] == "pass" and got["recovery-bytes"] == "pass"
+
+
+def test_a_message_to_another_shard_and_a_file_fail_the_messages():
+    observations = right_observations(4)
+    observations[3]["recovery"]["events"][0]["peer"] = 0
+    said = messages(grade_all(observations, 4))["peer-messages"]
+    assert "rank 3: recover_from_peer sent 512 bytes to rank 0" in said and "only with rank 1" in said
+    observations = right_observations(4)
+    observations[1]["recovery"]["writes"] = ["/tmp/recover-shard1.pt"]
+    assert "opened '/tmp/recover-shard1.pt' for writing" in messages(grade_all(observations, 4))["peer-messages"]
+
+
+def test_a_wiped_rank_that_sends_its_state_fails_the_messages():
+    observations = right_observations(2)
+    observations[1]["recovery"]["events"] = [dict(e, op="c10d.send.default") for e in
+                                             observations[1]["recovery"]["events"]]
+    said = messages(grade_all(observations, 2))["peer-messages"]
+    assert "rank 1 (wiped) sent" in said and "to rank 0 of the source replica" in said
+
+
+def test_too_few_and_twice_the_bytes_are_named():
+    observations = right_observations(4)
+    observations[2]["recovery"]["events"] = observations[2]["recovery"]["events"][:-1]
+    said = messages(grade_all(observations, 4))["recovery-bytes"]
+    assert "rank 2 sent rank 0 29916 bytes" in said and "less than its state" in said
+    observations = right_observations(4)
+    observations[3]["recovery"]["events"] *= 2
+    said = messages(grade_all(observations, 4))["recovery-bytes"]
+    assert "rank 3 sent rank 1 59840 bytes" in said and "2 times its state" in said
+
+
+def test_unreadable_records_are_refused():
+    observations = right_observations(2)
+    assert not readable([1, 2])
+    assert not readable(dict(observations[0], steps=[{"events": None, "params": {}}]))
+    assert not readable(dict(observations[0], after={"params": {}, "state": {"x": 3}}))
+    assert not readable(dict(observations[0], held=["a lot"]))

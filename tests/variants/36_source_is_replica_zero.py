@@ -1,0 +1,38 @@
+"""Exercise 36, wrong on purpose: replica 0 is taken for the source whatever source_replica says; with replica 0
+wiped, its garbage overwrites the healthy replica."""
+# expect-fail: recovered-bitwise peer-messages
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+def shard_hybrid(model, replicas, shards):
+    mesh = init_device_mesh(next(model.parameters()).device.type, (replicas, shards),
+                            mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, mesh
+
+
+def local_state(model, optimizer):
+    tensors = []
+    for param in model.parameters():
+        for value in [param] + [v for _, v in sorted(optimizer.state[param].items())]:
+            tensors.append(value.to_local() if hasattr(value, "to_local") else value)
+    return tensors
+
+
+def recover_from_peer(model, optimizer, mesh, source_replica):
+    replicas = mesh.get_group("replicate")
+    me = mesh.get_local_rank("replicate")
+    with torch.no_grad():
+        for tensor in local_state(model, optimizer):
+            if me == 0:
+                for replica in range(1, replicas.size()):
+                    dist.send(tensor, dst=dist.get_global_rank(replicas, replica))
+            else:
+                dist.recv(tensor, src=dist.get_global_rank(replicas, 0))
