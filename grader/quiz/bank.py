@@ -78,6 +78,7 @@ TOPICS: dict[str, str] = {
     "fsdp": "FSDP: fully_shard, resharding, sharding strategies, DeviceMesh, HSDP",
     "dtensor": "DeviceMesh and DTensor: 2-D meshes, placements, parallel styles, FSDP2 over tensor parallelism",
     "fsdp2": "FSDP2 in production: MixedPrecisionPolicy, reshard_after_forward, CPU offload, clipping DTensors",
+    "hybrid-sharding": "Hybrid sharding (HSDP) and recovery from a live peer: 2-D meshes, their collectives, torchft",
     "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
     "capacity": "Capacity planning: bytes per rank (ZeRO, activations), traffic, FLOPs, step time, plans",
     "resilience": "Resilience at scale: failure rates, goodput, checkpoint intervals, asynchronous saves, restarts",
