@@ -32,7 +32,9 @@ training goes on as if nothing happened.
         - the rank of shard s of a wiped replica receives from the rank of shard s of the source
           replica (the ranks mesh["replicate"] groups together), by point-to-point messages
           (send/recv or isend/irecv). No collective: a broadcast over the replicas would stop
-          every replica and send each healthy one what it already has. No file.
+          every replica and send each healthy one what it already has. No file. (torchft's
+          quorum picks a source for each shard rank, taking the healthy replicas in turn; here
+          the grader names one source replica for every shard.)
         - what travels is each DTensor's local tensor (to_local()): every parameter's shard and
           every AdamW state tensor (exp_avg, exp_avg_sq and the step count), received in place
           into the wiped rank's own tensors. Nothing is gathered whole, on either side.
