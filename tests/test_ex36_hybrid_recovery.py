@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from grader import catalog
-from grader.checks.ex36_hybrid_recovery import readable, verdicts
+from grader.checks.ex36_hybrid_recovery import verdicts
 from grader.checks.ex36_hybrid_recovery.rank import STEPS_BEFORE, layout
 from grader.checks.ex36_hybrid_recovery.reference import (held_limit, local_shape, reference_run, shapes,
                                                           unit_elements)
@@ -92,12 +92,14 @@ def right_observations(world_size: int) -> list[dict]:
                      "names": ["replicate", "shard"],
                      "layout": [verdicts.replica_ranks(plan, r) for r in range(plan["replicas"])]},
             "params": {name: {"dtensor": True, "placements": ["Replicate()", "Shard(dim=0)"],
-                              "mesh_shape": [plan["replicas"], shards], "local_shape": local_shape(shape, shards, shard)}
+                              "mesh_shape": [plan["replicas"], shards],
+                              "local_shape": local_shape(shape, shards, shard)}
                        for name, shape in shapes().items()},
             "held": [{"when": "after shard_hybrid", "bytes": held_limit(shards, itemsize, False), "whole": []},
                      {"when": f"after step {STEPS_BEFORE}", "bytes": held_limit(shards, itemsize, True), "whole": []}],
             "steps": [{"events": step_events(rank, plan, itemsize),
-                       "params": {n: chunk(full, shards, shard, dtype) for n, full in reference["states"][step].items()}}
+                       "params": {n: chunk(full, shards, shard, dtype)
+                                  for n, full in reference["states"][step].items()}}
                       for step in range(STEPS_BEFORE)],
             "before": before, "replay": replay, "after": before, "resumed": replay,
             "recovery": {"events": messages_of(rank, plan, before), "writes": [], "held": [], "error": None},
@@ -129,7 +131,7 @@ def grade_all(observations: list[dict], world_size: int) -> Grading:
 def test_right_records_pass_every_check():
     for world_size in (4, 2):
         observations = right_observations(world_size)
-        assert all(readable(obs) for obs in observations)
+        assert all(verdicts.readable(obs) for obs in observations)
         got = statuses(grade_all(observations, world_size))
         assert set(got.values()) == {"pass"}, (world_size, got)
         assert len(got) == (10 if world_size == 4 else 9)
@@ -325,8 +327,13 @@ def test_too_few_and_twice_the_bytes_are_named():
 
 
 def test_unreadable_records_are_refused():
-    observations = right_observations(2)
+    obs = right_observations(2)[0]
+    readable = verdicts.readable
     assert not readable([1, 2])
-    assert not readable(dict(observations[0], steps=[{"events": None, "params": {}}]))
-    assert not readable(dict(observations[0], after={"params": {}, "state": {"x": 3}}))
-    assert not readable(dict(observations[0], held=["a lot"]))
+    assert not readable(dict(obs, steps=[{"events": None, "params": {}}]))
+    assert not readable(dict(obs, steps=[{"events": [{"op": "all_reduce", "bytes": "8"}], "params": {}}]))
+    assert not readable(dict(obs, after={"params": {}, "state": {"x": 3}}))
+    assert not readable(dict(obs, after={"params": {"w": [1.0]}, "state": {}}))
+    assert not readable(dict(obs, held=["a lot"]))
+    assert not readable(dict(obs, recovery={"events": [{"op": "c10d.send.default", "bytes": 8, "peer": "0"}]}))
+    assert not readable(dict(obs, recovery={"events": [], "writes": [3]}))

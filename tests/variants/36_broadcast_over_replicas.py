@@ -6,7 +6,6 @@ arrives, but every replica takes part in a collective (with more replicas, each 
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 

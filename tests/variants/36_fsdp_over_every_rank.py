@@ -4,7 +4,6 @@ only to be returned: every layer's gathers and reductions run over the whole job
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 

@@ -6,7 +6,6 @@ wiped peer its rows of it: the right bytes arrive, but every source rank held th
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 

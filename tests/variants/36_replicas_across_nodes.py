@@ -4,8 +4,6 @@ one shard of each replica"): a replica is then ranks far apart, and every layer'
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.device_mesh import DeviceMesh
 

@@ -4,7 +4,6 @@ wiped, its garbage overwrites the healthy replica."""
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 

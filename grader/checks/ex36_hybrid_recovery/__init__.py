@@ -25,24 +25,6 @@ from grader.checks.ex36_hybrid_recovery.rank import layout, rank_main
 from grader.checks.ex36_hybrid_recovery.reference import reference_run, shapes, unit_elements
 from grader.checks.interface import Grader
 
-STATE_KEYS = ("before", "replay", "after", "resumed")
-
-
-def readable(obs) -> bool:
-    """Whether a rank's record has the shape the verdicts read (a learner's code shares the rank's process)."""
-    if not isinstance(obs, dict) or not isinstance(obs.get("params", {}), dict):
-        return False
-    if not all(isinstance(s, dict) and isinstance(s.get("events"), list) and isinstance(s.get("params"), dict)
-               for s in obs.get("steps", [])):
-        return False
-    for key in STATE_KEYS:
-        state = obs.get(key)
-        if state is not None and not (isinstance(state, dict) and isinstance(state.get("params"), dict)
-                                      and isinstance(state.get("state"), dict)
-                                      and all(isinstance(v, dict) for v in state["state"].values())):
-            return False
-    return all(isinstance(e, dict) for e in obs.get("held", []))
-
 
 def grade(g: Grader) -> None:
     sections = []
@@ -50,7 +32,7 @@ def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         plan = layout(world_size)
         observations = g.run(rank_main, world_size).results()
-        broken = next((rank for rank, obs in enumerate(observations) if not readable(obs)), None)
+        broken = next((rank for rank, obs in enumerate(observations) if not verdicts.readable(obs)), None)
         if broken is not None:
             g.stop(f"rank {broken} returned a record the grader cannot read", rank=broken, world_size=world_size)
         returned = next((o["returned"] for o in observations if o.get("returned")), None)
@@ -64,6 +46,7 @@ def grade(g: Grader) -> None:
             verdicts.check_units(g, observations, world_size, plan, unit_elements(plan["shards"]), itemsize)
         verdicts.check_groups(g, observations, world_size, plan)
         verdicts.check_training(g, observations, world_size, plan, reference_run(world_size))
+        verdicts.check_held(g, observations, world_size, plan, itemsize)
         if plan["source"] is not None:
             verdicts.recovery_failed(g, observations, world_size)
             recovered = True
@@ -78,7 +61,6 @@ def grade(g: Grader) -> None:
             shards = f"{plan['shards']} shard" + ("s" if plan["shards"] > 1 else "")
             sections.append(f"{world_size} ranks ({plan['replicas']} replicas x {shards}, {plan['dtype']}), replica "
                             f"{plan['source']} the source:\n  " + "\n  ".join(lines))
-        verdicts.check_held(g, observations, world_size, plan, itemsize)
     if all(layout(w)["shards"] < 2 for w in g.world_sizes):
         g.skip("block-units", "needs 2 or more shards per replica: a replica of one rank gathers nothing")
     if not recovered:

@@ -43,6 +43,52 @@ def _kib(n: int) -> str:
     return f"{n} bytes" if n < 10_240 else f"{n / 1024:.1f} KiB"
 
 
+# --- the records as sent ----------------------------------------------------------------------------
+
+
+def _tensors(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items())
+
+
+def _state(value) -> bool:
+    return isinstance(value, dict) and _tensors(value.get("params")) and isinstance(value.get("state"), dict) and \
+        all(isinstance(k, str) and _tensors(v) for k, v in value["state"].items())
+
+
+def _event(value) -> bool:
+    group = value.get("group") if isinstance(value, dict) else None
+    return isinstance(value, dict) and isinstance(value.get("op"), str) and type(value.get("bytes", 0)) is int and \
+        (group is None or (isinstance(group, list) and all(type(r) is int for r in group))) and \
+        (value.get("peer") is None or type(value.get("peer")) is int)
+
+
+def _held(value) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("when"), str) and type(value.get("bytes")) is int and \
+        isinstance(value.get("whole"), list) and all(isinstance(n, str) for n in value["whole"])
+
+
+def readable(obs) -> bool:
+    """Whether a rank's record has the types the verdicts read (a learner's code shares the rank's process)."""
+    if not isinstance(obs, dict) or not isinstance(obs.get("params", {}), dict):
+        return False
+    if not all(isinstance(v, dict) for v in obs.get("params", {}).values()):
+        return False
+    steps = obs.get("steps", [])
+    if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("events"), list) and
+                                              all(_event(e) for e in s["events"]) and _tensors(s.get("params"))
+                                              for s in steps):
+        return False
+    if any(obs.get(key) is not None and not _state(obs[key]) for key in ("before", "replay", "after", "resumed")):
+        return False
+    recovery = obs.get("recovery")
+    if recovery is not None and not (isinstance(recovery, dict) and isinstance(recovery.get("events"), list) and
+                                     all(_event(e) for e in recovery["events"]) and
+                                     all(isinstance(w, str) for w in recovery.get("writes", [])) and
+                                     all(_held(h) for h in recovery.get("held", []))):
+        return False
+    return isinstance(obs.get("held", []), list) and all(_held(h) for h in obs.get("held", []))
+
+
 # --- what shard_hybrid built ---------------------------------------------------------------------
 
 
@@ -99,8 +145,9 @@ def check_placements(g: Grader, observations: list[dict], world_size: int, plan:
             want = local_shape(shape, shards, rank % shards)
             if entry.get("local_shape") != want:
                 g.record("hybrid-placements", False,
-                         f"rank {rank}: {name!r} (shape {shape}) holds a local shard of shape {entry.get('local_shape')}"
-                         f"; shard {rank % shards} of {shards} is rows of shape {want}", rank=rank, world_size=world_size)
+                         f"rank {rank}: {name!r} (shape {shape}) holds a local shard of shape "
+                         f"{entry.get('local_shape')}; shard {rank % shards} of {shards} is rows of shape {want}",
+                         rank=rank, world_size=world_size)
                 return
     g.record("hybrid-placements", True)
 
@@ -214,7 +261,8 @@ def check_training(g: Grader, observations: list[dict], world_size: int, plan: d
                              f"after step {step + 1}, rank {rank}: {name!r} differs from one process training on every "
                              f"rank's batch ({world_size} x 4 rows) with AdamW by up to {found.max_abs:.3g}, "
                              f"{found.max_abs / max(scale, 1e-300):.0%} of the largest change of that parameter: the "
-                             "gradients are averaged over every rank of every replica", rank=rank, world_size=world_size)
+                             "gradients are averaged over every rank of every replica",
+                             rank=rank, world_size=world_size)
                     return
     g.record("matches-single-process", True)
 
@@ -250,7 +298,9 @@ def _same(got, want: torch.Tensor, what: str) -> str | None:
         return f"{what} is {float(got):g}, not {float(want):g}"
     found = tensor_difference(got, want)
     where = f" at {list(found.index)}" if found and found.index else ""
-    return f"{what} differs by up to {found.max_abs:.3g}{where}" if found else f"{what} differs in its bits (0.0 and -0.0)"
+    if found is None:  # equal values, other bits: 0.0 and -0.0
+        return f"{what} differs in its bits (0.0 against -0.0)"
+    return f"{what} differs by up to {found.max_abs:.3g}{where}"
 
 
 def _compare_states(got: dict, want: dict) -> str | None:
