@@ -1,7 +1,8 @@
 """Exercise 36: hybrid sharding (HSDP) with FSDP2, and a wiped replica recovered from a live peer.
 
-Exercise 31 sharded a model over every rank. At thousands of GPUs that is slow: every step's
-all-gathers and reduce-scatters cross the whole job. Hybrid sharding splits the ranks into
+Exercise 31 sharded a model over every rank. At thousands of GPUs every layer's all-gather and
+reduce-scatter then spans the whole job, over the slow links between nodes, with a latency that
+grows with the number of ranks. Hybrid sharding splits the ranks into
 `replicas` groups of `shards` neighbouring ranks (one node, say). Inside a replica the model is
 fully sharded, each rank holding 1 / shards of every parameter; the replicas hold the same
 model, so the gradient of a step is reduce-scattered inside each replica, then all-reduced
@@ -47,9 +48,9 @@ The grader starts the ranks and the process group (gloo on CPU), builds `Model` 
 float64 on 4 ranks (2 replicas x 2 shards) and in float32 on 2 (2 x 1), calls shard_hybrid,
 trains with torch.optim.AdamW on a different batch on every rank, and compares with one process
 training on all the batches. Then it wipes one replica and calls recover_from_peer. It records
-the process group of every collective, what each rank holds in memory, every message the
-recovery sends and its bytes, and whether the next steps end bit for bit where the steps of
-the same job without the failure end.
+the process group of every collective, what each rank holds in memory (keep no copy of the
+model or of its state beside the shards), every message the recovery sends and its bytes, and
+whether the next steps end bit for bit where the steps of the same job without the failure end.
 
 Replace each `raise NotImplementedError` below; keep the names and signatures.
 Grade it with:  ddp-grade exercises/36_hybrid_recovery.py      (stuck? ddp-grade hint 36)
