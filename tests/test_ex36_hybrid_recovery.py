@@ -287,6 +287,17 @@ def test_a_broadcast_fails_the_messages_and_leaves_the_bytes_undecided():
     assert "broadcast_ of 512 bytes among ranks [0, 2]" in messages(g)["peer-messages"]
 
 
+def test_a_collective_seen_only_through_the_python_api_fails_the_messages():
+    observations = right_observations(4)
+    observations[3]["recovery"]["collectives"] = [{"op": "all_gather_into_tensor", "via": "functional", "bytes": 256,
+                                                   "group": [2, 3], "dtype": "float64"}]
+    g = grade_all(observations, 4)
+    said = messages(g)["peer-messages"]
+    assert statuses(g)["peer-messages"] == "fail"
+    assert "rank 3: recover_from_peer ran all_gather_into_tensor of 256 bytes among ranks [2, 3]" in said
+    assert "a gather brings whole tensors" in said
+
+
 def test_a_barrier_and_a_small_header_are_allowed():
     observations = right_observations(4)
     for rank, obs in enumerate(observations):

@@ -356,8 +356,9 @@ def rank_main(ctx: RankContext) -> dict:
             _wipe(tensors, ctx.rank)
         del snapshot
         dist.barrier()  # every replica restored (and the failed one wiped) before any recovery starts
-        recovery = {"events": [], "writes": [], "held": [], "error": None}
+        recovery = {"events": [], "writes": [], "held": [], "error": None, "collectives": []}
         obs["recovery"] = recovery
+        first = len(events)  # the Python API's collectives too (one run inside a DTensor operation included)
 
         def look(op: str, extra: list) -> None:
             if not prints or any(h["whole"] for h in recovery["held"]):
@@ -374,6 +375,7 @@ def rank_main(ctx: RankContext) -> dict:
         try:
             with watched(recovery["events"], recovery["writes"], look):
                 recover_from_peer(model, optimizer, mesh, plan["source"])
+            recovery["collectives"] = [dict(e) for e in events[first:]]
             look("recover_from_peer returned", [])
         except NotImplementedError:
             raise

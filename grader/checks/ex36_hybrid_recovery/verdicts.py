@@ -83,6 +83,8 @@ def readable(obs) -> bool:
     recovery = obs.get("recovery")
     if recovery is not None and not (isinstance(recovery, dict) and isinstance(recovery.get("events"), list) and
                                      all(_event(e) for e in recovery["events"]) and
+                                     isinstance(recovery.get("collectives", []), list) and
+                                     all(_event(e) for e in recovery.get("collectives", [])) and
                                      all(isinstance(w, str) for w in recovery.get("writes", [])) and
                                      all(_held(h) for h in recovery.get("held", []))):
         return False
@@ -369,14 +371,17 @@ def check_messages(g: Grader, observations: list[dict], world_size: int, plan: d
         is_source = rank // shards == source
         peers = [r * shards + rank % shards for r in plan["wiped"]] if is_source else [source * shards + rank % shards]
         received = 0
-        for e in recovery.get("events", []):
+        # Every c10d operation dispatched, then the Python API's collectives (one a DTensor operation runs
+        # inside its own dispatch is seen there only).
+        for e in recovery.get("events", []) + recovery.get("collectives", []):
             op, size = str(e.get("op")), int(e.get("bytes") or 0)
             if not _is_point_to_point(op):
                 if size > SMALL_MESSAGE:
                     why = ("a gather brings whole tensors onto each rank of the group" if "gather" in op else
                            "a collective makes every rank of its group take part (with more replicas, each healthy "
                            "one receives what it already holds)")
-                    return fail(f"rank {rank}: recover_from_peer ran {op.split('.')[1]} of {_kib(size)} among ranks "
+                    name = op.split(".")[1] if "." in op else op
+                    return fail(f"rank {rank}: recover_from_peer ran {name} of {_kib(size)} among ranks "
                                 f"{e.get('group')}: {why}; send each local shard point to point")
                 continue
             sends = "c10d.send" in op
