@@ -1,17 +1,20 @@
 """Grade one file and remember it: the flow under ``ddp-grade FILE``, ``watch`` and ``interview``.
 
-Below the command line and without click: the command picks where the grading runs (here with a
-session, through the server, in a sandbox), renders the live line and the report, and echoes the
-notes this returns.
+Below the command line and without click. :func:`grade` picks where a grading runs (in a sandbox when asked,
+else through the warm grading server when one answers, else here with a pool of its own);
+:func:`grade_and_record` runs one with the live line on stderr and records the learner's progress. The command
+renders the report and echoes the notes; what keeps a grading from starting is :class:`Refused`, with the
+learner's message (exit 2).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from grader import catalog, kit
+from grader import catalog, kit, live
 from grader import progress as prog
 from grader.results import PASSED, Report
 
@@ -22,10 +25,22 @@ class Graded:
 
     report: Report
     notes: list[str] = field(default_factory=list)  # one line each, for stderr
+    started_server: bool = False  # a grading server was started in the background for the next gradings
+
+
+class Refused(Exception):
+    """The grading cannot start here (no sandbox tool, an unreadable file) or gave no report: the message says
+    why, in the learner's terms."""
 
 
 def exercise_of(path: str, exercise_id: str | None) -> catalog.Exercise | None:
     return catalog.by_id(exercise_id) if exercise_id else catalog.from_filename(path)
+
+
+def label(path: str, exercise_id: str | None) -> str:
+    """What the live line calls this grading."""
+    ex = exercise_of(path, exercise_id)
+    return f"exercise {ex.id}" if ex else os.path.basename(path)
 
 
 def here(session, options, path: str, exercise_id: str | None) -> Callable:
@@ -36,10 +51,16 @@ def here(session, options, path: str, exercise_id: str | None) -> Callable:
 
 
 def grade_and_record(path: str, exercise_id: str | None, progress: prog.Progress, grade: Callable,
-                     on_event=None, quiet: bool = False) -> Graded:
-    """Grade with ``grade(on_event)``; remember the result when ``path`` is the kit's own exercise file."""
+                     quiet: bool = False, stream=None) -> Graded:
+    """Grade with ``grade(on_event)`` under a live line on ``stream`` (stderr); remember the result when
+    ``path`` is the kit's own exercise file."""
+    stream = stream or sys.stderr
+    line = live.LiveLine(label(path, exercise_id), live.mode_for(stream, quiet), stream)
+    try:
+        report = grade(line.event)
+    finally:
+        line.done()
     ex = exercise_of(path, exercise_id)
-    report = grade(on_event)
     graded = Graded(report)
     if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):
         progress.record_grading(ex.id, report.status)
@@ -55,7 +76,57 @@ def grade_and_record(path: str, exercise_id: str | None, progress: prog.Progress
     return graded
 
 
-def label(path: str, exercise_id: str | None) -> str:
-    """What the live line calls this grading."""
-    ex = exercise_of(path, exercise_id)
-    return f"exercise {ex.id}" if ex else os.path.basename(path)
+def grade(path: str, options, exercise_id: str | None, progress: prog.Progress, *, quiet: bool = False,
+          server: bool = True, sandbox: bool = False) -> Graded:
+    """``ddp-grade FILE``: in a sandbox when asked; else through the warm grading server when one answers
+    (``server``), starting one for the next gradings when none did; else here."""
+    from grader import server as grading_server
+
+    if sandbox:
+        return _in_sandbox(path, options, exercise_id, progress, quiet)
+    use_server = server and grading_server.enabled()
+    if use_server:
+        def remote(on_event):
+            return grading_server.grade_remote(path, exercise_id, options, on_event=on_event)
+
+        try:
+            return grade_and_record(path, exercise_id, progress, remote, quiet=quiet)
+        except grading_server.Unavailable:
+            pass
+    graded = in_a_pool_of_its_own(path, options, exercise_id, progress, quiet)
+    graded.started_server = use_server and grading_server.start_in_background()
+    return graded
+
+
+def in_a_pool_of_its_own(path: str, options, exercise_id: str | None, progress: prog.Progress,
+                         quiet: bool) -> Graded:
+    """Grade in this process, with a pool started for this grading alone."""
+    from grader import grading, harness
+
+    exercise = exercise_of(path, exercise_id)
+    grading.warm_up(dynamo=exercise is None or exercise.preload_dynamo, exercises=[exercise])
+    with harness.Session(limits=options.limits) as session:
+        return grade_and_record(path, exercise_id, progress, here(session, options, path, exercise_id), quiet=quiet)
+
+
+def _in_sandbox(path: str, options, exercise_id: str | None, progress: prog.Progress, quiet: bool) -> Graded:
+    """Grade here, the ranks in a fresh sandbox (grader.protocol.grade_in_sandbox); progress is recorded here."""
+    from grader import learner, protocol, sandbox
+
+    if sandbox.tool() is None:
+        raise Refused("--sandbox needs bwrap (the bubblewrap package) or unshare with user namespaces; neither "
+                      "works here (see `ddp-grade doctor`)")
+    try:
+        learner.read_source(path)
+    except learner.Unusable as exc:
+        raise Refused(str(exc)) from None
+
+    def run(on_event):
+        try:
+            report = protocol.grade_in_sandbox(path, exercise_id, options, on_event)
+        except protocol.Failed as exc:
+            raise Refused(f"the sandboxed grading gave no report: {exc}") from None
+        report.path = path
+        return report
+
+    return grade_and_record(path, exercise_id, progress, run, quiet=quiet)

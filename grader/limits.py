@@ -38,8 +38,6 @@ the last 3000 characters of each rank's output, whatever the limits.
 
 from __future__ import annotations
 
-import click
-
 MIB = 2**20
 
 DEFAULT_MEMORY_MIB = 2048
@@ -118,24 +116,3 @@ def describe(limit: str, limits: dict) -> str:
     else:
         amount = f"{limits.get('output_bytes', 0) / MIB:g} MiB per file"
     return f"the {limit} limit ({amount}; {OPTIONS[limit]} changes it)"
-
-
-def limit_options(f):
-    """--memory-limit, --cpu-limit, --output-limit, --tmp-limit for a command that grades.
-
-    They reach the command as ``memory_limit`` (MiB), ``cpu_limit`` (s), ``output_limit`` and
-    ``tmp_limit`` (MiB); :func:`grader.options.grading_options` turns them into one ``GradeOptions``.
-    """
-    f = click.option("--tmp-limit", "tmp_limit", type=click.FloatRange(min=0), default=DEFAULT_TMP_MIB,
-                     show_default=True, metavar="MIB",
-                     help="In a sandbox (--sandbox, batch): the size of its /tmp and of its /dev/shm, in MiB each.")(f)
-    f = click.option("--output-limit", "output_limit", type=click.FloatRange(min=0), default=DEFAULT_OUTPUT_MIB,
-                     show_default=True, metavar="MIB",
-                     help="Largest file (printed output included) a rank may write, in MiB; 0: no limit.")(f)
-    f = click.option("--cpu-limit", "cpu_limit", type=click.FloatRange(min=0), default=DEFAULT_CPU_SECONDS,
-                     show_default=True, metavar="SECONDS",
-                     help="CPU time per rank process, in seconds; 0: no limit.")(f)
-    f = click.option("--memory-limit", "memory_limit", type=click.FloatRange(min=0), default=DEFAULT_MEMORY_MIB,
-                     show_default=True, metavar="MIB",
-                     help="Resident memory per rank process, in MiB; 0: no limit.")(f)
-    return f

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from background import processes_with
 from conftest import ROOT
-from grader import batch
+from grader import batch, batch_output
+from grader.results import EXIT_CODES
 from grader.cli import main
 
 SOLUTIONS = ROOT / "solutions"
@@ -35,7 +36,7 @@ def _report(status, checks=(), problem=None):
 
 
 def _outcome(name, status, checks=(), problem=None):
-    return batch.Outcome(batch.Submission(name, name), _report(status, checks, problem))
+    return batch_output.Outcome(batch_output.Submission(name, name), _report(status, checks, problem))
 
 
 def test_a_folder_of_files_gives_one_submission_per_exercise_file(tmp_path):
@@ -66,29 +67,29 @@ def test_a_missing_path_is_a_submission_that_cannot_be_graded_not_the_end_of_the
 def test_the_exit_code_is_the_worst_result():
     passed, failed = _outcome("a", "passed"), _outcome("b", "failed")
     timeout, unusable = _outcome("c", "timeout"), _outcome("d", "unusable")
-    assert batch.worst_status([passed]) == "passed"
-    assert batch.worst_status([passed, failed]) == "failed"
-    assert batch.worst_status([failed, timeout, passed]) == "timeout"
-    assert batch.worst_status([timeout, unusable, failed]) == "unusable"
-    assert batch.EXIT_CODES[batch.worst_status([passed, failed, timeout])] == 3
+    assert batch_output.worst_status([passed]) == "passed"
+    assert batch_output.worst_status([passed, failed]) == "failed"
+    assert batch_output.worst_status([failed, timeout, passed]) == "timeout"
+    assert batch_output.worst_status([timeout, unusable, failed]) == "unusable"
+    assert EXIT_CODES[batch_output.worst_status([passed, failed, timeout])] == 3
 
 
 def test_rows_have_one_line_per_submission_and_check():
     outcomes = [_outcome("alice", "failed", [("joins-group", "pass", ""), ("timeout-set", "fail", "no timeout")]),
                 _outcome("bob", "unusable", problem="no such file: bob.py")]
-    rows = batch.rows(outcomes)
+    rows = batch_output.rows(outcomes)
     assert [(r["submission"], r["check"], r["check_status"]) for r in rows] == [
         ("alice", "joins-group", "pass"), ("alice", "timeout-set", "fail"), ("bob", "", "")]
     assert rows[2]["message"] == "no such file: bob.py" and rows[2]["exit_code"] == 2
-    parsed = list(csv.DictReader(io.StringIO(batch.render_csv(outcomes))))
+    parsed = list(csv.DictReader(io.StringIO(batch_output.render_csv(outcomes))))
     assert [r["check"] for r in parsed] == ["joins-group", "timeout-set", ""]
-    assert list(parsed[0]) == batch.ROW_FIELDS
-    data = json.loads(batch.render_json(outcomes))
+    assert list(parsed[0]) == batch_output.ROW_FIELDS
+    data = json.loads(batch_output.render_json(outcomes))
     assert data["exit_code"] == 2 and len(data["rows"]) == 3 and len(data["reports"]) == 2
 
 
 def test_the_table_names_each_submission_its_status_and_the_failed_checks():
-    table = batch.render_table([_outcome("alice", "failed", [("timeout-set", "fail", "no timeout")]),
+    table = batch_output.render_table([_outcome("alice", "failed", [("timeout-set", "fail", "no timeout")]),
                                 _outcome("bob", "passed", [("joins-group", "pass", "")])])
     lines = table.splitlines()
     assert lines[0].split() == ["submission", "ex", "status", "checks", "seconds", "problem"]
@@ -170,7 +171,7 @@ def test_a_learner_folder_with_nothing_to_grade_is_a_row_that_says_so(tmp_path):
     subs = [s for s in batch.collect([str(tmp_path)]) if s.problem]
     outcomes = batch.run_batch(subs, 1, {"timeout_s": 10})  # nothing to grade: no worker is started
     assert outcomes[0].status == "unusable" and "no NN_*.py exercise file" in outcomes[0].report["problem"]
-    assert "could not be graded" in batch.render_table(outcomes)
+    assert "could not be graded" in batch_output.render_table(outcomes)
 
 
 def test_the_sandbox_is_used_by_default_refused_when_asked_for_and_missing_and_off_on_request(tmp_path, monkeypatch):

@@ -33,6 +33,21 @@ def test_the_harness_knows_nothing_of_the_layers_above_it():
         assert above not in text, above
 
 
+def test_every_click_decorator_is_in_the_command_line_package():
+    """One home for the command line: every click command, group, option and argument is declared in
+    grader/commandline/, one module a command."""
+    declared = ("command", "group", "option", "argument", "version_option", "pass_context")
+    found = []
+    for path in sorted((ROOT / "grader").rglob("*.py")):
+        if {"commandline", "stubs"} & set(path.relative_to(ROOT).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in declared and isinstance(node.value, ast.Name) \
+                    and node.value.id == "click":
+                found.append(f"{path.relative_to(ROOT)} line {node.lineno}: click.{node.attr}")
+    assert found == []
+
+
 def test_exit_codes_are_defined_once():
     for path in sorted((ROOT / "grader").rglob("*.py")):
         if path.name == "exits.py":
@@ -62,8 +77,8 @@ LAYERS = [
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",
                 "grader.timeline_view"]),
     ("flows", ["grader.server", "grader.batch", "grader.shards", "grader.protocol", "grader.worker", "grader.flow", "grader.gradescope", "grader.commands", "grader.commands.*",
-               "grader.quiz", "grader.quiz.command", "grader.stubs", "grader.stubs.*"]),
-    ("cli", ["grader.cli", "grader.__main__"]),
+               "grader.quiz", "grader.quiz.terminal", "grader.stubs", "grader.stubs.*"]),
+    ("cli", ["grader.cli", "grader.commandline", "grader.commandline.*", "grader.__main__"]),
 ]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import grader.quiz.command as command
+import grader.quiz.terminal as command
 from grader.cli import main
 from grader.quiz.bank import TOPICS, load_bank, topic_counts
 from grader.quiz.question import LETTERS

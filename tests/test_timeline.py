@@ -154,11 +154,11 @@ def test_the_html_page_escapes_what_a_rank_named_and_fetches_nothing():
 
 
 def test_grade_with_trace_writes_the_json_or_the_page_and_exit_2_when_it_cannot(tmp_path, monkeypatch):
-    from grader import cli
+    from grader import cli, flow
 
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
     report = report_with([hand_made(2)])
-    monkeypatch.setattr(cli, "_grade_here", lambda *args, **kwargs: report)
+    monkeypatch.setattr(flow, "in_a_pool_of_its_own", lambda *args, **kwargs: flow.Graded(report))
     run = CliRunner().invoke
 
     def grade(*args):

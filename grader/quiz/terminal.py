@@ -1,4 +1,5 @@
-"""``ddp-grade quiz``: the click command. It parses options, asks, saves and renders; logic is in session.py."""
+"""A quiz in the terminal, under ``ddp-grade quiz``: it asks, reads the answers (typed or scripted), saves
+and renders; what to ask and how an answer scores is in session.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 
 from grader.quiz import render
-from grader.quiz.bank import DIFFICULTIES, TOPICS, BankError, load_bank, topic_counts
+from grader.quiz.bank import DIFFICULTIES, TOPICS, load_bank, topic_counts
 from grader.quiz.session import (
     Answer,
     AnswerError,
@@ -28,7 +29,7 @@ from grader.quiz.session import (
     split_answer_lines,
     split_inline_answers,
 )
-from grader.options import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE
+from grader.exits import EXIT_INTERRUPTED, EXIT_OK
 from grader.state import StateFile
 
 STATE_NAME = "quiz.json"
@@ -62,42 +63,6 @@ def _is_tty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-@click.command()
-@click.option("--topic", "topic_args", multiple=True, metavar="TOPIC",
-              help="Only these topics (repeat the option or give a comma list). See --list-topics.")
-@click.option("-n", "--count", type=int, default=10, show_default=True, help="Number of questions.")
-@click.option("--difficulty", metavar="LEVEL", help="Only questions of this level: easy, medium or hard.")
-@click.option("--seed", type=int, help="Seed for the question order and the choice order (reproducible quiz).")
-@click.option("--answers", "answers_arg", metavar="ANSWERS",
-              help='Answer without prompts: "a,bd,c" (one token per question), or @FILE for a file with '
-                   'one answer per line (without @ the value is always letters, even if a file has that name).')
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: one object on stdout (see docs/quiz.md).")
-@click.option("--review", is_flag=True, help="Only the questions whose latest answer was wrong, most recent first.")
-@click.option("--list-topics", is_flag=True,
-              help="List the topics with their question counts and the total, and exit (honours --format).")
-@click.pass_context
-def quiz(ctx, topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics):
-    """Answer multiple-choice questions on DDP in the terminal.
-
-    Type the letter of your choice; for "choose all that apply" questions type
-    several letters (ac or a,c). Progress is saved after every answer; questions
-    answered wrong come back first next time.
-
-    \b
-    Examples:
-      ddp-grade quiz -n 5 --topic sampler,launch
-      ddp-grade quiz --review
-      ddp-grade quiz -n 3 --seed 1 --answers "a,b,c" --format json
-    """
-    try:
-        code = run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics)
-    except (QuizInputError, BankError) as exc:
-        click.echo(f"ddp-grade quiz: error: {exc}", err=True)
-        code = EXIT_UNUSABLE
-    ctx.exit(code)
 
 
 def run_quiz(topic_args, count, difficulty, seed, answers_arg, fmt, review, list_topics) -> int:

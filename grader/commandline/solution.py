@@ -1,0 +1,39 @@
+"""``ddp-grade solution NN``: the reference solution of an exercise, or how it differs from the learner's."""
+
+from __future__ import annotations
+
+import click
+
+from grader import kit
+from grader.commandline.common import kit_call, load_progress
+from grader.exits import EXIT_OK
+
+
+@click.command()
+@click.argument("exercise_id", metavar="NN")
+@click.option("--diff", "as_diff", is_flag=True, help="Show the differences from your file instead of the whole file.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation when the exercise has not passed.")
+def solution(exercise_id, as_diff, yes):
+    """Show the reference solution of exercise NN (or, with --diff, how it differs from yours).
+
+    Asks first when NN has not passed yet.
+    """
+    from grader.commands import files
+
+    progress = load_progress()
+    ex = kit_call(lambda: kit.require_exercise(exercise_id))
+    if not yes and not progress.passed(ex.id):
+        try:
+            ok = click.confirm(f"Exercise {ex.id} has not passed yet. Show the reference solution anyway?",
+                               default=False, err=True)
+        except click.Abort:  # end of input or Ctrl-C: the answer is no
+            click.echo("", err=True)
+            ok = False
+        if not ok:
+            click.echo("Not shown. `ddp-grade hint " + ex.id + "` gives the next hint instead.")
+            raise SystemExit(EXIT_OK)
+    if as_diff:
+        text = kit_call(lambda: files.solution_diff(ex))
+        click.echo(text if text else "Your file is the same as the reference solution.")
+    else:
+        click.echo(kit_call(lambda: files.solution_text(ex)), nl=False)
