@@ -21,7 +21,7 @@ training goes on as if nothing happened.
         Build a 2-D DeviceMesh of shape (replicas, shards) named ("replicate", "shard"), on the
         device type of the model's parameters: "shard" is the inner dimension, so replica r is
         ranks r * shards ... r * shards + shards - 1. Apply fully_shard on that mesh to each
-        block of model.blocks, then to model itself (the root takes what is left: inp and out).
+        block of model.blocks, then to model itself (the root takes what is left: embed and head).
         Return the model (fully_shard works in place) and the mesh.
 
     recover_from_peer(model, optimizer, mesh, source_replica) -> None
@@ -58,13 +58,14 @@ Grade it with:  ddp-grade exercises/36_hybrid_recovery.py      (stuck? ddp-grade
 
 import torch
 import torch.distributed as dist  # noqa: F401  (what you will use)
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: F401
 from torch.distributed.fsdp import fully_shard  # noqa: F401
 
 
 class Block(nn.Module):
-    """A residual MLP block: norm, up projection, tanh, down projection, added to its input."""
+    """A residual MLP block: norm, up projection, GELU, down projection, added to its input."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
@@ -73,23 +74,23 @@ class Block(nn.Module):
         self.down = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(self.norm(x))))
+        return x + self.down(F.gelu(self.up(self.norm(x))))
 
 
 class Model(nn.Module):
     """An input projection, a list of blocks and an output head."""
 
-    def __init__(self, d_in: int = 8, dim: int = 16, hidden: int = 32, n_blocks: int = 2, d_out: int = 8):
+    def __init__(self, d_in: int = 16, dim: int = 48, hidden: int = 96, n_blocks: int = 2, d_out: int = 12):
         super().__init__()
-        self.inp = nn.Linear(d_in, dim)
+        self.embed = nn.Linear(d_in, dim)
         self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(n_blocks))
-        self.out = nn.Linear(dim, d_out)
+        self.head = nn.Linear(dim, d_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
+        h = self.embed(x)
         for block in self.blocks:
             h = block(h)
-        return self.out(h)
+        return self.head(h)
 
 
 def shard_hybrid(model: nn.Module, replicas: int, shards: int) -> tuple[nn.Module, DeviceMesh]:

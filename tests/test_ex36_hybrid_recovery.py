@@ -154,7 +154,7 @@ def test_replicas_as_the_inner_dimension_fail_the_mesh_and_the_groups():
     got, said = statuses(g), messages(g)
     assert got["mesh"] == "fail" and "row of neighbouring ranks ([[0, 1], [2, 3]])" in said["mesh"]
     assert got["collective-groups"] == "fail"
-    assert "all_gather_single of 1120 bytes ran among ranks [0, 2]" in said["collective-groups"]
+    assert "all_gather_single of 5616 bytes ran among ranks [0, 2]" in said["collective-groups"]
 
 
 def test_a_one_dimensional_placement_is_named_with_its_mesh():
@@ -167,12 +167,12 @@ def test_a_one_dimensional_placement_is_named_with_its_mesh():
 
 def test_a_plain_parameter_and_a_wrong_local_shape_fail_the_placements():
     observations = right_observations(4)
-    observations[0]["params"]["out.bias"]["dtensor"] = False
-    assert "'out.bias' is a plain tensor" in messages(grade_all(observations, 4))["hybrid-placements"]
+    observations[0]["params"]["head.bias"]["dtensor"] = False
+    assert "'head.bias' is a plain tensor" in messages(grade_all(observations, 4))["hybrid-placements"]
     observations = right_observations(4)
-    observations[3]["params"]["inp.weight"]["local_shape"] = [16, 8]
+    observations[3]["params"]["embed.weight"]["local_shape"] = [48, 16]
     said = messages(grade_all(observations, 4))["hybrid-placements"]
-    assert "rank 3" in said and "[16, 8]" in said and "[8, 8]" in said
+    assert "rank 3" in said and "[48, 16]" in said and "[24, 16]" in said
 
 
 def test_the_root_alone_as_one_unit_is_named():
@@ -204,7 +204,7 @@ def test_an_all_reduce_over_the_world_fails_the_groups():
 
 def test_a_copy_of_the_model_kept_beside_the_shards_fails_what_each_rank_holds():
     observations = right_observations(4)
-    observations[1]["held"][0]["bytes"] += 19_904
+    observations[1]["held"][0]["bytes"] += 162_528  # the whole model in float64
     g = grade_all(observations, 4)
     said = messages(g)["holds-one-over-shards"]
     assert statuses(g)["holds-one-over-shards"] == "fail" and "rank 1, after shard_hybrid" in said
@@ -213,17 +213,17 @@ def test_a_copy_of_the_model_kept_beside_the_shards_fails_what_each_rank_holds()
 def test_a_whole_tensor_found_in_the_recovery_is_named():
     observations = right_observations(4)
     observations[2]["recovery"]["held"] = [{"when": "after all_gather_into_tensor", "bytes": 0,
-                                            "whole": ["inp.weight.exp_avg"]}]
+                                            "whole": ["embed.weight.exp_avg"]}]
     said = messages(grade_all(observations, 4))["holds-one-over-shards"]
-    assert "rank 2, after all_gather_into_tensor: held 'inp.weight.exp_avg' whole" in said
+    assert "rank 2, after all_gather_into_tensor: held 'embed.weight.exp_avg' whole" in said
 
 
 def test_training_off_the_single_process_replay_is_named():
     observations = right_observations(4)
-    observations[3]["steps"][1]["params"]["out.weight"] += 1e-3
+    observations[3]["steps"][1]["params"]["head.weight"] += 1e-3
     g = grade_all(observations, 4)
     said = messages(g)["matches-single-process"]
-    assert statuses(g)["matches-single-process"] == "fail" and "after step 2, rank 3: 'out.weight'" in said
+    assert statuses(g)["matches-single-process"] == "fail" and "after step 2, rank 3: 'head.weight'" in said
 
 
 def test_float32_rounding_is_within_the_tolerance():
@@ -238,20 +238,20 @@ def test_a_step_count_left_at_zero_is_named():
     observations = right_observations(4)
     after = observations[0]["after"] = {"params": dict(observations[0]["before"]["params"]),
                                         "state": {n: dict(e) for n, e in observations[0]["before"]["state"].items()}}
-    after["state"]["inp.weight"]["step"] = torch.tensor(0.0)
+    after["state"]["embed.weight"]["step"] = torch.tensor(0.0)
     g = grade_all(observations, 4)
     said = messages(g)["recovered-bitwise"]
     assert statuses(g)["recovered-bitwise"] == "fail"
-    assert "rank 0 (wiped; shard 0 of replica 1 is rank 2)" in said and "step of 'inp.weight' is 0, not 2" in said
+    assert "rank 0 (wiped; shard 0 of replica 1 is rank 2)" in said and "step of 'embed.weight' is 0, not 2" in said
 
 
 def test_one_bit_off_fails_and_minus_zero_is_not_zero():
     observations = right_observations(4)
     params = dict(observations[1]["before"]["params"])
-    params["out.bias"] = params["out.bias"].clone()
-    params["out.bias"][0] = torch.nextafter(params["out.bias"][0], torch.tensor(1.0, dtype=torch.float64))
+    params["head.bias"] = params["head.bias"].clone()
+    params["head.bias"][0] = torch.nextafter(params["head.bias"][0], torch.tensor(1.0, dtype=torch.float64))
     observations[1]["after"] = {"params": params, "state": observations[1]["before"]["state"]}
-    assert "'out.bias' differs by up to" in messages(grade_all(observations, 4))["recovered-bitwise"]
+    assert "'head.bias' differs by up to" in messages(grade_all(observations, 4))["recovered-bitwise"]
     zero = torch.zeros(3, dtype=torch.float64)
     assert verdicts._same(-zero, zero, "x") is not None and verdicts._same(zero.clone(), zero, "x") is None
 
@@ -262,7 +262,7 @@ def test_a_source_overwritten_by_the_wiped_replica_is_named():
     g = grade_all(observations, 4)
     said = messages(g)["recovered-bitwise"]
     assert statuses(g)["recovered-bitwise"] == "fail"
-    assert said.startswith("rank 2 (replica 1, not wiped): after recover_from_peer 'inp.weight' differs")
+    assert said.startswith("rank 2 (replica 1, not wiped): after recover_from_peer 'embed.weight' differs")
     assert "must keep its own state" in said
 
 
@@ -312,7 +312,7 @@ def test_a_message_to_another_shard_and_a_file_fail_the_messages():
     observations = right_observations(4)
     observations[3]["recovery"]["events"][0]["peer"] = 0
     said = messages(grade_all(observations, 4))["peer-messages"]
-    assert "rank 3: recover_from_peer sent 512 bytes to rank 0" in said and "only with rank 1" in said
+    assert "rank 3: recover_from_peer sent 3072 bytes to rank 0" in said and "only with rank 1" in said
     observations = right_observations(4)
     observations[1]["recovery"]["writes"] = ["/tmp/recover-shard1.pt"]
     assert "opened '/tmp/recover-shard1.pt' for writing" in messages(grade_all(observations, 4))["peer-messages"]
@@ -330,11 +330,11 @@ def test_too_few_and_twice_the_bytes_are_named():
     observations = right_observations(4)
     observations[2]["recovery"]["events"] = observations[2]["recovery"]["events"][:-1]
     said = messages(grade_all(observations, 4))["recovery-bytes"]
-    assert "rank 2 sent rank 0 29916 bytes" in said and "less than its state" in said
+    assert "rank 2 sent rank 0 243852 bytes" in said and "less than its state" in said
     observations = right_observations(4)
     observations[3]["recovery"]["events"] *= 2
     said = messages(grade_all(observations, 4))["recovery-bytes"]
-    assert "rank 3 sent rank 1 59840 bytes" in said and "2 times its state" in said
+    assert "rank 3 sent rank 1 487712 bytes" in said and "2 times its state" in said
 
 
 def test_unreadable_records_are_refused():

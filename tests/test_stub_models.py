@@ -59,6 +59,8 @@ COPIES = {
                              lambda: _tokens(sm.VOCAB), ("loss_fn", sm.lm_loss)),
     "33's Model": Copy("33_dcp.py", lambda s: s.Model(), sm.MLPModel,
                        lambda: (torch.randn(4, sm.MLP_IN, generator=torch.Generator().manual_seed(7)),)),
+    "36's Model": Copy("36_hybrid_recovery.py", lambda s: s.Model(), sm.MLPModel,
+                       lambda: (torch.randn(4, sm.MLP_IN, generator=torch.Generator().manual_seed(7)),)),
     "34's Model": Copy("34_pipelining.py", lambda s: s.Model(n_layers=4).double(),
                        lambda: sm.PipelineModel(n_layers=4).double(), lambda: _tokens(sm.PIPE_VOCAB),
                        ("loss_fn", sm.pipeline_loss)),

@@ -1,8 +1,8 @@
-"""Exercise 36, rank side: the model and batches every rank builds (the stub's, kept here so that the learner's
-file cannot change them), the layout graded at each world size, and one job per world size: the learner's
-shard_hybrid, steps of AdamW with every collective's group recorded, the same steps again without a failure
-(the replay), then a replica wiped and the learner's recover_from_peer watched (every message below the Python
-API, files opened for writing, whole tensors looked for in memory), and the steps after it."""
+"""Exercise 36, rank side: the model every rank builds (the stub's, which is 33's: checks/shared/stub_models.py),
+the batches, the layout graded at each world size, and one job per world size: the learner's shard_hybrid, steps
+of AdamW with every collective's group recorded, the same steps again without a failure (the replay), then a
+replica wiped and the learner's recover_from_peer watched (every message below the Python API, files opened for
+writing, whole tensors looked for in memory), and the steps after it."""
 
 from __future__ import annotations
 
@@ -21,43 +21,18 @@ from grader import memory, probes
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import describe
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.stub_models import MLP_IN, MLP_OUT, MLPModel
 from grader.child import describe_exception
 
-D_IN, DIM, HIDDEN, BLOCKS, D_OUT = 8, 16, 32, 2, 8
 BATCH = 4  # rows per rank and step
 STEPS_BEFORE, STEPS_AFTER = 2, 2  # steps before the failure, and after the recovery
 LR, WEIGHT_DECAY = 1e-2, 0.01
+EPS = 1e-6  # AdamW's: 1e-8 lets float32's rounding of a gradient near 1e-8 move its update by a percent
 SEED, WIPE_SEED = 3600, 3601
 STALL_TIMEOUT_S = 10.0  # once the model is sharded: a rank that failed must not leave the others waiting
 FINGERPRINT_BYTES = 512  # whole tensors smaller than this are not looked for in memory
 OPEN_WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 NOT_MESSAGES = ("wait_tensor", "_wrap_tensor_autograd")  # dispatched around collectives, moving nothing
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.tanh(self.up(self.norm(x))))
-
-
-class Model(nn.Module):
-    def __init__(self, d_in: int = D_IN, dim: int = DIM, hidden: int = HIDDEN, n_blocks: int = BLOCKS,
-                 d_out: int = D_OUT):
-        super().__init__()
-        self.inp = nn.Linear(d_in, dim)
-        self.blocks = nn.ModuleList(Block(dim, hidden) for _ in range(n_blocks))
-        self.out = nn.Linear(dim, d_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x)
-        for block in self.blocks:
-            h = block(h)
-        return self.out(h)
 
 
 # --- shared by ranks and grader -----------------------------------------------------------------
@@ -75,16 +50,17 @@ def layout(world_size: int) -> dict:
             "dtype": "float64" if shards > 1 else "float32"}
 
 
-def build_model(dtype: str) -> Model:
+def build_model(dtype: str) -> MLPModel:
+    """The stub's Model (33's), seeded."""
     torch.manual_seed(SEED)
-    return Model().to(getattr(torch, dtype))
+    return MLPModel().to(getattr(torch, dtype))
 
 
 def make_batch(step: int, rank: int, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s (inputs, targets) at ``step`` (the same at the same step, wherever the job is)."""
     generator = torch.Generator().manual_seed(36_000 + 100 * step + rank)
-    x = torch.randn(BATCH, D_IN, generator=generator, dtype=torch.float64)
-    y = torch.randn(BATCH, D_OUT, generator=generator, dtype=torch.float64)
+    x = torch.randn(BATCH, MLP_IN, generator=generator, dtype=torch.float64)
+    y = torch.randn(BATCH, MLP_OUT, generator=generator, dtype=torch.float64)
     return x.to(getattr(torch, dtype)), y.to(getattr(torch, dtype))
 
 
@@ -327,7 +303,7 @@ def rank_main(ctx: RankContext) -> dict:
         roots = lambda: [model, optimizer] + _learner_roots(learner)  # noqa: E731
         initial = {name: memory.tensor_bytes(p.detach()) for name, p in build_model(dtype).named_parameters()
                    if p.numel() * p.element_size() >= FINGERPRINT_BYTES} if plan["shards"] > 1 else {}
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, eps=EPS)
         names = {id(p): name for name, p in model.named_parameters()}
         obs["held"].append(held(roots(), learner, initial, "after shard_hybrid"))
         model.register_forward_hook(lambda *_: events.append({"op": "mark", "what": "forward-returned",

@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from grader.checks.ex36_hybrid_recovery.rank import (LR, STEPS_AFTER, STEPS_BEFORE, WEIGHT_DECAY, build_model,
-                                                     loss_of, make_batch)
+from grader.checks.ex36_hybrid_recovery.rank import (EPS, LR, STEPS_AFTER, STEPS_BEFORE, WEIGHT_DECAY,
+                                                     build_model, loss_of, make_batch)
 
-BETAS, EPS = (0.9, 0.999), 1e-8
+BETAS = (0.9, 0.999)
 STEP_BYTES = 4  # AdamW's step count: a float32 scalar per parameter
 
 

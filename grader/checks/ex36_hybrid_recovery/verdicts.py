@@ -20,7 +20,10 @@ from grader.checks.shared.learner_errors import checked_record, stop_on_learner_
 from grader.compare import tensor_difference
 
 ALL_GATHERS, REDUCE_SCATTERS = probes.ALL_GATHERS, probes.REDUCE_SCATTERS
-TOLERANCE = {"float64": 1e-9, "float32": 1e-4}  # of the largest change of a parameter: sums in another order
+# Of the largest change of a parameter. float64: sums in another order. float32: AdamW divides each gradient by
+# its own size, so float32's rounding of a small gradient moves its update by up to a few tenths of a percent
+# (0.12 % measured at 2 ranks; a replica that never averages with the others is off by 100 % and more).
+TOLERANCE = {"float64": 1e-9, "float32": 1e-2}
 HELD_SLACK = 1024  # bytes a rank may hold beyond its shards (FSDP2's own small tensors)
 SMALL_MESSAGE = 64  # bytes: a message this small carries a flag or a number, no state
 HEADER_BYTES = 1024  # what recovery may send besides the state's tensors (a step number, a length)

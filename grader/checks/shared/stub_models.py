@@ -5,7 +5,7 @@ comes from: the same parameters, the same initial values from the same seed, the
 * :class:`TwoLayerNet` (the debugging track's scripts 21 and 23-27) and :class:`TwoHeadNet` (22's);
 * :class:`JobNet` (28 and 29's FSDP2 scripts);
 * :class:`Transformer` (31's with :class:`FusedBlock`, 32's with :class:`Block`) and :func:`lm_loss`;
-* :class:`MLPModel` (33's);
+* :class:`MLPModel` (33's and 36's);
 * :class:`PipelineModel` (34's) and :func:`pipeline_loss`.
 
 Two copies live elsewhere, held to their files by the same test: 15's model in its ``rank.py`` (which torchrun
@@ -193,7 +193,7 @@ class ResidualBlock(nn.Module):
 
 
 class MLPModel(nn.Module):
-    """33's Model: an input Linear, residual MLP blocks, an output Linear."""
+    """33's Model (36's too): an input Linear, residual MLP blocks, an output Linear."""
 
     def __init__(self):
         super().__init__()
