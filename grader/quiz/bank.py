@@ -82,6 +82,7 @@ TOPICS: dict[str, str] = {
     "memory": "Memory under DDP: activation checkpointing, buckets, optimizer state",
     "capacity": "Capacity planning: bytes per rank (ZeRO, activations), traffic, FLOPs, step time, plans",
     "resilience": "Resilience at scale: failure rates, goodput, checkpoint intervals, asynchronous saves, restarts",
+    "rl-weight-sync": "RL weight sync: a sharded trainer's weights to an inference engine's tensor-parallel layout",
     "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
