@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import torch
+from grading_helpers import grading_for
+from grading_helpers import verdicts as decided
 
-from grader import catalog
 from grader.checks.ex36_hybrid_recovery import verdicts
 from grader.checks.ex36_hybrid_recovery.rank import STEPS_BEFORE, layout
 from grader.checks.ex36_hybrid_recovery.reference import (held_limit, local_shape, reference_run, shapes,
                                                           unit_elements)
-from grader.grading import Grading, Plan
+from grader.grading import Grading
 
 REFERENCES = {world_size: reference_run(world_size) for world_size in (4, 2)}
-
-
-def grading(world_size: int) -> Grading:
-    return Grading(catalog.by_id("36"), "solutions/36_hybrid_recovery.py", None, Plan("gloo", [world_size]))
+grading = grading_for("36", 4)
 
 
 def statuses(g: Grading) -> dict:
-    return {c.id: c.status for c in g.results(None) if c.status != "error"}
+    return {check: status for check, (status, _) in decided(g).items()}
 
 
 def messages(g: Grading) -> dict:
-    return {c.id: c.message for c in g.results(None)}
+    return {check: message for check, (_, message) in decided(g).items()}
 
 
 def chunk(full: torch.Tensor, shards: int, shard: int, dtype: torch.dtype) -> torch.Tensor:
