@@ -27,8 +27,9 @@ rank exactly the slices it needs, computed from the two layouts, and nothing els
           parallelize_module takes ColwiseParallel() and RowwiseParallel() for the same. A "colwise" module
           (column parallel: the up projections, the head) splits its weight and its bias along dim 0,
           its outputs. A "rowwise" module (row parallel: the down projections) splits its weight along
-          dim 1, its inputs, and keeps its bias whole: vLLM's RowParallelLinear holds the whole bias on
-          every rank and adds it once, after the reduction. A parameter of a module the layout does not
+          dim 1, its inputs, and keeps its bias whole: each rank's partial product has every output,
+          so vLLM's RowParallelLinear holds the whole bias on every rank and adds it on one, to be
+          counted once in the all-reduced sum. A parameter of a module the layout does not
           name is replicated: every inference rank keeps a whole copy. The j-th inference rank keeps
           part j of I equal parts of a split dimension, [j * size / I, (j + 1) * size / I), as vLLM's
           weight loaders narrow at tp_rank * shard_size (the graded layouts divide evenly, which vLLM

@@ -31,7 +31,7 @@ PARAMS = {
 
 def test_a_row_parallel_layer_adds_its_whole_bias_once_after_the_reduction():
     """y = x W^T + b with W's input columns split over 4 ranks: each rank's partial product has every output
-    feature, so the bias is the whole vector, added once to the reduced sum; added on every rank it counts 4 times."""
+    feature, so the bias is the whole vector, counted once in the reduced sum; added on every rank it counts 4 times."""
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(3, 8, generator=g, dtype=torch.float64), torch.randn(6, 8, generator=g, dtype=torch.float64),
                torch.randn(6, generator=g, dtype=torch.float64))

@@ -1,7 +1,7 @@
 """Exercise 37, wrong on purpose: a row-parallel layer's bias is split along dim 0 like a column-parallel
 one's, as if "rowwise" split every parameter of the module. The bias of a row-parallel layer is kept whole:
-each inference rank adds it to its partial sum only once, after the reduction (vLLM's RowParallelLinear adds it
-on one rank), so a slice of it is the wrong shape for the engine."""
+each rank's partial product has every output, and vLLM's RowParallelLinear adds the whole bias on one rank so
+that the all-reduced sum counts it once; a slice of it is the wrong shape for the engine."""
 # expect-fail: shards-match
 # expect-pass: returns-shards trainer-to-inference-only
 

@@ -113,8 +113,8 @@ def shapes(inference: int) -> dict[str, list[int]]:
 def split_dim(name: str, layout: dict) -> int | None:
     """The dimension of parameter ``name`` the inference ranks split, or None (each keeps it whole): a
     column-parallel layer splits its weight and bias along dim 0 (its outputs); a row-parallel one its weight
-    along dim 1 (its inputs), its bias replicated (vLLM's RowParallelLinear adds the whole bias once, after the
-    reduction); a module the layout does not name is replicated."""
+    along dim 1 (its inputs), its bias replicated (vLLM's RowParallelLinear holds the whole bias and adds it on
+    one rank, so that the all-reduced sum counts it once); a module the layout does not name is replicated."""
     module, _, leaf = name.rpartition(".")
     style = layout.get(module)
     if style == "colwise":
