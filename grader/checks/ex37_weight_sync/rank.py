@@ -153,7 +153,9 @@ def fingerprints(full: dict[str, torch.Tensor]) -> dict[str, list[bytes]]:
     out = {}
     for name, tensor in full.items():
         rows = [tensor] if tensor.dim() < 2 else list(tensor)
-        out[name] = [memory.tensor_bytes(row) for row in rows]
+        # Read in place (numpy views of contiguous CPU rows): a copy freed here could come back, unzeroed, as
+        # memory the learner allocates, and be found in it.
+        out[name] = [row.numpy().tobytes() for row in rows]
     return out
 
 
