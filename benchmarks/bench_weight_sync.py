@@ -13,7 +13,8 @@ Two parts, one run on this machine's CPU (gloo):
      rank receives, and the most a trainer rank holds of a parameter at once beyond its own rows.
 Every process computes with one thread (--threads).
 
-    python benchmarks/bench_weight_sync.py [--gradings 3] [--dim 512] [--hidden 2048] [--blocks 2] [--splits 2+2 1+2 2+1]
+    python benchmarks/bench_weight_sync.py [--gradings 3] [--dim 512] [--hidden 2048] [--blocks 2]
+                                           [--splits 2+2 1+2 2+1]
 
 Not a test: timings depend on the machine. On a 2-core CPU the ranks share cores and gloo's messages go
 through the kernel; what the second part shows is the traffic (the broadcast delivers I times a split
@@ -227,9 +228,10 @@ def scaling(args) -> None:
     model = build(args)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     largest = max(p.numel() * p.element_size() for p in model.parameters())
-    print(f"the grader's model with dim {args.dim}, hidden {args.hidden}, {args.blocks} blocks: {total / 2**20:.1f} MiB "
-          f"in float32, its largest parameter {largest / 2**20:.2f} MiB; gloo, {args.threads} thread(s) per process "
-          f"on {CORES} CPU core(s); median of {args.reps} syncs after {WARMUP} warm-up\n")
+    print(f"the grader's model with dim {args.dim}, hidden {args.hidden}, {args.blocks} blocks: "
+          f"{total / 2**20:.1f} MiB in float32, its largest parameter {largest / 2**20:.2f} MiB; gloo, "
+          f"{args.threads} thread(s) per process on {CORES} CPU core(s); median of {args.reps} syncs after {WARMUP} "
+          "warm-up\n")
     print(f"{'':50}{'sync':>10}{'received/inference rank':>26}{'whole held/trainer':>20}")
     for split in args.splits:
         trainer_count, inference_count = (int(n) for n in split.split("+"))

@@ -150,13 +150,15 @@ def test_a_trainer_rank_that_returns_its_shards_fails_returns_shards():
     push_of(obs, 1, 0, "b")["returned"] = {"kind": "dict", "entries": {}, "count": 0}
     g = grade_all(obs, 4)
     assert statuses(g)["returns-shards"] == "fail" and statuses(g)["shards-match"] == "pass"
-    assert "trainer rank 1 (the 2nd of 2): it returned a dict; a trainer rank returns None" in messages(g)["returns-shards"]
+    said = messages(g)["returns-shards"]
+    assert "trainer rank 1 (the 2nd of 2): it returned a dict; a trainer rank returns None" in said
 
 
 @pytest.mark.parametrize("change, words", [
     (lambda e: e.pop("out.bias"), "it lacks out.bias"),
     (lambda e: e.__setitem__("extra", torch.zeros(1)), "keys the model does not: extra"),
-    (lambda e: e.__setitem__("inp.weight", e["inp.weight"].double()), "inp.weight is float64; the parameter is float32"),
+    (lambda e: e.__setitem__("inp.weight", e["inp.weight"].double()),
+     "inp.weight is float64; the parameter is float32"),
     (lambda e: e.__setitem__("inp.bias", "a tensor on the meta device"), "inp.bias is a tensor on the meta device"),
 ])
 def test_an_inference_ranks_dict_is_checked_before_its_values(change, words):

@@ -329,8 +329,9 @@ def check_bytes(g, observations: list, world_size: int, clean: dict[tuple[int, s
         sent = sent_bytes(records, world_size, split_index, scenario)
         want = pair_bytes(world_size, split_index, scenario)
         total, layout = sum(b for b, _ in sent.values()), layout_bytes(world_size, split_index, scenario)
-        lines.append(f"{push_words(world_size, split_index, scenario, layout=False)}: {total} bytes sent, the layout holds "
-                     f"{layout}; " + ", ".join(f"{t}->{i} {b}/{want[(t, i)]}" for (t, i), (b, _) in sent.items()))
+        said = push_words(world_size, split_index, scenario, layout=False)
+        pairs = ", ".join(f"{t}->{i} {b}/{want[(t, i)]}" for (t, i), (b, _) in sent.items())
+        lines.append(f"{said}: {total} bytes sent, the layout holds {layout}; {pairs}")
         if not ok:
             continue
         judged = True
@@ -380,10 +381,11 @@ def check_held(g, observations: list, world_size: int) -> None:
                 name = extra[0]
                 where = held[name] if isinstance(held[name], str) else "at one point"
                 others = f" (and {', '.join(extra[1:4])}{' ...' if len(extra) > 4 else ''})" if len(extra) > 1 else ""
+                who = rank_words(world_size, split_index, rank)
                 g.record("holds-no-whole", False,
-                         f"{push_words(world_size, split_index, scenario)}: {rank_words(world_size, split_index, rank)} "
-                         f"held {name} whole{others}, {where}: every value of it was found byte for byte in what the "
-                         f"rank could reach, and it keeps {kept_words(name, world_size, split_index, scenario, rank)}",
+                         f"{push_words(world_size, split_index, scenario)}: {who} held {name} whole{others}, {where}: "
+                         "every value of it was found byte for byte in what the rank could reach, and it keeps "
+                         f"{kept_words(name, world_size, split_index, scenario, rank)}",
                          rank=rank, world_size=world_size)
                 return
     g.record("holds-no-whole", True)
