@@ -6,7 +6,7 @@ it is free. The workers decide the verdicts; they never run a submission's code 
 
 With the sandbox (the default where ``bwrap`` or ``unshare`` works, see :mod:`grader.sandbox`)
 a worker grades each submission with a fresh sandbox for that submission's ranks alone
-(:class:`grader.confined.ConfinedSession`): it sees a copy of that one file and none of the
+(:class:`grader.sandbox.confined.ConfinedSession`): it sees a copy of that one file and none of the
 others, and ends with it, so nothing a submission starts survives into the next one's grading,
 and nothing it sends decides more than its own row. That costs one Python start and torch import
 per submission, inside its sandbox. Without the sandbox each worker keeps its own warm pool of

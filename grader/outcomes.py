@@ -3,6 +3,7 @@ when several failed. :mod:`grader.harness` fills them in; the checks and the dia
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 
@@ -85,3 +86,18 @@ def _blame(outcomes: list[RankOutcome]) -> list[RankOutcome]:
             if peer_lost(o):
                 o.status = "killed"
     return outcomes
+
+
+def describe_exit(code: int | None, limit_detail: str = "") -> str:
+    """"was killed by SIGSEGV", "exited with code 3", "was stopped at the memory limit (...)", "ended"."""
+    if limit_detail:
+        return f"was stopped at {limit_detail}"
+    if code is None:
+        return "ended"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"

@@ -114,11 +114,12 @@ def read_answer(lines: Iterable[bytes | str], on_event=None, request_id: str | N
 
 def grade_in_sandbox(path: str, exercise_id: str | None, options: GradeOptions, on_event=None,
                      tool: str | None = None, shown_as: str | None = None) -> Report:
-    """Grade ``path`` here, with its ranks in a fresh sandbox (:class:`grader.confined.ConfinedSession`)
+    """Grade ``path`` here, with its ranks in a fresh sandbox (:class:`grader.sandbox.confined.ConfinedSession`)
     started for this submission alone: the checks, the report and the verdicts are decided in this
     process, from what the sandbox sends. Failed when the sandbox cannot be started (the grader's
     failure: no learner code has run by then)."""
-    from grader import confined, grading, untrusted
+    from grader import grading, untrusted
+    from grader.sandbox import confined
     from grader.results import UNUSABLE, UNUSABLE_FILE, RunProblem
 
     shown = shown_as or path

@@ -424,7 +424,7 @@ def test_every_restarted_worker_sees_the_attempt_as_its_restart_count_whatever_i
     env = {**os.environ, rank_side.ENV_EVENTS: str(events), rank_side.ENV_NODE: "a", "RANK": "0", "LOCAL_RANK": "0",
            "WORLD_SIZE": "4", "GROUP_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, rank_side.WORKER_SCRIPT, str(learner), "--snapshot", str(tmp_path / "s" / "x.pt")],
+    done = subprocess.run([sys.executable, rank_side.ENTRY_SCRIPT, str(learner), "--snapshot", str(tmp_path / "s" / "x.pt")],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert seen.read_text() == "1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from conftest import ROOT
 
@@ -72,7 +73,7 @@ LAYERS = [
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.outcomes", "grader.harness",
                  "grader.diagnose", "grader.rank_timeline",
-                 "grader.sandbox", "grader.boundary", "grader.rank_host", "grader.confined"]),
+                 "grader.sandbox", "grader.sandbox.*"]),
     ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",
                 "grader.timeline_view"]),
@@ -213,3 +214,81 @@ def test_no_module_of_the_grader_is_longer_than_600_lines():
     long = {str(path.relative_to(ROOT)): n for path in (ROOT / "grader").rglob("*.py")
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600}
     assert long == {}
+
+
+# --- CONTRIBUTING.md's module map, made from LAYERS and each module's first sentence ----------------------
+#
+# python tests/test_layers.py --write puts it in; the test below says when it is out of date.
+
+LAYER_WORDS = {
+    "base": "plain data and pure functions any module may use",
+    "data": "what a grading, the learner's progress and a quiz session hold, as data",
+    "harness": "processes: the warm pool, the ranks and what they did, the probes inside them, the sandbox",
+    "grading": "deciding: a grading and every exercise's checks",
+    "render": "words: reports, the live line, timelines, the generated docs",
+    "flows": "what a command does, without click",
+    "cli": "the command line",
+}
+MAP = re.compile(r"(<!-- module-map:start -->\n)(.*?)(<!-- module-map:end -->)", re.S)
+EXERCISE_CHECKS = re.compile(r"^grader\.checks\.ex\d\d_")
+
+
+def first_sentence(path) -> str:
+    """A module's docstring up to the end of its first sentence, as Markdown."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    text = " ".join(doc.split("\n\n")[0].split())
+    end = re.search(r"(?<!\.)[.!?](\s|$)", text)
+    text = text[:end.start() + 1] if end else text
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`").replace("|", "\\|")
+
+
+def module_map() -> str:
+    modules = _modules()
+    lines = []
+    for layer, _ in LAYERS:
+        lines += [f"**{layer}**: {LAYER_WORDS[layer]}", "", "| module | what it is |", "|---|---|"]
+        names = sorted((n for n in modules if _layer_of(n) == LAYERS.index((layer, _)) and n != "grader"),
+                       key=lambda n: str(modules[n]))
+        summarized = set()
+        for name in names:
+            path = modules[name].relative_to(ROOT)
+            if EXERCISE_CHECKS.match(name):
+                if "exercises" not in summarized:
+                    summarized.add("exercises")
+                    lines.append("| `grader/checks/exNN_slug.py`, `grader/checks/exNN_slug/` | an exercise's checks, one per "
+                                 "exercise of the catalog (\"The checks module\" below; `ex00_template` is the "
+                                 "template) |")
+                continue
+            if name == "grader.stubs" or name.startswith("grader.stubs."):
+                if "stubs" not in summarized:
+                    summarized.add("stubs")
+                    lines.append("| `grader/stubs/` | the stubs as shipped, copied by `python -m grader.docs --write` "
+                                 "(what `reset` puts back) |")
+                continue
+            lines.append(f"| `{path}` | {first_sentence(modules[name])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def test_every_module_says_what_it_is_in_its_first_sentence():
+    silent = [str(p.relative_to(ROOT)) for n, p in _modules().items()
+              if not (n.startswith("grader.stubs") or EXERCISE_CHECKS.match(n)) and not first_sentence(p)]
+    assert silent == []
+
+
+def test_contributing_module_map_is_current():
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    found = MAP.search(text)
+    assert found, "CONTRIBUTING.md has no module map"
+    assert found.group(2) == module_map(), "run: python tests/test_layers.py --write"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python tests/test_layers.py --write  (CONTRIBUTING.md's module map, from LAYERS)")
+    path = ROOT / "CONTRIBUTING.md"
+    path.write_text(MAP.sub(lambda m: m.group(1) + module_map() + m.group(3), path.read_text(encoding="utf-8")),
+                    encoding="utf-8")

@@ -13,7 +13,8 @@ import threading
 import pytest
 import torch
 
-from grader import boundary, untrusted
+from grader import untrusted
+from grader.sandbox import boundary
 from grader.results import Report, report_from_dict
 
 

@@ -119,8 +119,6 @@ class Held:
             self.busy = False
 
     def _scan(self, name: str, extra: list) -> None:
-        import gc  # noqa: F401  (memory's walk uses it)
-
         from torch.distributed.tensor import DTensor
 
         roots, where = list(extra), ""

@@ -12,15 +12,17 @@ The shape of a checks module (``grader/checks/exNN_slug.py``; CONTRIBUTING.md ha
 * **grading side**: ``def grade(g: Grader) -> None``: starts runs, reads their records, and
   records one verdict per check of the catalog (``g.record``, ``g.skip``, ``g.not_checked``);
 * helpers several exercises share live in :mod:`grader.checks.shared` (the torchrun launcher,
-  the debugging track's job, state snapshots, wording).
+  the debugging track's job, what a driver records, the models copied from the stubs).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol
 
-from grader.child import RankContext  # noqa: F401  (re-exported: the drivers' context)
+from grader.child import RankContext
 from grader.harness import Worker, WorldOutcome
+
+__all__ = ["Grader", "RankContext"]  # RankContext: the drivers' context, typed from here
 
 
 class Grader(Protocol):

@@ -21,7 +21,7 @@ operations, every restarted torchrun worker sees the same TORCHELASTIC_RESTART_C
 attempt's number; torchrun's own value on the node whose worker did not die depends on when its
 agent noticed), and the relaunch runs one worker alone.
 
-torchrun starts ``grader/checks/ex15_elastic/rank.py`` in each worker (its ``worker_entry``): it
+torchrun starts ``grader/checks/ex15_elastic/rank.py`` in each worker (its ``torchrun_entry``): it
 installs the probes, imports the learner's file and calls its ``main()``. The probes write what
 they see to files at once, one JSON line per event, so that a worker killed without warning leaves
 its record: the environment torchrun gave it, the snapshot as it found it, every sampler order,

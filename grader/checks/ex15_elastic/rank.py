@@ -1,6 +1,6 @@
 """Exercise 15, rank side: the exercise's constants, model and data; the grader's rank drivers (``alone_main``,
 ``jobs_main``: the torchrun agents started, supervised and stopped); and what runs in each worker torchrun
-starts: this very file (``python rank.py LEARNER_FILE --snapshot PATH``, :func:`worker_entry`) installs the
+starts: this very file (``python rank.py LEARNER_FILE --snapshot PATH``, :func:`torchrun_entry`) installs the
 probes, imports the learner's file and calls its ``main()``. The probes write what they see to files at once,
 one JSON line per event, so that a worker killed without warning leaves its record. Only the standard
 library and torch are imported here: torchrun runs the file as a script."""
@@ -105,7 +105,7 @@ def _attempt(folder: str, node: str, local_rank: str) -> int:
             attempt += 1
 
 
-def worker_entry() -> None:
+def torchrun_entry() -> None:
     """``python rank.py LEARNER_FILE [the script's own arguments]``, started by torchrun."""
     learner_path, script_args = sys.argv[1], sys.argv[2:]
     folder, node = os.environ[ENV_EVENTS], os.environ[ENV_NODE]
@@ -375,7 +375,7 @@ def _wrap_build_model(module, rec: _Recorder, models: list) -> None:
 
 STOP_GRACE_S = 3.0  # an agent asked to stop (SIGTERM) gets this long to stop its workers
 LINGER_S = 20.0  # an agent still running this long after its job's last worker ended is stopped
-WORKER_SCRIPT = os.path.abspath(__file__)  # what torchrun starts in each worker: this file
+ENTRY_SCRIPT = os.path.abspath(__file__)  # what torchrun starts in each worker: this file
 
 
 def alone_main(ctx) -> dict:
@@ -516,13 +516,13 @@ def _start_agent(ctx, name: str, job: dict, node: str, node_index: int, folder: 
                "--nnodes", str(len(job["nodes"])), "--nproc-per-node", str(job["nproc"]),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
                "--max-restarts", "1", "--local-addr", "127.0.0.1",
-               WORKER_SCRIPT, ctx.learner_path, "--snapshot", os.path.join(folder, "snapshot", SNAPSHOT)]
+               ENTRY_SCRIPT, ctx.learner_path, "--snapshot", os.path.join(folder, "snapshot", SNAPSHOT)]
     log_path = os.path.join(folder, f"agent-{node}.log")
     log = open(log_path, "wb")
     # Its own process group, so that it can be stopped with everything it started but its workers
     # (torchrun puts each in a session of its own; _stop_tagged finds those).
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    shown = ["torchrun"] + command[3:command.index(WORKER_SCRIPT)] + ["15_elastic.py", "--snapshot", SNAPSHOT]
+    shown = ["torchrun"] + command[3:command.index(ENTRY_SCRIPT)] + ["15_elastic.py", "--snapshot", SNAPSHOT]
     return {"job": name, "node": node, "folder": folder, "process": process, "log": log, "log_path": log_path,
             "command": " ".join(shown)}
 
@@ -549,4 +549,4 @@ def _stop_tagged(tag: str) -> int:
 
 
 if __name__ == "__main__":
-    worker_entry()
+    torchrun_entry()

@@ -15,7 +15,7 @@ Rank side (:func:`run_job`): set the variables torchrun sets, write the inputs t
 * ``step``     each optimizer step, with the learning rate of its first parameter group;
 * collectives the script calls itself (``op``, bytes).
 
-A collective that waits :data:`COLLECTIVE_WAIT_S` for its peers is what a hang looks like: the
+A collective that waits :data:`.debug_rank.COLLECTIVE_WAIT_S` for its peers is what a hang looks like: the
 process group's timeout is lowered to that after the script joins, so gloo raises where the rank
 waits, and the exception (with the line of the script and the collective) is recorded rather than
 the rank being killed at the grader's deadline. Whatever ``main`` raises is recorded the same way.
@@ -37,13 +37,11 @@ from torch import nn
 
 from grader import diagnose, untrusted
 from grader.checks.shared import timelines
-from grader.checks.shared.recording import cpu_state
-from grader.checks.shared.wording import describe_exit
-from grader.child import RankContext
-
+from grader.checks.shared.debug_rank import LOG_NAME, run_job, write_shared
 from grader.checks.shared.debug_replay import load_into, replay
-from grader.checks.shared.debug_rank import (COLLECTIVE_WAIT_S, LOG_NAME, run_job, waiting_in,  # noqa: F401
-                                             write_shared)
+from grader.checks.shared.recording import cpu_state
+from grader.child import RankContext
+from grader.outcomes import describe_exit
 
 
 # --- in the grader --------------------------------------------------------------------

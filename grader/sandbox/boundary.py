@@ -1,6 +1,6 @@
 """What crosses the sandbox's boundary, and how the grader checks it before anything reads it.
 
-Both sides of :mod:`grader.confined` and :mod:`grader.rank_host` frame their messages the same
+Both sides of :mod:`grader.sandbox.confined` and :mod:`grader.sandbox.rank_host` frame their messages the same
 way: an 8-byte length, then the payload. What comes out of the sandbox is the submission's to
 forge (a rank can reach the host's pipes), so the grader outside reads at most
 :data:`MAX_ANSWER_BYTES` of it, unpickles it with :mod:`grader.wire`'s allowlist, and then takes

@@ -27,6 +27,10 @@ Two tools can build it: ``bwrap`` (the bubblewrap package, 0.8 or newer: ``--siz
 preferred, or ``unshare`` from util-linux with unprivileged user namespaces, where a few lines
 of Python run first inside the namespaces build the same root and drop every capability
 (``doctor`` says which tool is used).
+
+This package is the whole sandbox: here the tool and the command line that builds one;
+:mod:`.confined` the grader's side, outside, where everything is decided; :mod:`.rank_host` the one
+process of the grader inside; :mod:`.boundary` what crosses between them and how it is checked.
 """
 
 from __future__ import annotations

@@ -4,16 +4,16 @@ decides runs here.
 :class:`ConfinedSession` stands where a :class:`grader.harness.Session` stands for
 :class:`grader.grading.Grading` (``run``, ``run_many``, ``worker``, ``tmp``), but its pool and its
 ranks live in a fresh sandbox (:mod:`grader.sandbox`), started for one submission and ended with
-it: inside runs ``python -m grader.rank_host`` (:mod:`grader.rank_host`), which starts what it is
+it: inside runs ``python -m grader.sandbox.rank_host`` (:mod:`grader.sandbox.rank_host`), which starts what it is
 asked and sends back what the ranks did. Out here stay the checks, the report, progress and
 results: a submission can at most make its ranks claim what a correct solution's ranks would
 send, never write a verdict.
 
 What crosses is bounded and checked:
 
-* every answer is one frame of at most :data:`grader.boundary.MAX_ANSWER_BYTES`, read under a
+* every answer is one frame of at most :data:`grader.sandbox.boundary.MAX_ANSWER_BYTES`, read under a
   deadline and unpickled with :mod:`grader.wire`'s allowlist; then each outcome is checked field by
-  field (types, sizes, the ranks it names) before any check sees it (:mod:`grader.boundary`);
+  field (types, sizes, the ranks it names) before any check sees it (:mod:`grader.sandbox.boundary`);
 * a run gets its deadline plus :data:`STOP_MARGIN_S` to be answered, however the host was
   treated (stopped, killed, flooded): past it the sandbox is ended and the run is a timeout;
 * while the grader waits it reads, every :data:`POLL_S`, every process of the sandbox: each one's
@@ -43,7 +43,7 @@ import time
 
 from grader import limits as _limits
 from grader import untrusted
-from grader.boundary import (HEADER, MAX_ANSWER_BYTES, Unreadable, bounded, error_from, frame, rank_from, text,
+from grader.sandbox.boundary import (HEADER, MAX_ANSWER_BYTES, Unreadable, bounded, error_from, frame, rank_from, text,
                              world_from)
 from grader.outcomes import RankOutcome, SessionBroken, WorldOutcome
 
@@ -158,7 +158,7 @@ class ConfinedSession:
         self._workers = 0
         self._errors: list[bytes] = []
         size = self.limits["tmp_bytes"]
-        argv = sandbox.wrap([sys.executable, "-m", "grader.rank_host"], [self.submission_dir], tool,
+        argv = sandbox.wrap([sys.executable, "-m", "grader.sandbox.rank_host"], [self.submission_dir], tool,
                             tmp_bytes=size, writable=[self.shared])
         sandbox_env = sandbox.environment({"DDP_GRADE_SERVER": "0", "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state",
                                            **(env or {})}, size)

@@ -1,7 +1,7 @@
-"""``python -m grader.rank_host``: inside a sandbox, the one process of the grader that runs there.
+"""``python -m grader.sandbox.rank_host``: inside a sandbox, the one process of the grader that runs there.
 
 It holds the warm pool and starts the ranks (a :class:`grader.harness.Session`), and answers the
-grader outside (:mod:`grader.confined`), which decides everything: this process only starts
+grader outside (:mod:`grader.sandbox.confined`), which decides everything: this process only starts
 runs and workers when asked and sends back what they did. A submission shares the sandbox with
 it and may forge what it sends (a rank can reach its pipes); what it sends is then the
 submission's own claim about its ranks, which the grader outside reads as untrusted data.
@@ -25,7 +25,7 @@ import os
 import pickle
 import sys
 
-from grader.boundary import frame, read_frame
+from grader.sandbox.boundary import frame, read_frame
 
 def _plain(outcome) -> dict:
     """A dataclass outcome as a dict, its fields as they are (the result kept as the rank sent it)."""
