@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from grader import catalog
 from grader.checks.ex20_ulysses import rank as ex_rank
 from grader.checks.ex20_ulysses import reference, verdicts
-from grader.grading import Grading, Plan
+from grader.grading import Grading
 from grader.harness import RankOutcome, WorldOutcome
+from grading_helpers import grading_for
 
 SCENARIOS = ("plain", "causal", "gqa", "few-kv")
 
 
-def grading(world_size: int = 2) -> Grading:
-    return Grading(catalog.by_id("20"), "solutions/20_ulysses.py", None, Plan("gloo", [world_size]))
+grading = grading_for("20")
 
 
 def statuses(g: Grading) -> dict:
