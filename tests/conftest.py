@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,7 @@ class BackgroundJobs:
         self.done = {job["key"]: threading.Event() for job in jobs}
         self.process: subprocess.Popen | None = None
         self.stopped = False
+        self.starting = threading.Lock()
         self.state = tempfile.mkdtemp(prefix="ddp-grade-background-")
         self.started = time.monotonic()
         self.finished_at: float | None = None  # seconds after the start, when the last job ended
@@ -98,9 +100,16 @@ class BackgroundJobs:
         return result
 
     def stop(self) -> None:
-        self.stopped = True
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+        with self.starting:  # not started after this, or started and then killed here
+            self.stopped = True
+            if self.process is not None and self.process.poll() is None:
+                self.process.kill()
+        # What it started too (its pool holds the pipe the thread reads): they carry its state folder.
+        for pid in background.processes_with(f"DDP_GRADE_STATE_DIR={self.state}"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.thread.join(timeout=30)
         subprocess.run(["rm", "-rf", self.state], check=False)
 
@@ -112,8 +121,11 @@ class BackgroundJobs:
         errors = os.path.join(self.state, "stderr.txt")  # a file: a full pipe would stall the jobs
         try:
             with open(errors, "w") as stderr:
-                self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
-                                                stderr=stderr, text=True)
+                with self.starting:
+                    if self.stopped:
+                        raise RuntimeError("stopped before it started")
+                    self.process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                                    stderr=stderr, text=True)
                 for line in self.process.stdout:
                     if line.startswith(background.MARK):
                         found = json.loads(line[len(background.MARK):])
