@@ -1,5 +1,5 @@
 """`python -m grader` is the same as `ddp-grade`."""
 
-from grader.commandline import main
+from grader.cli import main
 
 main()

@@ -1,5 +1,5 @@
 """The exit codes of every ``ddp-grade`` command, the one table (documented in the command line's docstring,
-grader/commandline/__init__.py, and in docs/guarantees.md). Plain constants: the data layer (grader.results) reads them without click."""
+grader/cli/__init__.py, and in docs/guarantees.md). Plain constants: the data layer (grader.results) reads them without click."""
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -1,7 +1,7 @@
 """How to grade, as one value: what the options every grading command shares said.
 
 The command line builds one :class:`GradeOptions` from ``--world-size``, ``--backend``,
-``--timeout`` and the limits (see :mod:`grader.limits`, and :mod:`grader.commandline.options` for the
+``--timeout`` and the limits (see :mod:`grader.limits`, and :mod:`grader.cli.options` for the
 options themselves); it travels from the command to
 :func:`grader.grading.grade_file` and to the :class:`~grader.harness.Session` that runs the
 ranks. Nothing is kept in a module global.

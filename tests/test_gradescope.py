@@ -118,7 +118,7 @@ def test_the_bundle_holds_the_scripts_at_its_root_the_kit_and_no_answers(tmp_pat
         config = json.loads(bundle.read("ddp-grade.json"))
         setup = bundle.read("setup.sh").decode()
     assert {"setup.sh", "run_autograder", "ddp-grade.json", "kit/pyproject.toml", "kit/grader/catalog.toml",
-            "kit/grader/cli.py", "kit/grader/checks/ex03_train.py"} <= set(names)
+            "kit/grader/cli/__init__.py", "kit/grader/checks/ex03_train.py"} <= set(names)
     assert modes["setup.sh"] & stat.S_IXUSR and modes["run_autograder"] & stat.S_IXUSR
     assert not any(n.startswith(("solutions/", "tests/", "exercises/")) or "__pycache__" in n for n in names)
     assert config == {"exercises": ["01", "03"], "options": GradeOptions(timeout_s=20.0).to_dict(), "sandbox": "auto",

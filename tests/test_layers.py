@@ -36,11 +36,11 @@ def test_the_harness_knows_nothing_of_the_layers_above_it():
 
 def test_every_click_decorator_is_in_the_command_line_package():
     """One home for the command line: every click command, group, option and argument is declared in
-    grader/commandline/, one module a command."""
+    grader/cli/, one module a command."""
     declared = ("command", "group", "option", "argument", "version_option", "pass_context")
     found = []
     for path in sorted((ROOT / "grader").rglob("*.py")):
-        if {"commandline", "stubs"} & set(path.relative_to(ROOT).parts):
+        if {"cli", "stubs"} & set(path.relative_to(ROOT).parts):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr in declared and isinstance(node.value, ast.Name) \
@@ -79,7 +79,7 @@ LAYERS = [
                 "grader.timeline_view"]),
     ("flows", ["grader.server", "grader.batch", "grader.shards", "grader.protocol", "grader.worker", "grader.flow", "grader.gradescope", "grader.commands", "grader.commands.*",
                "grader.quiz", "grader.quiz.terminal", "grader.stubs", "grader.stubs.*"]),
-    ("cli", ["grader.cli", "grader.commandline", "grader.commandline.*", "grader.__main__"]),
+    ("cli", ["grader.cli", "grader.cli.*", "grader.__main__"]),
 ]
 
 

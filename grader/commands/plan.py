@@ -14,7 +14,7 @@ would be shown the answers they are writing. Four ways to ask:
   the command that reproduces it.
 
 The numbers come from grader.capacity as plain data (``evaluate``, ``answer_for``); plan_text puts them into
-words, and the command (:mod:`grader.commandline.plan`) exits 0 when the cost model answered (also "does not fit"
+words, and the command (:mod:`grader.cli.plan`) exits 0 when the cost model answered (also "does not fit"
 and "no plan fits": that is the answer), 1 while 41 and 42 have not both passed, 2 for input the cost model
 cannot use (a PlanError).
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from grader.commandline.common import exercise_arg, fail, load_progress, say_unsaved
+from grader.cli.common import exercise_arg, fail, load_progress, say_unsaved
 
 
 @click.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from grader import kit
-from grader.commandline.common import kit_call, load_progress, say_unsaved
+from grader.cli.common import kit_call, load_progress, say_unsaved
 
 
 @click.command()

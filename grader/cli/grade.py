@@ -8,8 +8,8 @@ import re
 import click
 
 from grader import flow, kit
-from grader.commandline.common import color, echo_notes, fail, kit_call, load_progress, next_exercise_path
-from grader.commandline.options import format_option, grading_options, quiet_option
+from grader.cli.common import color, echo_notes, fail, kit_call, load_progress, next_exercise_path
+from grader.cli.options import format_option, grading_options, quiet_option
 from grader.exits import EXIT_INTERRUPTED, EXIT_OK
 
 

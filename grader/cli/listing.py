@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from grader import progress as prog
-from grader.commandline.common import color, kit_call, load_progress
+from grader.cli.common import color, kit_call, load_progress
 
 
 @click.command("list")

@@ -8,8 +8,8 @@ import sys
 import click
 
 from grader import flow, kit
-from grader.commandline.common import color, echo_notes, fail, kit_call, load_progress
-from grader.commandline.options import grading_options
+from grader.cli.common import color, echo_notes, fail, kit_call, load_progress
+from grader.cli.options import grading_options
 from grader.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNUSABLE
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import click
 
 from grader import __version__
-from grader.commandline import (batch, doctor, grade, gradescope, hint, interview, listing, plan, quiz, reset,
+from grader.cli import (batch, doctor, grade, gradescope, hint, interview, listing, plan, quiz, reset,
                                 restore, server, solution, watch)
 
 

@@ -9,9 +9,9 @@ import click
 
 from grader import flow, kit
 from grader import progress as prog
-from grader.commandline.common import (color, echo_notes, exercise_arg, fail, kit_call, load_progress,
+from grader.cli.common import (color, echo_notes, exercise_arg, fail, kit_call, load_progress,
                                        require_readable)
-from grader.commandline.options import grading_options, quiet_option
+from grader.cli.options import grading_options, quiet_option
 from grader.exits import EXIT_OK
 
 

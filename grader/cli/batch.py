@@ -11,7 +11,7 @@ import click
 from grader import batch as batching
 from grader.batch_output import (Outcome, render_csv, render_json, render_junit, render_markdown, render_table,
                                  worst_status)
-from grader.commandline.options import format_option, grading_options, quiet_option
+from grader.cli.options import format_option, grading_options, quiet_option
 from grader.exits import EXIT_INTERRUPTED, EXIT_UNUSABLE
 from grader.results import EXIT_CODES
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from grader import catalog
-from grader.commandline.options import grading_options
+from grader.cli.options import grading_options
 from grader.exits import EXIT_UNUSABLE
 from grader.gradescope import SANDBOX, TORCH_VERSION, VISIBILITY, build, run
 
