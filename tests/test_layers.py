@@ -49,6 +49,20 @@ def test_every_click_decorator_is_in_the_command_line_package():
     assert found == []
 
 
+def test_checks_take_the_drivers_context_from_the_checks_interface():
+    """One place: a check module names RankContext as grader.checks.interface gives it (which takes it from
+    grader.child), never from grader.child itself."""
+    found = []
+    for path in sorted((ROOT / "grader" / "checks").rglob("*.py")):
+        if path == ROOT / "grader" / "checks" / "interface.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "grader.child" \
+                    and any(alias.name == "RankContext" for alias in node.names):
+                found.append(f"{path.relative_to(ROOT)} line {node.lineno}")
+    assert found == []
+
+
 def test_exit_codes_are_defined_once():
     for path in sorted((ROOT / "grader").rglob("*.py")):
         if path.name == "exits.py":

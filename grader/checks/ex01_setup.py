@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from grader import probes
-from grader.child import GraderAbort, RankContext
-from grader.checks.interface import Grader
+from grader.child import GraderAbort
+from grader.checks.interface import Grader, RankContext
 
 MAX_TIMEOUT_S = 300.0
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost")  # what MASTER_ADDR may default to: both meet on this machine

@@ -22,8 +22,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from grader import probes, untrusted
 from grader.compare import first_difference, largest_difference
 from grader.checks.shared.recording import cpu_state
-from grader.child import RankContext
-from grader.checks.interface import Grader
+from grader.checks.interface import Grader, RankContext
 
 IN_FEATURES, HIDDEN, CLASSES = 8, 16, 4
 BATCH_SIZE = 4

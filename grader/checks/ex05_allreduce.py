@@ -22,8 +22,8 @@ from torch import nn
 
 from grader import probes, rank_timeline
 from grader.compare import first_difference, tensor_difference
-from grader.child import RankContext, describe_exception
-from grader.checks.interface import Grader
+from grader.child import describe_exception
+from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines
 
 SEED = 5

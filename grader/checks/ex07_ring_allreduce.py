@@ -14,8 +14,8 @@ import contextlib
 import torch
 
 from grader import probes, rank_timeline
-from grader.child import RankContext, describe_exception
-from grader.checks.interface import Grader
+from grader.child import describe_exception
+from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from grader import probes, rank_timeline
 from grader.compare import tensor_difference
-from grader.child import RankContext
-from grader.checks.interface import Grader
+from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines
 
 MIB = 2**20

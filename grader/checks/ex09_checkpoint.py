@@ -29,8 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from grader import probes, untrusted
 from grader.compare import first_difference
 from grader.checks.shared.recording import cpu_state
-from grader.child import RankContext
-from grader.checks.interface import Grader
+from grader.checks.interface import Grader, RankContext
 from grader.checks.shared.learner_errors import learner_error
 
 EPOCHS_BEFORE_SAVE = 2

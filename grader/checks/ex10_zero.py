@@ -22,9 +22,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from grader import probes
-from grader.child import RankContext
+from grader.checks.interface import Grader, RankContext
 from grader.compare import first_difference
-from grader.checks.interface import Grader
 from grader.checks.shared.learner_errors import learner_error
 
 LAYERS = 6  # equal layers: the parameters split evenly over 2, 3 or 6 ranks

@@ -32,10 +32,9 @@ import torch
 from torch import nn
 
 from grader import probes, rank_timeline
-from grader.child import RankContext
+from grader.checks.interface import Grader, RankContext
 from grader.compare import first_difference
 from grader.results import NOT_IMPLEMENTED
-from grader.checks.interface import Grader
 from grader.checks.shared import timelines
 
 SCHEDULES = ("gpipe", "1f1b")

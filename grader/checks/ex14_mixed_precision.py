@@ -25,8 +25,8 @@ from torch import nn
 
 from grader import probes
 from grader.compare import largest_difference
-from grader.child import RankContext, describe_exception
-from grader.checks.interface import Grader
+from grader.child import describe_exception
+from grader.checks.interface import Grader, RankContext
 
 SIZES = (8, 32, 4)  # in, hidden, classes
 BATCH = 8  # per rank

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 
 from grader.checks.shared import debug_job
-from grader.child import RankContext
-from grader.checks.interface import Grader
+from grader.checks.interface import Grader, RankContext
 from grader.checks.shared.stub_models import TwoLayerNet
 
 EPOCHS = 3

@@ -15,9 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from grader.checks.shared import debug_job
-from grader.child import RankContext
+from grader.checks.interface import Grader, RankContext
 from grader.compare import first_difference
-from grader.checks.interface import Grader
 from grader.checks.shared.stub_models import TwoLayerNet
 
 EPOCHS = 2  # trained after the resume

@@ -11,7 +11,6 @@ from grader import capacity_plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
 from grader.checks.shared.capacity_cases import serve_main
-from grader.checks.shared.capacity_run import measure_main  # noqa: F401  (capacity_cases.measured runs it by name)
 
 # --- in the grader --------------------------------------------------------------------------------
 # (41-43 share their rank side: the ranks capacity_run.measure_main, the worker capacity_cases.serve_main)

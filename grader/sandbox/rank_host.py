@@ -27,14 +27,14 @@ import sys
 
 from grader.sandbox.boundary import frame, read_frame
 
-def _plain(outcome) -> dict:
+def _outcome_fields(outcome) -> dict:
     """A dataclass outcome as a dict, its fields as they are (the result kept as the rank sent it)."""
     return {f.name: getattr(outcome, f.name) for f in dataclasses.fields(outcome)}
 
 
 def world_dict(world) -> dict:
-    data = _plain(world)
-    data["ranks"] = [_plain(r) for r in world.ranks]
+    data = _outcome_fields(world)
+    data["ranks"] = [_outcome_fields(r) for r in world.ranks]
     return data
 
 
@@ -121,9 +121,9 @@ def main() -> None:
                         reply = worker.call(request["name"], within_s=request.get("within_s"),
                                             **request.get("kwargs", {}))
                     except harness.WorkerTimeout as exc:
-                        send({"type": "raised", "kind": "timeout", "outcome": _plain(exc.outcome)})
+                        send({"type": "raised", "kind": "timeout", "outcome": _outcome_fields(exc.outcome)})
                     except harness.WorkerDied as exc:
-                        send({"type": "raised", "kind": "died", "outcome": _plain(exc.outcome)})
+                        send({"type": "raised", "kind": "died", "outcome": _outcome_fields(exc.outcome)})
                     else:
                         send({"type": "reply", "reply": reply})
                 elif op == "close_worker":

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import Dataset
 
 from grader.checks.shared.learner_errors import learner_error
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 # Hypothesis searches this space for shard_indices.
 MAX_SAMPLES = 100

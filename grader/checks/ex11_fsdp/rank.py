@@ -12,7 +12,7 @@ from torch import nn
 
 from grader import memory, probes
 from grader.checks.shared.learner_errors import learner_error
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 # Every unit's trainable size divides by 2, 3 and 4 (no padding): 576, 600, 600, 900 elements; and no
 # unit's slice has another unit's size (a collective's size then names its unit, whichever tensor was recorded).

@@ -12,7 +12,7 @@ from torch import nn
 from grader import probes
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 D_MODEL = 16  # the MLP's input and output features
 HIDDEN = 48  # divisible by 2, 3 and 4

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from grader import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 BATCH, HEADS, CHUNK, HEAD_DIM = 2, 2, 4, 8  # CHUNK: positions per rank (even, so that zigzag halves it)
 DTYPE = torch.float64

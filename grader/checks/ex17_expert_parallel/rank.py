@@ -15,7 +15,7 @@ from torch import nn
 from grader import memory, probes
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 D, HIDDEN, TOKENS, EXPERTS, TOP_K = 8, 16, 16, 12, 2  # EXPERTS: divisible by 2, 3 and 4
 DTYPE = torch.float64

@@ -15,7 +15,7 @@ from torch import nn
 from grader import memory, probes
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 # SEQ and HIDDEN divisible by 2, 3 and 4 (see sizes); no HIDDEN / W equals D_MODEL, so that what autograd saves
 # of a hidden block is told from what it saves of the model's width by its last dimension.

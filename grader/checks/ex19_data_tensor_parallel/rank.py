@@ -18,7 +18,7 @@ from torch import nn
 
 from grader import probes
 from grader.checks.shared.recording import all_ok
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 IN_FEATURES, HIDDEN, OUT_FEATURES = 8, 32, 8  # the stub's
 SEED = 19  # the stub's dense_layers()

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from grader import memory, probes
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
 

@@ -18,7 +18,8 @@ from grader import probes
 from grader.checks.shared.dtensors import describe, local_values
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.stub_models import Block, Transformer, VOCAB, lm_loss
-from grader.child import RankContext, describe_exception
+from grader.child import describe_exception
+from grader.checks.interface import RankContext
 
 BATCH, SEQ = 2, 16  # per data-parallel group
 STEPS = 3

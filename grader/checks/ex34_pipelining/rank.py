@@ -13,7 +13,7 @@ from torch import nn
 from grader import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.stub_models import PIPE_DIM, PIPE_VOCAB, PipelineModel
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
 SEQ, ROWS = 4, 2  # each micro-batch: ROWS sequences of SEQ tokens

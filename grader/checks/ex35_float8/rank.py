@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import plain_tensor
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 EPS = 1e-12  # torchao's: the amax is clamped to it, so an all-zero tensor gets a finite scale
@@ -161,11 +162,6 @@ def groups_of(world_size: int) -> list[list[int]]:
 # --- in each rank: the layer ---------------------------------------------------------------------
 
 
-def _plain(value):
-    """A tensor as plain data (detached, on the CPU, its own storage); anything else as None."""
-    return value.detach().to("cpu").clone() if isinstance(value, torch.Tensor) else None
-
-
 def _op_name(func) -> str:
     """aten._scaled_mm.default -> _scaled_mm."""
     parts = str(func).split(".")
@@ -185,9 +181,9 @@ def describe_product(func, args, kwargs) -> dict:
         bound.update(kwargs or {})
         for key in ("a", "b"):
             t = bound.get(key)
-            event[key] = _plain(t)
+            event[key] = plain_tensor(t)
             event[f"{key}_stride"] = list(t.stride()) if isinstance(t, torch.Tensor) else None
-        event["scale_a"], event["scale_b"] = _plain(bound.get("scale_a")), _plain(bound.get("scale_b"))
+        event["scale_a"], event["scale_b"] = plain_tensor(bound.get("scale_a")), plain_tensor(bound.get("scale_b"))
         event["bias"] = bound.get("bias") is not None
         event["scale_result"] = bound.get("scale_result") is not None
         out_dtype = bound.get("out_dtype")
@@ -220,13 +216,13 @@ def _watch_class():
 
 
 def _parameters(module) -> dict:
-    return {name: _plain(p) for name, p in module.named_parameters()}
+    return {name: plain_tensor(p) for name, p in module.named_parameters()}
 
 
 def describe_module(layer) -> dict:
     """What the learner's layer holds right after it was built."""
     try:
-        state = {key: _plain(value) for key, value in layer.state_dict().items()}
+        state = {key: plain_tensor(value) for key, value in layer.state_dict().items()}
     except Exception as exc:  # the observation
         state = {"error": learner_error(exc)}
     return {
@@ -258,7 +254,7 @@ def run_call(layer, linear: nn.Linear, call: str, device: torch.device) -> dict:
     except Exception as exc:  # the observation; the other calls still run
         record.update(forward=forward.events, error=learner_error(exc))
         return record
-    record.update(forward=forward.events, output=_plain(out))
+    record.update(forward=forward.events, output=plain_tensor(out))
     if isinstance(out, torch.Tensor) and out.requires_grad and tuple(out.shape) == tuple(grad.shape):
         backward = _watch_class()()
         try:
@@ -272,7 +268,7 @@ def run_call(layer, linear: nn.Linear, call: str, device: torch.device) -> dict:
     own = dict(layer.named_parameters())
     grads = {name: own[name].grad if name in own else getattr(getattr(linear, name), "grad", None)
              for name in ("weight", "bias")}
-    record["grads"] = {"input": _plain(x.grad), **{name: _plain(grad) for name, grad in grads.items()}}
+    record["grads"] = {"input": plain_tensor(x.grad), **{name: plain_tensor(grad) for name, grad in grads.items()}}
     record["after"] = _parameters(layer)
     return record
 
@@ -298,8 +294,8 @@ def _train(Float8Linear, device: torch.device) -> dict:
     except NotImplementedError:
         raise
     except Exception as exc:  # the observation: the steps before it are judged
-        return {"losses": losses, "params": dict(zip(names, map(_plain, params))), "error": learner_error(exc)}
-    return {"losses": losses, "params": dict(zip(names, map(_plain, params))), "error": None}
+        return {"losses": losses, "params": dict(zip(names, map(plain_tensor, params))), "error": learner_error(exc)}
+    return {"losses": losses, "params": dict(zip(names, map(plain_tensor, params))), "error": None}
 
 
 def linear_main(ctx: RankContext) -> dict:
@@ -390,7 +386,7 @@ def _gather_case(gather, scenario: str, members: list[int], rank: int, device, g
     with messages:
         result = gather(shard, group)
     if isinstance(result, (tuple, list)):
-        returned = {"kind": type(result).__name__, "items": [_plain(r) if isinstance(r, torch.Tensor) else
+        returned = {"kind": type(result).__name__, "items": [plain_tensor(r) if isinstance(r, torch.Tensor) else
                                                              {"not_a_tensor": type(r).__name__} for r in result]}
     else:
         returned = {"kind": type(result).__name__, "items": None}

@@ -13,6 +13,7 @@ import math
 
 from grader import capacity
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared.capacity_run import measure_main
 
 # The transformer every small configuration trains (41's Transformer): small enough for a CPU.
 SMALL = capacity.ModelSpec(layers=4, hidden=32, heads=4, vocab=65, seq_len=16)  # 55,552 parameters: dp = 3 pads
@@ -82,7 +83,7 @@ def estimates(ctx: RankContext, function: str, cases: list) -> list:
                 args.append(_build(ctx, "Cluster", case["cluster"]))
             if "tokens" in case:
                 args.append(case["tokens"])
-            answers.append({"value": _plain(learner(*args))})
+            answers.append({"value": _answer_fields(learner(*args))})
         except NotImplementedError:
             raise
         except Exception as exc:  # the learner's error is an answer: some cases must raise
@@ -104,16 +105,16 @@ FIELDS = ("params", "grads", "optimizer", "activations", "total",
           "zero", "micro_batch", "micro_batches", "schedule", "precision", "recompute")
 
 
-def _plain(value):
+def _answer_fields(value):
     """An answer as plain data: the fields 41-43 define, read as attributes or keys."""
     if isinstance(value, (int, float, str)) or value is None:
         return value if not isinstance(value, bool) else int(value)
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _answer_fields(v) for k, v in value.items()}
     out = {}
     for name in FIELDS:
         if hasattr(value, name):
-            out[name] = _plain(getattr(value, name))
+            out[name] = _answer_fields(getattr(value, name))
     if not out:
         raise TypeError(f"returned a {type(value).__name__}, not the stub's dataclass")
     return out
@@ -138,7 +139,7 @@ def measured(g: Grader, names: list[str] | None = None) -> dict:
     for name in names or list(CONFIGS):
         if name not in _MEASURED:
             plan = CONFIGS[name]
-            outcome = g.run("measure_main", plan.world_size, kwargs={**plain(SMALL, plan), "seed": SEED},
+            outcome = g.run(measure_main, plan.world_size, kwargs={**plain(SMALL, plan), "seed": SEED},
                             label=f"measure {name}")
             _MEASURED[name] = outcome.results()
     return {name: _MEASURED[name] for name in names or list(CONFIGS)}

@@ -40,7 +40,7 @@ from grader.checks.shared import timelines
 from grader.checks.shared.debug_rank import LOG_NAME, run_job, write_shared
 from grader.checks.shared.debug_replay import load_into, replay
 from grader.checks.shared.recording import cpu_state
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 from grader.outcomes import describe_exit
 
 

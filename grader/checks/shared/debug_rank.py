@@ -19,7 +19,7 @@ from torch import nn
 
 from grader import probes, rank_timeline
 from grader.checks.shared.recording import cpu_state
-from grader.child import RankContext
+from grader.checks.interface import RankContext
 
 COLLECTIVE_WAIT_S = 6.0  # a collective whose peers have not come after this long is a hang
 LOG_NAME = "log.jsonl"  # what rank 0 of every script appends to in --out, one JSON object per line
