@@ -5,7 +5,7 @@ Stored in ``progress.json`` in the state folder (see :mod:`grader.state`)::
     {"version": 1,
      "exercises": {"03": {"passed": "2025-01-31T10:02:11", "hints_shown": 2,
                           "last_status": "failed", "last_graded": "2025-01-31T10:01:40",
-                          "passed_before": "..."}}}
+                          "passed_before": "...", "solution_seen": "2025-01-31T09:50:02"}}}
 
 The status shown by ``ddp-grade list`` comes from this file and from the exercise file itself:
 
@@ -15,6 +15,10 @@ The status shown by ``ddp-grade list`` comes from this file and from the exercis
 * ``not started``  the file's code is still the stub's (for an exercise without a packaged stub:
   every function to write still only raises NotImplementedError);
 * ``missing``      the kit has no file for it (deleted, or an exercise still being written).
+
+``solution_seen`` is when ``ddp-grade solution`` first showed the reference (whole or as a diff) while the
+exercise had not passed; ``list`` shows it beside the pass that follows. It stays through ``reset``: a pass
+after a reset still came after the reference was seen. Seeing the reference after a pass leaves no mark.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Row:
     status: str
     path: Path | None
     hints_shown: int
+    solution_seen: bool = False
 
 
 class Progress:
@@ -92,6 +97,22 @@ class Progress:
 
     def hints_shown(self, exercise_id: str) -> int:
         return int(self.data["exercises"].get(exercise_id, {}).get("hints_shown", 0))
+
+    def solution_seen(self, exercise_id: str) -> bool:
+        """Whether the reference solution was shown while the exercise had not passed."""
+        return isinstance(self.data["exercises"].get(exercise_id, {}).get("solution_seen"), str)
+
+    def record_solution_shown(self, exercise_id: str) -> None:
+        """``ddp-grade solution`` showed the reference: marked when the exercise has not passed (the first
+        time is kept); after a pass, nothing to mark."""
+        now = _now()
+
+        def edit(data: dict) -> None:
+            e = self._entry(data, exercise_id)
+            if not e.get("passed") and not isinstance(e.get("solution_seen"), str):
+                e["solution_seen"] = now
+
+        self._change(edit)
 
     def record_grading(self, exercise_id: str, status: str) -> None:
         """Remember a grading of the kit's file; a pass is kept until ``reset``."""
@@ -164,6 +185,8 @@ def _clean(data: dict) -> dict:
             continue
         if not isinstance(value.get("hints_shown", 0), int):
             value = {k: v for k, v in value.items() if k != "hints_shown"}
+        if "solution_seen" in value and not isinstance(value["solution_seen"], str):
+            value = {k: v for k, v in value.items() if k != "solution_seen"}
         clean[str(key)] = value
     return {**data, "version": 1, "exercises": clean}
 
@@ -224,7 +247,8 @@ def rows(progress: Progress) -> list[Row]:
         status = file_status(ex, path)
         if status != MISSING and progress.passed(ex.id):
             status = PASSED
-        out.append(Row(ex, status, path if status != MISSING else None, progress.hints_shown(ex.id)))
+        out.append(Row(ex, status, path if status != MISSING else None, progress.hints_shown(ex.id),
+                       progress.solution_seen(ex.id)))
     return out
 
 

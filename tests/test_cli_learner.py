@@ -160,6 +160,24 @@ def test_solution_diff_without_asking_once_passed(kit_copy):
     assert "+++ reference: solutions/01_setup.py" in result.output and "-    raise NotImplementedError" in result.output
 
 
+def test_a_solution_seen_before_the_pass_is_shown_beside_it_and_one_seen_after_is_not(kit_copy, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert invoke("solution", "01", input="n\n").exit_code == 0  # declined: nothing seen
+    assert invoke("solution", "03", "--diff", "-y").exit_code == 0  # a diff shows the reference too
+    Progress().record_grading("02", "passed")
+    assert invoke("solution", "02").exit_code == 0  # after the pass: no mark
+    for ex in ("01", "03"):
+        Progress().record_grading(ex, "passed")
+    assert invoke("reset", "03").exit_code == 0
+    Progress().record_grading("03", "passed")  # a pass after a reset still follows the viewing
+    listed = invoke("list").output
+    assert _row(listed, "01").split()[-1] == "passed" and _row(listed, "02").split()[-1] == "passed"
+    assert _row(listed, "03").endswith("passed       solution seen")
+    assert all(len(line) <= 80 for line in listed.splitlines()) and "3/10 passed" in listed
+    Progress().state.update(lambda data: {**data, "exercises": {"03": {"passed": "x", "solution_seen": 1}}})
+    assert "solution seen" not in invoke("list").output  # a hand-edited mark of the wrong type is dropped
+
+
 def test_a_corrupt_progress_file_is_kept_aside_with_a_message(kit_copy, tmp_path):
     state = tmp_path / "state"
     state.mkdir()

@@ -39,7 +39,7 @@ def terminal_width() -> int:
 def render(rows: list[prog.Row], color: bool = False, width: int | None = None) -> str:
     width = width or terminal_width()
     nxt = prog.next_row(rows)
-    # mark, id, title, minutes, status, hints: "-> 01  Title...  15 min  in progress  hints 1/3"
+    # mark, id, title, minutes, status, notes: "-> 01  Title...  15 min  in progress  hints 1/3  solution seen"
     title_width = width - len("-> 01  ") - len("  15 min  ") - len("in progress")
     lines: list[str] = []
     tracks: dict[int, list[prog.Row]] = {}
@@ -57,7 +57,9 @@ def render(rows: list[prog.Row], color: bool = False, width: int | None = None) 
             lines.append(_fit(f"   {about}", width))
         for r in members:
             mark = "->" if nxt is not None and r is nxt else "  "
-            hints = f"  hints {r.hints_shown}/{len(r.exercise.hints)}" if r.hints_shown else ""
+            notes = ([f"hints {r.hints_shown}/{len(r.exercise.hints)}"] if r.hints_shown else []) \
+                + (["solution seen"] if r.solution_seen else [])
+            hints = "".join(f"  {note}" for note in notes)
             title = r.exercise.title.removeprefix("Debug: ")  # the track's heading says so
             title = _fit(title, title_width - len(hints)).ljust(title_width - len(hints))
             status = r.status.ljust(11)
