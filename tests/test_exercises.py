@@ -9,6 +9,7 @@ import pytest
 import background
 from conftest import ROOT, statuses
 from grader import catalog
+from grader import timeline as T
 from grader.report import details_of, problem_of
 
 EXERCISES = catalog.exercises()
@@ -32,6 +33,72 @@ def _signatures(path) -> dict:
                         isinstance(item, ast.FunctionDef) and item.name == "__init__":
                     out[f"{node.name}.{item.name}"] = ast.unparse(item.args)
     return out
+
+
+# --- what a reference's timeline shows -----------------------------------------------------------------------
+# The exercises whose checks record what each rank did over time, and, where the picture is the point, what
+# it shows for the reference (tests/test_timeline.py holds 08, 13 and 16 against wrong answers too).
+RECORD_TIMELINES = {"05", "07", "08", "11", "12", "13", "16", "17", "21", "22", "23", "24", "25", "26", "27",
+                    "28", "29", "31", "32", "33", "34", "36", "37"}
+
+
+def _inside(event: dict, phases: list[dict]) -> bool:
+    return any(p["t0"] <= event["t0"] <= p["t1"] for p in phases)
+
+
+def _experts_trade_tokens_in_forward_and_backward(run: dict, rank: int) -> None:
+    """17: the all-to-alls that send tokens to their experts run inside the forward and inside the backward."""
+    within = "plain"
+    swaps = [e for e in T.events(run, rank, ("collective",), within) if "all_to_all" in e["op"]]
+    for phase in ("forward", "backward"):
+        assert any(_inside(e, T.events(run, rank, (phase,), within)) for e in swaps), (rank, phase, swaps)
+
+
+def _units_gather_in_forward_and_scatter_in_backward(run: dict, rank: int) -> None:
+    """31: each step, FSDP2's all-gathers run inside the forward, its reduce-scatters inside the backward."""
+    if run["world_size"] < 2:
+        return
+    for step in range(3):
+        within = f"train_step {step}"
+        comms = T.events(run, rank, ("collective",), within)
+        forwards, backwards = T.events(run, rank, ("forward",), within), T.events(run, rank, ("backward",), within)
+        gathers = [e for e in comms if "all_gather" in e["op"]]
+        scatters = [e for e in comms if "reduce_scatter" in e["op"]]
+        assert gathers and scatters and forwards and backwards, (rank, step)
+        assert _inside(gathers[0], forwards) and all(_inside(e, backwards) for e in scatters), (rank, step)
+
+
+def _saves_write_while_training_goes_on(run: dict, rank: int) -> None:
+    """33's save job: a save returns, and its collectives go on in another thread while the job trains."""
+    if not run["label"].startswith("the save job"):
+        return
+    events = T.events(run, rank)
+    calls = [e for e in events if e["kind"] == "save" and e.get("label", "").startswith("save, step")]
+    assert calls, rank
+    main = calls[0].get("thread", 0)  # the main thread is 0, left out of the record
+    later = [e for e in events if e["kind"] == "forward" and e.get("thread", 0) == main and e["t0"] > calls[0]["t1"]]
+    background_comms = [e for e in events if e["kind"] == "collective" and e.get("thread", 0) != main
+                        and e["t0"] > calls[0]["t1"]]
+    assert later and background_comms, rank
+    assert background_comms[0]["t0"] < later[-1]["t1"], "the background save outlives the training"
+
+
+TIMELINE_SHOWS = {"17": _experts_trade_tokens_in_forward_and_backward,
+                  "31": _units_gather_in_forward_and_scatter_in_backward,
+                  "33": _saves_write_while_training_goes_on}
+
+
+def check_timelines(exercise_id: str, report) -> None:
+    runs = T.runs_in([dict(s) for s in report.sections])
+    if exercise_id not in RECORD_TIMELINES:
+        assert runs == [], f"{exercise_id} records a timeline: add it to RECORD_TIMELINES"
+        return
+    assert runs, f"{exercise_id}'s reference recorded no timeline"
+    for run in runs:
+        for rank in range(run["world_size"]):
+            assert T.events(run, rank), (run["label"], rank)
+            if exercise_id in TIMELINE_SHOWS:
+                TIMELINE_SHOWS[exercise_id](run, rank)
 
 
 def _python_files(folder) -> set[str]:
@@ -92,6 +159,7 @@ def test_solution_passes_every_check(grade, exercise):
     failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
     assert report.status == "passed", (problem_of(report), failing, details_of(report))
     assert report.exit_code == 0
+    check_timelines(exercise.id, report)
     # The header names what ran: the world sizes of the groups that ran, or one process.
     if report.in_one_process:
         assert report.world_sizes == []

@@ -321,3 +321,17 @@ def test_16_passes_blocks_around_the_ring_and_the_variant_gathers_every_block(gr
                 assert {e["peer"] for e in messages if e["kind"] == "recv"} == {(rank - 1) % 3}
             else:
                 assert gathers and not messages
+
+
+@pytest.mark.slow
+def test_33_a_blocking_save_shows_no_write_going_on_while_training_does(grade):
+    """The reference's picture (tests/test_exercises.py: its save returns and the checkpoint's collectives go
+    on in another thread while the job trains) is not the picture of dcp.save, which returns when written."""
+    from test_exercises import _saves_write_while_training_goes_on
+
+    report = grade(VARIANTS / "33_blocking_save.py")
+    runs = [run for run in T.runs_in([dict(s) for s in report.sections]) if run["label"].startswith("the save job")]
+    assert runs
+    for rank in range(runs[0]["world_size"]):
+        with pytest.raises(AssertionError):
+            _saves_write_while_training_goes_on(runs[0], rank)

@@ -28,11 +28,14 @@ from grader.checks.ex11_fsdp.rank import rank_main
 from grader.checks.ex11_fsdp.verdicts import (check_collectives, check_frozen, check_held, check_keys, check_no_error,
                                               check_probes, check_start, check_training, check_uneven_gathers)
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        observations = g.run(rank_main, world_size).results()
+        outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
+        observations = outcome.results()
         sgd = [o["sgd"] for o in observations]
         check_keys(g, sgd, "sgd", world_size)
         check_start(g, sgd, world_size)

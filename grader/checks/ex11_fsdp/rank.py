@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.interface import RankContext
 
@@ -144,6 +144,7 @@ def _fingerprints(state: dict) -> dict[str, bytes]:
     return out
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []
@@ -151,16 +152,19 @@ def rank_main(ctx: RankContext) -> dict:
         FullyShardedDP = ctx.function("FullyShardedDP")
         module = ctx.learner()
         learner = (module.__name__, os.path.abspath(module.__file__))
-        out = {"sgd": _train(ctx, FullyShardedDP, "sgd", events, learner)}
+        with rank_timeline.region("sgd"):
+            out = {"sgd": _train(ctx, FullyShardedDP, "sgd", events, learner)}
         # A failure below is an observation: a short timeout turns a peer left waiting into an error.
         torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
         try:
-            out["adamw"] = _train(ctx, FullyShardedDP, "adamw", events, learner)
+            with rank_timeline.region("adamw"):
+                out["adamw"] = _train(ctx, FullyShardedDP, "adamw", events, learner)
         except Exception as exc:
             out["adamw"] = {"error": learner_error(exc)}
         if _everyone_ok(ctx, out["adamw"]["error"] is None):
             try:
-                out["uneven"] = _train(ctx, FullyShardedDP, "uneven", events, learner)
+                with rank_timeline.region("uneven"):
+                    out["uneven"] = _train(ctx, FullyShardedDP, "uneven", events, learner)
             except Exception as exc:
                 out["uneven"] = {"error": learner_error(exc)}
         return out

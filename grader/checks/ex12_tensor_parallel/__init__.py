@@ -21,13 +21,16 @@ from grader.checks.ex12_tensor_parallel.reference import dense
 from grader.checks.ex12_tensor_parallel.verdicts import (check_collectives, check_column, check_held, check_mlp,
                                                          check_no_bias, check_row, check_uneven, check_weight_grads)
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
     expected = {scenario: dense(scenario) for scenario in SEEDS}
     uneven_seen = []
     for world_size in g.world_sizes:
-        observations = g.run(rank_main, world_size).results()
+        outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
+        observations = outcome.results()
         check_column(g, observations, expected["column"], world_size)
         check_row(g, observations, expected["row"], world_size)
         check_mlp(g, observations, expected["mlp"], world_size)

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
 from grader.checks.interface import RankContext
@@ -144,6 +144,7 @@ def _forward_backward(module, x: torch.Tensor, g: torch.Tensor, events: list, ct
     return run
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []
@@ -167,14 +168,16 @@ def _observe(ctx: RankContext, classes: dict, events: list) -> dict:
         g = data["g"]
         if scenario == "column":  # and the column-parallel one returns this rank's block of the output
             g = g[..., block(HIDDEN, ctx.rank, ctx.world_size)].contiguous()
-        run = _forward_backward(layer, x, g, events, ctx)
+        with rank_timeline.region(name):
+            run = _forward_backward(layer, x, g, events, ctx)
         run["params"] = _parameters(layer, ["weight", "bias"])
         obs[scenario] = run
 
     # The MLP: the numbers, the collectives and the bytes held.
     data = _on_device(build("mlp"), ctx)
     mlp = classes["ParallelMLP"](data["fc1"], data["fc2"])
-    run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
+    with rank_timeline.region("ParallelMLP"):
+        run = _forward_backward(mlp, data["x"], data["g"], events, ctx)
     run["params"] = _parameters(mlp, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"])
     run["held_bytes"] = held_bytes(mlp)
     obs["mlp"] = run

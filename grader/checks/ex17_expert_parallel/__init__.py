@@ -22,6 +22,7 @@ from grader.checks.ex17_expert_parallel.verdicts import (check_all_to_all_count,
                                                          check_capacity, check_grads, check_output, check_routed_bytes,
                                                          check_sharded, data_messages)
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
@@ -29,10 +30,13 @@ def grade(g: Grader) -> None:
     runs = [g.Run(rank_main, world_size) for world_size in g.world_sizes]
     if largest >= 2:
         runs.append(g.Run(bad_input_main, largest, expect_ok=False))
+    started = timelines.clock()
     outcomes = g.run_at_once(runs)
     lines = []
     for world_size in g.world_sizes:
-        observations = next(outcomes).results()
+        outcome = next(outcomes)
+        timelines.keep(g, outcome, f"world size {world_size}", draw=("plain",), started=started)
+        observations = outcome.results()
         expected = {scenario: expected_run(scenario, world_size) for scenario in SCENARIOS}
         check_output(g, observations, expected["plain"], world_size)
         check_aux(g, observations, expected, world_size)

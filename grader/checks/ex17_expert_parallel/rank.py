@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
 from grader.checks.interface import RankContext
@@ -191,18 +191,21 @@ def _run_case(ctx: RankContext, cls, learner, scenario: str, measure: bool) -> d
     return run
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
         cls = ctx.function("ExpertParallelMoE")
         learner = ctx.learner()
-        obs = {"plain": _run_case(ctx, cls, learner, "plain", measure=True)}
+        with rank_timeline.region("plain"):
+            obs = {"plain": _run_case(ctx, cls, learner, "plain", measure=True)}
         # From here on a rank that fails may leave the others in a collective: a short timeout turns
         # that into an error instead of a hang.
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
         for scenario in ("tight", "skewed"):
             try:
-                obs[scenario] = _run_case(ctx, cls, learner, scenario, measure=False)
+                with rank_timeline.region(scenario):
+                    obs[scenario] = _run_case(ctx, cls, learner, scenario, measure=False)
             except Exception as exc:  # the observation; nothing after it runs (peers may be mid-collective)
                 obs[scenario] = {"error": learner_error(exc)}
                 break

@@ -22,11 +22,14 @@ from grader.checks.ex31_fsdp2 import verdicts
 from grader.checks.ex31_fsdp2.rank import build_model, rank_main
 from grader.checks.ex31_fsdp2.reference import reference_run
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
-        observations = g.run(rank_main, world_size).results()
+        outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
+        observations = outcome.results()
         returned = next((o["returned"] for o in observations if o.get("returned")), None)
         if returned is not None:
             g.stop(f"shard_model returned {returned}, not the module: fully_shard shards the model in place; "

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import local_values
 from grader.checks.shared.learner_errors import learner_error
@@ -75,6 +75,7 @@ def _full_state(module: nn.Module) -> dict:
             "types": {str(k): type(v).__name__ for k, v in state.items()}}
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -83,7 +84,8 @@ def rank_main(ctx: RankContext) -> dict:
     with ctx.group(), probes.watch_collectives(events):
         shard_model, train_step = ctx.function("shard_model"), ctx.function("train_step")
         mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-        sharded = shard_model(build_model().to(ctx.device), mesh)
+        with rank_timeline.region("shard_model"):
+            sharded = shard_model(build_model().to(ctx.device), mesh)
         if not isinstance(sharded, nn.Module):
             return {"returned": type(sharded).__name__}
         obs = {"returned": None, "params": _describe(sharded), "initial": local_values(sharded), "steps": [],
@@ -96,7 +98,8 @@ def rank_main(ctx: RankContext) -> dict:
             for step in range(STEPS):
                 tokens, targets = (t.to(ctx.device) for t in make_batch(step, ctx.rank))
                 first = len(events)
-                loss = train_step(sharded, optimizer, (tokens, targets), MAX_NORM)
+                with rank_timeline.region(f"train_step {step}"):
+                    loss = train_step(sharded, optimizer, (tokens, targets), MAX_NORM)
                 obs["steps"].append({"events": [dict(e) for e in events[first:]], "loss": _loss(loss),
                                      "shards": local_values(sharded)})
         except NotImplementedError:

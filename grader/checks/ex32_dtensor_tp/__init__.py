@@ -20,6 +20,7 @@ from grader.checks.ex32_dtensor_tp import verdicts
 from grader.checks.ex32_dtensor_tp.rank import SEQ, build_model, rank_main, tp_size_for
 from grader.checks.ex32_dtensor_tp.reference import reference_run
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
@@ -31,7 +32,9 @@ def grade(g: Grader) -> None:
                "shards are the whole parameters")
     for world_size in g.world_sizes:
         tp_size = tp_size_for(world_size)
-        observations = g.run(rank_main, world_size, kwargs={"tp_size": tp_size}).results()
+        outcome = g.run(rank_main, world_size, kwargs={"tp_size": tp_size})
+        timelines.keep(g, outcome, f"world size {world_size}")
+        observations = outcome.results()
         returned = next((o["returned"] for o in observations if o.get("returned")), None)
         if returned is not None:
             g.stop(f"parallelize returned a {returned}, not (model, mesh): return the module parallelize_module and "

@@ -14,7 +14,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.checks.shared.dtensors import describe, local_values
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.stub_models import Block, Transformer, VOCAB, lm_loss
@@ -123,6 +123,7 @@ def train_step(model: nn.Module, optimizer, tokens: torch.Tensor, targets: torch
     return logits, loss
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     tp_size = ctx.kwargs["tp_size"]
@@ -131,7 +132,8 @@ def rank_main(ctx: RankContext) -> dict:
         parallelize = ctx.function("parallelize")
         obs = {"returned": None, "parallelize_error": None, "device_type": ctx.device.type}
         try:
-            returned = parallelize(build_model().to(ctx.device), ctx.world_size, tp_size)
+            with rank_timeline.region("parallelize"):
+                returned = parallelize(build_model().to(ctx.device), ctx.world_size, tp_size)
         except NotImplementedError:
             raise
         except Exception as exc:
@@ -155,7 +157,8 @@ def rank_main(ctx: RankContext) -> dict:
             for step in range(STEPS):
                 tokens, targets = (t.to(ctx.device) for t in make_batch(step, ctx.rank // tp_size))
                 first = len(events)
-                logits, loss = train_step(model, optimizer, tokens, targets)
+                with rank_timeline.region(f"step {step}"):
+                    logits, loss = train_step(model, optimizer, tokens, targets)
                 record = {"events": [dict(e) for e in events[first:]], "loss": _loss_value(loss),
                           "locals": local_values(model)}
                 if step == 0:

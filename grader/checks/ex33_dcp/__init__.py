@@ -26,6 +26,7 @@ from grader.checks.ex33_dcp.rank import (KILL, KILL_SAVES, KILLED, LAST_STEP, OB
                                          build_model, load_main, save_main)
 from grader.checks.ex33_dcp.reference import large_parameters, shapes
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 from grader.memory import tensor_bytes
 
 
@@ -60,11 +61,13 @@ def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
 def grade(g: Grader) -> None:
     save_size = g.world_sizes[0]
     load_sizes = list(g.world_sizes[1:]) or [save_size + 1 if g.backend == "gloo" else save_size]
+    started = timelines.clock()
     saved = g.run(save_main, save_size, expect_ok=False)
     records = read_records(saved.run_dir, save_size)
     if records is None:
         g.stop_on_failures(saved)
         g.stop("the save job ended before it could report what it saw", world_size=save_size)
+    timelines.keep_results(g, records, f"the save job, world size {save_size}", save_size, started)
     if not verdicts.check_own_group(g, records, save_size):
         for check_id in verdicts.AFTER_GROUP:
             g.not_checked(check_id, "own-group", "the background saves failed", world_size=save_size)
@@ -91,7 +94,9 @@ def grade(g: Grader) -> None:
     for world_size in load_sizes:
         # The kill folder is loaded once, on the first of them: it is about the files, not the sizes.
         load = [RESUME, KILL] if world_size == load_sizes[0] else [RESUME]
-        loads = g.run(load_main, world_size, kwargs={"folders": folders, "fingerprints": prints, "load": load}).results()
+        loaded = g.run(load_main, world_size, kwargs={"folders": folders, "fingerprints": prints, "load": load})
+        timelines.keep(g, loaded, f"the load, world size {world_size}")
+        loads = loaded.results()
         verdicts.check_returns_step(g, loads, newest, world_size)
         verdicts.check_resume(g, loads, expected, initial, sizes, newest, LAST_STEP, save_size, world_size)
         verdicts.check_optimizer(g, loads, expected, sizes, newest, world_size)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from grader import memory, probes, wire
+from grader import memory, probes, rank_timeline, wire
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import local
 from grader.checks.shared.learner_errors import ERROR_CHARS, learner_error, learner_frame
@@ -405,7 +405,9 @@ def save_main(ctx: RankContext) -> dict:
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
         obs = {"saves": [], "params": {}, "optimizer": None, "waited": [], "t0": time.monotonic()}
         job = _Job(ctx, watch, save, model, optimizer, obs)
-        finished = job.run()
+        with rank_timeline.recording() as recorder:  # up to the killed save: the process ends in it
+            finished = job.run()
+        obs["timeline"] = recorder.snapshot()
         obs.update(watch.record())
         _write(ctx, obs)
         if finished:  # the last save, killed half-way: the process ends here
@@ -443,7 +445,8 @@ class _Job:
         self.obs["saves"].append(entry)
         new: list = []
         try:
-            with self.watch.calling(f"save(path, model, optimizer, step={self.step})", new):
+            with self.watch.calling(f"save(path, model, optimizer, step={self.step})", new), \
+                    rank_timeline.phase("save", f"save, step {self.step}"):
                 self.save(self.watch.folders[folder].rstrip(os.sep), self.model, self.optimizer, self.step)
         except NotImplementedError:
             raise
@@ -497,6 +500,7 @@ def _write(ctx: RankContext, obs: dict) -> None:
 # --- the load job ---------------------------------------------------------------------------------------
 
 
+@rank_timeline.traced
 def load_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     torch.set_num_threads(1)

@@ -24,6 +24,7 @@ from grader.checks.ex36_hybrid_recovery import verdicts
 from grader.checks.ex36_hybrid_recovery.rank import layout, rank_main
 from grader.checks.ex36_hybrid_recovery.reference import reference_run, shapes, unit_elements
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
@@ -31,7 +32,9 @@ def grade(g: Grader) -> None:
     recovered = False
     for world_size in g.world_sizes:
         plan = layout(world_size)
-        observations = g.run(rank_main, world_size).results()
+        outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
+        observations = outcome.results()
         broken = next((rank for rank, obs in enumerate(observations) if not verdicts.readable(obs)), None)
         if broken is not None:
             g.stop(f"rank {broken} returned a record the grader cannot read", rank=broken, world_size=world_size)

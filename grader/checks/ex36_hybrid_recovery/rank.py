@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import describe
 from grader.checks.shared.learner_errors import learner_error
@@ -284,6 +284,7 @@ def _wipe(tensors: list[torch.Tensor], rank: int) -> None:
                 local.zero_()
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     torch.set_num_threads(1)
@@ -293,7 +294,8 @@ def rank_main(ctx: RankContext) -> dict:
     with ctx.group(), probes.watch_groups(events):
         shard_hybrid, recover_from_peer = ctx.function("shard_hybrid"), ctx.function("recover_from_peer")
         learner = ctx.learner()
-        returned = shard_hybrid(build_model(dtype).to(ctx.device), plan["replicas"], plan["shards"])
+        with rank_timeline.region("shard_hybrid"):
+            returned = shard_hybrid(build_model(dtype).to(ctx.device), plan["replicas"], plan["shards"])
         obs = {"returned": _returned(returned), "error": None}
         if obs["returned"] is not None:
             return obs
@@ -311,7 +313,8 @@ def rank_main(ctx: RankContext) -> dict:
         _shorten_timeouts(mesh)
         for step in range(STEPS_BEFORE):
             first = len(events)
-            train_step(model, optimizer, step, ctx, dtype)
+            with rank_timeline.region(f"step {step}"):
+                train_step(model, optimizer, step, ctx, dtype)
             obs["steps"].append({"events": [dict(e) for e in events[first:]],
                                  "params": {name: _copy(p) for name, p in model.named_parameters()}})
         if plan["source"] is None:
@@ -349,7 +352,7 @@ def rank_main(ctx: RankContext) -> dict:
                 recovery["held"].append(found)
 
         try:
-            with watched(recovery["events"], recovery["writes"], look):
+            with watched(recovery["events"], recovery["writes"], look), rank_timeline.region("recover_from_peer"):
                 recover_from_peer(model, optimizer, mesh, plan["source"])
             recovery["collectives"] = [dict(e) for e in events[first:]]
             look("recover_from_peer returned", [])

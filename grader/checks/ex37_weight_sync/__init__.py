@@ -22,6 +22,7 @@ from __future__ import annotations
 from grader.checks.ex37_weight_sync import verdicts
 from grader.checks.ex37_weight_sync.rank import rank_main, splits
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 CHECKS = ("returns-shards", "shards-match", "layout-honoured", "rank-lists", "slice-bytes",
           "trainer-to-inference-only", "holds-no-whole")
@@ -40,7 +41,9 @@ def grade(g: Grader) -> None:
         return
     lines = []
     for world_size in sizes:
-        observations = g.run(rank_main, world_size).results()
+        outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
+        observations = outcome.results()
         broken = next((rank for rank, obs in enumerate(observations) if not readable(obs)), None)
         if broken is not None:
             g.stop(f"rank {broken} returned a record the grader cannot read", rank=broken, world_size=world_size)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok
@@ -344,7 +344,8 @@ def _push(ctx: RankContext, learner, push_weights, split_index: int, split: dict
     held = Held(learner, model, prints)
     layout = {key: value for key, value in LAYOUTS[scenario].items()}
     try:
-        with watched(record["events"], held.look):
+        pushed = f"push_weights: trainers {', '.join(map(str, trainers))}, layout {scenario}"
+        with watched(record["events"], held.look), rank_timeline.region(pushed):
             value = push_weights(model, layout, list(trainers), list(inference))
         held.look("when push_weights returned", [value])
     except NotImplementedError:
@@ -357,6 +358,7 @@ def _push(ctx: RankContext, learner, push_weights, split_index: int, split: dict
     return record
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     from torch.distributed.device_mesh import DeviceMesh
 

@@ -30,11 +30,18 @@ def keep(g: Grader, outcome: WorldOutcome, label: str, *, shown: bool = False, d
     between ``started`` (``time.monotonic()`` before the run began; by default, the run's length before
     now, so call it right after ``g.run``) and now.
     """
-    now = time.monotonic()
     if started is None:
-        started = now - float(outcome.seconds or 0.0)
-    records = [r.result.get(timeline.KEY) if isinstance(r.result, dict) else None for r in outcome.ranks]
-    run = timeline.from_ranks(records, label=label, world_size=outcome.world_size, window=(started, now),
+        started = time.monotonic() - float(outcome.seconds or 0.0)
+    results = [r.result for r in outcome.ranks]
+    return keep_results(g, results, label, outcome.world_size, started, shown=shown, draw=draw)
+
+
+def keep_results(g: Grader, results: list, label: str, world_size: int, started: float, *, shown: bool = False,
+                 draw: tuple[str, ...] = ()) -> dict:
+    """As :func:`keep`, from what each rank returned some other way (e.g. in a file its job wrote before it was
+    killed): each rank's dict, its record under ``"timeline"``; anything else counts as no record."""
+    records = [r.get(timeline.KEY) if isinstance(r, dict) else None for r in results]
+    run = timeline.from_ranks(records, label=label, world_size=world_size, window=(started, time.monotonic()),
                               shown=shown, draw=draw)
     g.section(f"{TITLE}: {run['label']}", timeline.summary(run), {timeline.KEY: run})
     return run
