@@ -64,7 +64,7 @@ def right_obs(rank: int, world_size: int = WORLD, tp_size: int = TP, *, batch=No
                       "tp": {"joined": tp, "counts": [1.0 if r in tp else 0.0 for r in range(world_size)]}},
             "new_groups": [{"ranks": [0, 1], "local": False}, {"ranks": [2, 3], "local": False},
                            {"ranks": [0, 2], "local": False}, {"ranks": [1, 3], "local": False}],
-            "returned": returned, "timeline": timeline, "trained": True}
+            "returned": returned, "sequence": timeline, "trained": True}
 
 
 def right_world(world_size: int = WORLD, tp_size: int = TP) -> list[dict]:
@@ -160,7 +160,7 @@ def test_gradients_over_the_world_fail_both_group_checks():
 def test_a_loss_logged_over_the_world_is_no_gradient():
     observations = right_world()
     for obs in observations:
-        obs["timeline"].insert(3, collective("all_reduce", list(range(WORLD)), 8))
+        obs["sequence"].insert(3, collective("all_reduce", list(range(WORLD)), 8))
     got = run_all(observations)
     assert got["collective-groups"][0] == "pass" and got["tp-grads-own"][0] == "pass"
 
@@ -175,8 +175,8 @@ def test_the_forward_all_reduce_on_the_world_fails_collective_groups_only_there(
 def test_gathering_after_the_update_and_setup_before_the_first_forward_are_not_judged_by_group():
     observations = right_world()
     for obs in observations:
-        obs["timeline"].insert(0, collective("broadcast", list(range(WORLD)), 4096, after=0, updated=None))
-        obs["timeline"].append(collective("all_gather", list(range(WORLD)), 4096, after=3, updated=True))
+        obs["sequence"].insert(0, collective("broadcast", list(range(WORLD)), 4096, after=0, updated=None))
+        obs["sequence"].append(collective("all_gather", list(range(WORLD)), 4096, after=3, updated=True))
     got = run_all(observations)
     assert got["collective-groups"][0] == "pass" and got["tp-grads-own"][0] == "pass"
 
@@ -202,7 +202,7 @@ def test_strided_shards_and_a_new_split_each_step_pass():
     observations = right_world()
     for rank, obs in enumerate(observations):
         dp_rank = rank // TP
-        forwards = [e for e in obs["timeline"] if e["kind"] == "forward"]
+        forwards = [e for e in obs["sequence"] if e["kind"] == "forward"]
         for step, e in enumerate(forwards):
             order = torch.randperm(inputs.shape[0], generator=torch.Generator().manual_seed(step))
             e["input"] = inputs[order[dp_rank::DP]]
@@ -219,7 +219,7 @@ def test_rows_not_from_the_data_fail_dp_shards():
 def test_a_model_never_called_fails_the_batch_checks():
     observations = right_world()
     for obs in observations:
-        obs["timeline"] = [e for e in obs["timeline"] if e["kind"] != "forward"]
+        obs["sequence"] = [e for e in obs["sequence"] if e["kind"] != "forward"]
     got = run_all(observations)
     assert got["tp-same-batch"][0] == "fail" and "model(x)" in got["tp-same-batch"][1]
 

@@ -19,10 +19,11 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from grader import probes, untrusted
+from grader import probes, rank_timeline, untrusted
 from grader.compare import first_difference, largest_difference
 from grader.checks.shared.recording import cpu_state
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared import timelines
 
 IN_FEATURES, HIDDEN, CLASSES = 8, 16, 4
 BATCH_SIZE = 4
@@ -67,6 +68,7 @@ def initial_weights(model: nn.Module, seed: int) -> None:
 # --- in each rank ---------------------------------------------------------------------
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     num_samples = ctx.world_size * BATCH_SIZE * STEPS_PER_EPOCH
     checkpoint_path = os.path.join(ctx.run_dir, "checkpoint.pt")
@@ -234,8 +236,10 @@ class _watch_ddp:
 
 
 def grade(g: Grader) -> None:
+    started = timelines.clock()
     outcomes = g.run_at_once([g.Run(rank_main, world_size) for world_size in g.world_sizes])
     for world_size, outcome in zip(g.world_sizes, outcomes):
+        timelines.keep(g, outcome, f"world size {world_size}", started=started)
         check_run(g, outcome.results(), world_size)
 
 

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.compare import tensor_difference
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared import timelines
 
 SEED = 6
 LR = 0.1
@@ -45,6 +46,7 @@ def micro_batch(rank: int, call: int, index: int) -> tuple[torch.Tensor, torch.T
 # --- in each rank ---------------------------------------------------------------------
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
@@ -126,6 +128,7 @@ def _describe_value(value) -> dict:
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
         check_world(g, [o["calls"] for o in outcome.results()], world_size)
 
 

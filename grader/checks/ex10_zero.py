@@ -21,8 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared import timelines
 from grader.compare import first_difference
 from grader.checks.shared.learner_errors import learner_error
 
@@ -108,6 +109,7 @@ def _params(model: nn.Module) -> dict:
     return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
@@ -227,6 +229,7 @@ def grade(g: Grader) -> None:
     per_parameter_state = [full_state * s / sum(sizes) for s in sizes]
     for world_size in g.world_sizes:
         outcome = g.run(rank_main, world_size)
+        timelines.keep(g, outcome, f"world size {world_size}")
         observations = outcome.results()
         check_local_optimizer(g, observations, names, world_size)
         check_balance(g, observations, sizes, world_size)

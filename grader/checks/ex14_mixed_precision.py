@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.compare import largest_difference
 from grader.child import describe_exception
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared import timelines
 
 SIZES = (8, 32, 4)  # in, hidden, classes
 BATCH = 8  # per rank
@@ -109,6 +110,7 @@ def expected_scales() -> list[float]:
 # --- in each rank ---------------------------------------------------------------------
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
@@ -263,6 +265,7 @@ def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         max_norms = plan_max_norms(world_size)
         outcome = g.run(rank_main, world_size, kwargs={"max_norms": max_norms})
+        timelines.keep(g, outcome, f"world size {world_size}")
         per_rank = outcome.results()
         check_called_twice(g, [r["runs"] for r in per_rank], world_size)
         for index, name in enumerate(DTYPES):

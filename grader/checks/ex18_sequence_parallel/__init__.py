@@ -28,6 +28,7 @@ from grader.checks.ex18_sequence_parallel.verdicts import (activation_collective
                                                            check_replicated, check_saved, check_second_step,
                                                            check_shape, check_slices, check_uneven, rank_saved)
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 
 def grade(g: Grader) -> None:
@@ -35,10 +36,13 @@ def grade(g: Grader) -> None:
     runs = [g.Run(rank_main, world_size, {"groups": world_size == largest}) for world_size in g.world_sizes]
     if largest >= 2:  # chunks of different lengths, each pattern in a run of its own: gloo may abort a rank there
         runs += [g.Run(uneven_main, largest, {"pattern": pattern}, expect_ok=False) for pattern in UNEVEN_PATTERNS]
+    started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     lines = []
     for world_size in g.world_sizes:
-        observations = next(outcomes).results()
+        outcome = next(outcomes)
+        timelines.keep(g, outcome, f"world size {world_size}", started=started)
+        observations = outcome.results()
         want = expected_main(world_size)
         main_ok = all([check_output(g, observations, want, world_size),
                        check_input_grad(g, observations, want, world_size),

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
 from grader.checks.interface import RankContext
@@ -204,6 +204,7 @@ def _held(block, learner) -> int:
     return memory.held_bytes(roots, learner.__name__)
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []

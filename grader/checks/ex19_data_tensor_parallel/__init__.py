@@ -19,6 +19,7 @@ from grader.checks.ex19_data_tensor_parallel.rank import (UNEVEN_ROWS, bad_cases
                                                           tp_size_for)
 from grader.checks.ex19_data_tensor_parallel.reference import reference_run
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 AFTER_GROUPS = ("collective-groups", "tp-grads-own", "tp-same-batch", "dp-shards", "matches-single")
 
@@ -27,12 +28,15 @@ def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
     runs = [g.Run(rank_main, world_size, {"tp_size": tp_size_for(world_size)}) for world_size in g.world_sizes]
     runs.append(g.Run(bad_main, largest, expect_ok=False))  # gloo may abort a rank fed a bad shape
+    started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     reference = reference_run()
     lines = []
     for world_size in g.world_sizes:
         tp_size = tp_size_for(world_size)
-        observations = next(outcomes).results()
+        outcome = next(outcomes)
+        timelines.keep(g, outcome, f"world size {world_size}", started=started)
+        observations = outcome.results()
         calls_ok = verdicts.check_group_calls(g, observations, world_size)
         if not calls_ok:
             g.not_checked("group-members", "same-group-calls", "make_groups did not finish on every rank",
@@ -68,7 +72,7 @@ def describe_run(observations: list[dict], world_size: int, tp_size: int) -> lis
     for rank, obs in enumerate(observations):
         dp, tp = groups_of(rank, world_size, tp_size)
         phases = Counter()
-        for e in obs.get("timeline", []):
+        for e in obs.get("sequence", []):
             if e.get("kind") != "collective":
                 continue
             if e.get("in_forward"):

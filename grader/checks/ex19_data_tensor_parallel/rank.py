@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
-from grader import probes
+from grader import probes, rank_timeline
 from grader.checks.shared.recording import all_ok
 from grader.checks.interface import RankContext
 
@@ -261,6 +261,7 @@ def describe_state(value) -> dict:
     return {"kind": "dict", "tensors": tensors, "other": other}
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     tp_size = ctx.kwargs["tp_size"]
@@ -271,7 +272,7 @@ def rank_main(ctx: RankContext) -> dict:
         train_2d = ctx.function("train_2d")
         shorten_timeouts()
         obs = {"tp_size": tp_size, "groups": None, "groups_error": None, "probe": None, "new_groups": calls,
-               "train_error": None, "returned": None, "timeline": [], "trained": False}
+               "train_error": None, "returned": None, "sequence": [], "trained": False}
         try:
             returned = make_groups(ctx.world_size, tp_size)
         except NotImplementedError:
@@ -301,7 +302,7 @@ def rank_main(ctx: RankContext) -> dict:
             result = None
         obs["trained"] = obs["train_error"] is None
         obs["returned"] = describe_state(result) if obs["trained"] else None
-        obs["timeline"] = [dict(e) for e in timeline]
+        obs["sequence"] = [dict(e) for e in timeline]
         obs["new_groups_in_train"] = calls[obs["make_groups_calls"]:]
         return obs
 

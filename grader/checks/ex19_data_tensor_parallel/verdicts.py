@@ -184,7 +184,7 @@ def _no_forward(obs: dict) -> str:
 def check_collective_groups(g: Grader, observations: list[dict], world_size: int, tp_size: int) -> None:
     for rank, obs in enumerate(observations):
         want_dp, want_tp = groups_of(rank, world_size, tp_size)
-        for e in obs.get("timeline", []):
+        for e in obs.get("sequence", []):
             if e.get("kind") != "collective" or e.get("group") is None:
                 continue
             step = e.get("after_forwards", 0)
@@ -209,7 +209,7 @@ def check_tp_grads(g: Grader, observations: list[dict], world_size: int, tp_size
     for rank, obs in enumerate(observations):
         _, want_tp = groups_of(rank, world_size, tp_size)
         peers = set(want_tp) - {rank}
-        for e in obs.get("timeline", []):
+        for e in obs.get("sequence", []):
             if not gradient_phase(e) or e.get("group") is None or e["bytes"] <= SMALL_MESSAGE:
                 continue
             mixed = sorted(peers & set(e["group"]))
@@ -227,7 +227,7 @@ def check_tp_grads(g: Grader, observations: list[dict], world_size: int, tp_size
 
 
 def _steps_or_problem(obs: dict) -> tuple[list[list[dict]] | None, str | None]:
-    timeline = obs.get("timeline", [])
+    timeline = obs.get("sequence", [])
     if not training_forwards(timeline):
         return None, _no_forward(obs)
     steps = steps_of(timeline)
@@ -329,7 +329,7 @@ def check_training_error(g: Grader, observations: list[dict], world_size: int) -
 
 def _drift(obs: dict, reference: dict, rank: int, tp_size: int) -> str:
     """Where the rank's blocks first left the dense model's, seen at the start of each step."""
-    steps = steps_of(obs.get("timeline", []))
+    steps = steps_of(obs.get("sequence", []))
     tp_rank = rank % tp_size
     for i, step in enumerate(steps[:len(reference["before"])]):
         params = step[0].get("params") or {}

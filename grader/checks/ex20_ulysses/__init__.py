@@ -21,6 +21,7 @@ from __future__ import annotations
 from grader.checks.ex20_ulysses import verdicts
 from grader.checks.ex20_ulysses.rank import rank_main, refusal_main
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 REFUSAL_PATTERNS = ("heads", "kv-heads")
 
@@ -32,10 +33,13 @@ def grade(g: Grader) -> None:
     if largest >= 2:  # each pattern in a run of its own: a rank that does not refuse may be aborted by gloo
         runs += [g.Run(refusal_main, largest, {"pattern": pattern}, expect_ok=False)
                  for pattern in REFUSAL_PATTERNS]
+    started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
     lines = []
     for world_size in g.world_sizes:
-        observations = next(outcomes).results()
+        outcome = next(outcomes)
+        timelines.keep(g, outcome, f"world size {world_size}", started=started)
+        observations = outcome.results()
         verdicts.check_outputs(g, observations, world_size)
         verdicts.check_gradients(g, observations, world_size)
         verdicts.check_gqa(g, observations, world_size)

@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grader import memory, probes
+from grader import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
@@ -317,6 +317,7 @@ def _run(ctx: RankContext, call, scenario: str, learner, learner_file: str, *, m
     return run
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     with ctx.group():
