@@ -26,10 +26,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from grader import probes, untrusted
+from grader import probes, rank_timeline, untrusted
 from grader.compare import first_difference
 from grader.checks.shared.recording import cpu_state
 from grader.checks.interface import Grader, RankContext
+from grader.checks.shared import timelines
 from grader.checks.shared.learner_errors import learner_error
 
 EPOCHS_BEFORE_SAVE = 2
@@ -95,6 +96,7 @@ def _cpu(value):
     return value
 
 
+@rank_timeline.traced
 def save_main(ctx: RankContext) -> dict:
     """Two epochs of DDP training, then the learner's save_checkpoint, observed."""
     probes.torchrun_environment(ctx.rank, ctx.world_size)
@@ -160,6 +162,7 @@ def _observe_save(ctx: RankContext) -> dict:
     return obs
 
 
+@rank_timeline.traced
 def load_main(ctx: RankContext) -> dict:
     """In a fresh group: the learner's load_checkpoint three ways, and the resumed training."""
     probes.torchrun_environment(ctx.rank, ctx.world_size)
@@ -269,6 +272,7 @@ def _devices(value, found: set | None = None) -> set:
 def grade(g: Grader) -> None:
     for world_size in g.world_sizes:
         saved = g.run(save_main, world_size)
+        timelines.keep(g, saved, f"the save, world size {world_size}")
         observations = saved.results()
         checkpoint_path = os.path.join(saved.run_dir, CHECKPOINT)
         reference_path = os.path.join(saved.run_dir, REFERENCE)
@@ -278,6 +282,7 @@ def grade(g: Grader) -> None:
         check_payload(g, observations[0], checkpoint_path, world_size)
         loaded = g.run(load_main, world_size,
                        kwargs={"checkpoint_path": checkpoint_path, "reference_path": reference_path})
+        timelines.keep(g, loaded, f"the load, world size {world_size}")
         try:
             reference = untrusted.load_tensors(reference_path)
         except untrusted.Unreadable as exc:

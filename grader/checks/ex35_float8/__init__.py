@@ -24,6 +24,7 @@ from grader.checks.ex35_float8 import rank, verdicts
 import torch
 
 from grader.checks.interface import Grader
+from grader.checks.shared import timelines
 
 LAYER_CHECKS = ("float8-formats", "scaled-from-amax", "gpu-ready", "output-matches", "grads-match")
 
@@ -33,6 +34,7 @@ def grade(g: Grader) -> None:
     runs = [g.Run(rank.linear_main, 1)]
     runs += [g.Run(rank.rank_main, world_size, {"groups": world_size == largest and largest >= 2})
              for world_size in g.world_sizes]
+    started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
 
     record = next(outcomes).results()[0]
@@ -52,7 +54,9 @@ def grade(g: Grader) -> None:
 
     gathers = {}
     for world_size in g.world_sizes:
-        observations = next(outcomes).results()
+        outcome = next(outcomes)
+        timelines.keep(g, outcome, f"float8_all_gather, world size {world_size}", started=started)
+        observations = outcome.results()
         gathers[world_size] = observations
         verdicts.check_gather(g, observations, world_size)
         verdicts.check_gather_bytes(g, observations, world_size)

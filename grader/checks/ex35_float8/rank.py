@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from grader import rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import plain_tensor
@@ -393,6 +394,7 @@ def _gather_case(gather, scenario: str, members: list[int], rank: int, device, g
     return {"returned": returned, "events": messages.events, "members": members}
 
 
+@rank_timeline.traced
 def rank_main(ctx: RankContext) -> dict:
     """float8_all_gather on this rank's shard of each scenario's weight; in the largest world, in two groups."""
     with ctx.group():
