@@ -165,25 +165,12 @@ class Session:
         (their ranks show as ``killed``) instead of running on to their end or the deadline.
         ``on_started()`` is called once every rank has been handed its spec (the deadline starts then).
         """
-        from torch.distributed import TCPStore
-
         started = time.monotonic()
         start_s = 0.0
         stores, run_dirs, groups = [], [], []
         try:
-            for world in worlds:
-                run_dir = self.new_run_dir()
-                # This process holds the rendezvous port for the whole run; every rank,
-                # rank 0 included, connects to it as a client.
-                store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-                stores.append(store)
-                run_dirs.append(run_dir)
-                ranks: list[_Rank] = []
-                groups.append(ranks)
-                for rank in range(world.world_size):
-                    spec = self._spec(world.driver, rank, world.world_size, learner_path, run_dir, timeout_s,
-                                      backend, world.kwargs, _rendezvous_env(store.port, world.env))
-                    ranks.append(self._start(spec))
+            with _interrupt_deferred():  # every rank handed its spec is in ``groups``, for _stop below
+                self._hand_out(worlds, groups, stores, run_dirs, learner_path, timeout_s, backend)
             # The deadline counts from here: starting the ranks (on a cold pool, waiting for it to
             # import torch and the checks) is the grader's time, not the submission's.
             start_s = time.monotonic() - started
@@ -200,6 +187,24 @@ class Session:
         return [WorldOutcome(world.world_size, _blame([_outcome(r, run_dir, self.limits) for r in ranks]),
                              late, seconds, run_dir, strays, start_s)
                 for world, ranks, run_dir, late in zip(worlds, groups, run_dirs, timed_out)]
+
+    def _hand_out(self, worlds, groups, stores, run_dirs, learner_path, timeout_s, backend) -> None:
+        """Start every rank of ``worlds``, each registered in ``groups`` as soon as it has its spec."""
+        from torch.distributed import TCPStore
+
+        for world in worlds:
+            run_dir = self.new_run_dir()
+            # This process holds the rendezvous port for the whole run; every rank,
+            # rank 0 included, connects to it as a client.
+            store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            stores.append(store)
+            run_dirs.append(run_dir)
+            ranks: list[_Rank] = []
+            groups.append(ranks)
+            for rank in range(world.world_size):
+                spec = self._spec(world.driver, rank, world.world_size, learner_path, run_dir, timeout_s,
+                                  backend, world.kwargs, _rendezvous_env(store.port, world.env))
+                ranks.append(self._start(spec))
 
     def worker(self, driver: str, *, learner_path: str, timeout_s: float, kwargs: dict | None = None,
                backend: str = "gloo") -> "Worker":
@@ -290,6 +295,25 @@ class Session:
                     continue
             _retire([spare])
             return
+
+
+@contextlib.contextmanager
+def _interrupt_deferred():
+    """Ctrl-C (SIGINT as KeyboardInterrupt) held back until the block ends, then raised: a rank handed its
+    spec but not yet registered, or a fork from the warm pool cut half-way, would be left running. Only in
+    the main thread, and only where SIGINT raises KeyboardInterrupt (Python's own handler)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pending = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pending:
+        raise KeyboardInterrupt
 
 
 class Worker:

@@ -190,8 +190,14 @@ def test_ctrl_c_to_the_whole_process_group_stops_watch_with_one_line_and_leaves_
 
     try:
         wait_for(lambda: any("grading 1 of" in line for line in out), "the first grading")
-        f.write_text(f.read_text() + "\nimport time\n\ntime.sleep(300)  # the ranks wait here on import\n")
-        wait_for(lambda: ranks(), "the second grading's ranks")
+        importing = tmp_path / "importing"
+        importing.mkdir()
+        f.write_text(f.read_text() + "\nimport os\nimport time\n\n"
+                     f"open(os.path.join({str(importing)!r}, str(os.getpid())), 'w').close()\n"
+                     "time.sleep(300)  # the ranks wait here on import\n")
+        # Every rank of the second grading is running the learner's code: the grading is under way.
+        wait_for(lambda: len(list(importing.iterdir())) >= 2 and
+                 {int(p.name) for p in importing.iterdir()} <= set(ranks()), "the second grading's ranks")
         os.killpg(command.pid, signal.SIGINT)
         command.wait(timeout=60)
         reader.join(timeout=10)

@@ -395,3 +395,27 @@ def test_a_gradings_deadline_starts_after_its_checks_are_imported(session, monke
                         GradeOptions(timeout_s=60))
     assert report.status == "passed"
     assert seen["deadline"] >= seen["imported_by"] + 60
+
+
+def test_a_ctrl_c_while_ranks_are_handed_out_is_raised_once_every_rank_is_registered():
+    """run_many hands out the ranks' specs with Ctrl-C held back (a rank given its spec but not yet in the
+    list that is stopped afterwards would be left running): the KeyboardInterrupt comes when the block ends."""
+    import os
+    import signal
+
+    from grader.harness import _interrupt_deferred
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    reached = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _interrupt_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                reached.append("after the signal")
+        assert reached == ["after the signal"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with _interrupt_deferred():  # nothing pending: nothing raised
+            reached.append("again")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert reached == ["after the signal", "again"]
