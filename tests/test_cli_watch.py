@@ -149,6 +149,27 @@ def test_watch_of_an_unknown_exercise_is_one_line(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "no such file" in missing.output
 
 
+def _what_runs(tag: str, env: dict) -> str:
+    """For a failure's message: the processes carrying ``tag`` (state, process group, command, Python stack
+    where it has faulthandler), and the environment the command was given beyond the test's own."""
+    import background
+
+    lines = []
+    for pid in background.processes_carrying(tag):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+            with open(f"/proc/{pid}/wchan") as f:
+                waiting = f.read().strip()
+            lines.append(f"pid {pid} pgid {os.getpgid(pid)} state {state} wchan {waiting}: {command}")
+        except OSError:
+            pass
+    keys = sorted(k for k in env if k.startswith(("DDP_", "MASTER_", "RANK", "WORLD_", "LOCAL_", "TORCH", "GROUP_")))
+    return "processes: " + "; ".join(lines) + f" | environment: {[(k, env[k][:60]) for k in keys]}"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_ctrl_c_to_the_whole_process_group_stops_watch_with_one_line_and_leaves_nothing(tmp_path):
@@ -199,7 +220,10 @@ def test_ctrl_c_to_the_whole_process_group_stops_watch_with_one_line_and_leaves_
         wait_for(lambda: len(list(importing.iterdir())) >= 2 and
                  {int(p.name) for p in importing.iterdir()} <= set(ranks()), "the second grading's ranks")
         os.killpg(command.pid, signal.SIGINT)
-        command.wait(timeout=60)
+        try:
+            command.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"watch still running 60 s after Ctrl-C; {_what_runs(tag, env)}") from None
         reader.join(timeout=10)
     finally:
         if command.poll() is None:
