@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 import torch
+
+import warm
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
@@ -70,23 +72,13 @@ def graded_work_in_one_process(world_sizes) -> float:
 
 
 def gradings(count: int) -> None:
-    from grader import catalog, grading, harness
-    from grader.grading import GradeOptions, grade_file
+    from grader import catalog
 
     world_sizes = catalog.by_id("36").world_sizes
-    grading.warm_up()
-    walls = []
-    with harness.Session(spares=True) as session:
-        for _ in range(count + 1):
-            start = time.perf_counter()
-            report = grade_file(str(ROOT / "solutions" / "36_hybrid_recovery.py"), session, GradeOptions())
-            walls.append(time.perf_counter() - start)
-            if report.status != "passed":
-                sys.exit(f"solutions/36_hybrid_recovery.py did not pass: {report.status}")
-    later = statistics.median(walls[1:]) if count else float("nan")
+    first, later = warm.gradings(ROOT / "solutions" / "36_hybrid_recovery.py", count)
     alone = statistics.median(graded_work_in_one_process(world_sizes) for _ in range(3))
     print(f"warm gradings of solutions/36_hybrid_recovery.py (world sizes {', '.join(map(str, world_sizes))}, one "
-          f"after the other): first {walls[0]:.2f} s, later (median of {count}) {later:.2f} s")
+          f"after the other): first {first:.2f} s, later (median of {count}) {later:.2f} s")
     print(f"the same training (every rank's batches, AdamW) and a copy of a rank's state, in one process: "
           f"{alone * 1e3:.1f} ms\n")
 
