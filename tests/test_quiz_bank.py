@@ -174,8 +174,8 @@ def test_validator_accepts_a_sound_small_bank(tmp_path):
         ({"explanation": "Too short."}, "too short explanation"),
         # sources: present, precise, and pointing at something that exists
         ({"source": ""}, "missing source"),
-        ({"source": 'source = "see the docs"'}, "is neither a docs URL with #anchor nor torch/<file>.py::Name"),
-        ({"source": 'source = "torch/nn/parallel/distributed.py"'}, "is neither a docs URL"),
+        ({"source": 'source = "see the docs"'}, "is not a docs URL with #anchor, torch/<file>.py::Name or docs/<name>.md#section"),
+        ({"source": 'source = "torch/nn/parallel/distributed.py"'}, "is not a docs URL"),
         ({"source": 'source = "https://docs.pytorch.org/docs/stable/distributed.html"'}, "has no #anchor"),
         ({"source": 'source = "https://example.com/page#section"'}, "host 'example.com' is not one of"),
         ({"source": 'source = "torch/nn/parallel/not_there.py::DistributedDataParallel"'},
@@ -187,6 +187,8 @@ def test_validator_accepts_a_sound_small_bank(tmp_path):
          "are outside the file"),
         ({"source": 'source = ["torch/nn/parallel/distributed.py::DistributedDataParallel", "torch/x.py::Y"]'},
          "torch/x.py does not exist"),
+        ({"source": 'source = "docs/no-such-doc.md#the-model"'}, "docs/no-such-doc.md does not exist"),
+        ({"source": 'source = "docs/resilience.md#no-such-section"'}, "docs/resilience.md has no section #no-such-section"),
         # demos name an existing test function
         ({"demo": 'demo = "tests/other/test_x.py::test_y"'}, "is not tests/quiz_demos/test_<name>.py::test_<name>"),
         ({"demo": 'demo = "tests/quiz_demos/test_nothing_here.py::test_y"'}, "does not exist"),
@@ -217,6 +219,7 @@ def test_validator_accepts_sources_with_methods_line_ranges_and_urls(tmp_path):
                    'source = "torch/distributed/constants.py::default_pg_timeout"',
                    'source = "https://docs.pytorch.org/docs/stable/notes/ddp.html#internal-design"',
                    'source = "https://ar5iv.labs.arxiv.org/html/1910.02054#S3.SS1"',  # a paper's section
+                   'source = "docs/resilience.md#llama-3-405b"',  # the kit's own model, derived in its docs
                    'source = ["torch/nn/modules/utils.py::consume_prefix_in_state_dict_if_present", '
                    '"https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md#allreduce"]'):
         assert small_bank_problems(tmp_path, source=source) == [], source

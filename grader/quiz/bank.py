@@ -98,6 +98,8 @@ SOURCE_HOSTS = ("docs.pytorch.org", "pytorch.org", "github.com", "ar5iv.labs.arx
 #: ``torch/<path>.py::Name.attr`` with an optional ``#L10-L40`` line range.
 SOURCE_PATH = re.compile(r"^(?P<path>torch/[\w/.-]+\.py)::(?P<name>[A-Za-z_][\w.]*)(?:#L(?P<first>\d+)-L(?P<last>\d+))?$")
 SOURCE_URL = re.compile(r"^https://(?P<host>[\w.-]+)/\S*#(?P<anchor>\S+)$")
+#: ``docs/<name>.md#section``: a section of the kit's own reference, for a claim the kit derives (its models).
+SOURCE_DOC = re.compile(r"^(?P<path>docs/[\w.-]+\.md)#(?P<anchor>[\w-]+)$")
 DEMO = re.compile(r"^(?P<path>tests/quiz_demos/test_[\w]+\.py)::(?P<name>test_\w+)$")
 
 #: Explanations must not point at a choice by position or letter: choices are shuffled on screen.
@@ -251,7 +253,7 @@ def question_problems(q: Question) -> list[str]:
         problems.append(f"the explanation points at a choice by position ({match.group(0).strip()!r}); "
                         "choices are shuffled on screen: name the choice by what it says")
     if not q.sources:
-        problems.append("missing source (a docs URL with #anchor, or torch/<file>.py::Name)")
+        problems.append("missing source (a docs URL with #anchor, torch/<file>.py::Name or docs/<name>.md#section)")
     if not q.checked:
         problems.append('missing checked (the torch version the question was checked against, e.g. "2.13.0")')
     elif not VERSION_PATTERN.match(q.checked):
@@ -313,14 +315,27 @@ def _has_antecedent(word: str, earlier: set[str]) -> bool:
 
 def reference_problems(q: Question, torch_root: Path | None, repo_root: Path | None) -> list[str]:
     """Sources that do not name a place holding the claim, and a demo that names no test."""
-    problems = [p for source in q.sources for p in source_problems(source, torch_root)]
+    problems = [p for source in q.sources for p in source_problems(source, torch_root, repo_root)]
     problems.extend(p for demo in q.demos for p in demo_problems(demo, repo_root))
     return problems
 
 
-def source_problems(source: str, torch_root: Path | None) -> list[str]:
+def source_problems(source: str, torch_root: Path | None, repo_root: Path | None = None) -> list[str]:
     """Why ``source`` does not point at a precise place: a URL needs an anchor on a known host; a
-    torch path must exist in the installed torch and define the name after ``::``."""
+    torch path must exist in the installed torch and define the name after ``::``; a kit document
+    (``docs/<name>.md#section``) must exist in the checkout and have a heading with that anchor."""
+    doc = SOURCE_DOC.match(source)
+    if doc:
+        if repo_root is None:
+            return []
+        file = repo_root / doc.group("path")
+        if not file.is_file():
+            return [f"source {source!r}: {doc.group('path')} does not exist"]
+        anchors = {heading_anchor(line) for line in file.read_text(encoding="utf-8").splitlines()
+                   if line.startswith("#")}
+        if doc.group("anchor") not in anchors:
+            return [f"source {source!r}: {doc.group('path')} has no section #{doc.group('anchor')}"]
+        return []
     if source.startswith("https://"):
         url = SOURCE_URL.match(source)
         if not url:
@@ -331,7 +346,7 @@ def source_problems(source: str, torch_root: Path | None) -> list[str]:
         return []
     path = SOURCE_PATH.match(source)
     if not path:
-        return [f"source {source!r} is neither a docs URL with #anchor nor torch/<file>.py::Name"]
+        return [f"source {source!r} is not a docs URL with #anchor, torch/<file>.py::Name or docs/<name>.md#section"]
     if torch_root is None:
         return [f"source {source!r}: torch is not installed, so the path cannot be checked"]
     file = torch_root.parent / path.group("path")
@@ -345,6 +360,12 @@ def source_problems(source: str, torch_root: Path | None) -> list[str]:
     if not _defines(str(file), path.group("name")):
         return [f"source {source!r}: {path.group('path')} defines no {path.group('name')!r}"]
     return []
+
+
+def heading_anchor(line: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as dashes."""
+    text = line.lstrip("#").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
 def demo_problems(demo: str, repo_root: Path | None) -> list[str]:
