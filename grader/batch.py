@@ -71,7 +71,7 @@ def collect(paths: list[str], exercise: str | None = None) -> list[Submission]:
             files = _exercise_files(p, exercise)
             subdirs = sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith((".", "__")))
             for f in files:
-                found.append(Submission(str(f), str(f), exercise, problem=_linked(f) if f.is_symlink() else None))
+                found.append(Submission(str(f), str(f), exercise, problem=_not_graded(f)))
             for d in subdirs:
                 if d.is_symlink():  # another learner's folder, or one outside the submissions
                     found.append(Submission(d.name, str(d), exercise, problem=_linked(d)))
@@ -82,15 +82,40 @@ def collect(paths: list[str], exercise: str | None = None) -> list[Submission]:
                         what = f"no {exercise}_*.py file" if exercise else "no NN_*.py exercise file"
                         found.append(Submission(str(d), str(d), exercise, problem=f"{what} in {d}"))
                     continue
-                found.extend(Submission(f"{d.name}/{f.name}", str(f), exercise,
-                                        problem=_linked(f) if f.is_symlink() else None) for f in mine)
+                found.extend(Submission(f"{d.name}/{f.name}", str(f), exercise, problem=_not_graded(f))
+                             for f in mine)
             if not files and not subdirs:
                 found.append(Submission(str(p), str(p), exercise, problem=f"no exercise files in {p}"))
         elif os.path.lexists(p) and _unreadable(p):  # a link that leads nowhere, a file it cannot read
             found.append(Submission(str(p), str(p), exercise, problem=_unreadable(p)))
         else:  # a file, or a path that does not exist: grading says which
             found.append(Submission(str(p), str(p), exercise))
+    _refuse_shared_files(found)
     return found
+
+
+def _refuse_shared_files(found: list[Submission]) -> None:
+    """Refuse, on every row it is on, a file that is also another submission's under another name (a hard
+    link from one learner's folder to another's): which of them wrote it cannot be told."""
+    import stat
+
+    from grader.untrusted import clean_line
+
+    by_inode: dict[tuple[int, int], list[Submission]] = {}
+    for submission in found:
+        try:
+            info = os.lstat(submission.path)
+        except OSError:
+            continue
+        if submission.problem is None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            by_inode.setdefault((info.st_dev, info.st_ino), []).append(submission)
+    for shared in by_inode.values():
+        if len({os.path.abspath(s.path) for s in shared}) < 2:  # one path named twice: the same submission
+            continue
+        for submission in shared:
+            others = ", ".join(clean_line(o.name) for o in shared if o is not submission)
+            submission.problem = (f"{clean_line(submission.name)} is the same file as {others} (a hard link): "
+                                  "only a submission's own files are graded (copy the file itself)")
 
 
 def _linked(path: Path) -> str:
@@ -99,6 +124,23 @@ def _linked(path: Path) -> str:
 
     return (f"{clean_line(path)} is a symbolic link: only a submission's own files are graded "
             "(copy the file itself into the submission)")
+
+
+def _not_graded(path: Path) -> str | None:
+    """Why a file found in a folder is not graded (a link; a FIFO, a socket or a device, never opened), or None."""
+    import stat
+
+    from grader.untrusted import clean_line, file_kind
+
+    if path.is_symlink():
+        return _linked(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None  # gone since it was listed: grading says so
+    if stat.S_ISREG(mode):
+        return None
+    return f"{clean_line(path)} is not a regular file ({file_kind(mode)}): give the exercise file itself"
 
 
 def _unreadable(path: Path) -> str | None:
@@ -119,7 +161,8 @@ def _exercise_files(folder: Path, exercise: str | None) -> list[Path]:
     out = []
     for f in sorted(folder.iterdir()):
         ex = catalog.from_filename(f) if f.suffix == ".py" else None
-        if ex is not None and (f.is_file() or f.is_symlink()) and (exercise is None or ex.id == exercise):
+        # A FIFO or a device named like an exercise file is kept: its row says it is not graded.
+        if ex is not None and (f.is_symlink() or not f.is_dir()) and (exercise is None or ex.id == exercise):
             out.append(f)
     return out
 

@@ -27,7 +27,7 @@ OUTPUT_LINES = 15
 
 def rank_record(r: RankOutcome, learner_path: str) -> RankRecord:
     """One rank's outcome as plain data: where it was, what it raised, its trimmed stack and output."""
-    err = r.error or {}
+    err = r.error if isinstance(r.error, dict) else {}
     where = _where(err, learner_path) if err else None
     inside = ""
     if r.stack.strip():
@@ -50,9 +50,10 @@ def rank_record(r: RankOutcome, learner_path: str) -> RankRecord:
 
 def _where(err: dict, learner_path: str) -> Location | None:
     where = err.get("where")
-    if not where:
+    if not isinstance(where, dict) or not where:
         return None
-    return Location(os.path.basename(where.get("file") or learner_path), int(where.get("line") or 0),
+    line = where.get("line")
+    return Location(os.path.basename(str(where.get("file") or learner_path)), line if type(line) is int else 0,
                     str(where.get("function") or ""), str(where.get("code") or "")[:200])
 
 
@@ -86,7 +87,7 @@ def failure_problem(outcome: WorldOutcome, learner_path: str, single: bool = Fal
                               file=os.path.basename(learner_path))
         return None
     first = first_cause(failures)
-    err = first.error or {}
+    err = first.error if isinstance(first.error, dict) else {}
     file = os.path.basename(learner_path)
     base = dict(rank=None if single else first.rank, world_size=None if single else outcome.world_size, file=file)
     if err.get("phase") == "import":

@@ -28,10 +28,21 @@ def read_source(path: str | Path) -> str:
     if p.is_dir():
         raise Unusable(f"{path} is a folder: give one exercise file, such as {p / '03_train.py'}"
                        " (or use `ddp-grade batch` for a folder of submissions)")
+    kind = not_a_file(p)
+    if kind:  # never opened: reading a FIFO waits for a writer, and opening a device may act
+        raise Unusable(f"{path} is not a regular file ({kind}): give the exercise file itself")
     try:
-        data = p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise Unusable(f"cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        kind = not_a_file(f.fileno())  # replaced by a FIFO since it was looked at: still never read
+        if kind:
+            raise Unusable(f"{path} is not a regular file ({kind}): give the exercise file itself")
+        try:
+            data = f.read()
+        except OSError as exc:
+            raise Unusable(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         return decode_source(data)
     except (SyntaxError, UnicodeDecodeError) as exc:
@@ -43,6 +54,20 @@ def read_source(path: str | Path) -> str:
             raise Unusable(f"{path}: {exc.msg}") from None
         raise Unusable(f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
                        "save it as UTF-8") from None
+
+
+def not_a_file(path) -> str:
+    """"" for a regular file (``path`` followed where it is a link, or an open descriptor), else what it
+    is: "a FIFO", "a character device", ... (from its metadata: nothing is opened)."""
+    import stat
+
+    from grader.untrusted import file_kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""  # the read that follows says why
+    return "" if stat.S_ISREG(mode) else file_kind(mode)
 
 
 def decode_source(data: bytes) -> str:

@@ -338,7 +338,9 @@ def _rendezvous(p: RunProblem) -> str:
     else:
         fix = ("Set MASTER_ADDR and MASTER_PORT only when they are missing (os.environ.setdefault), "
                "never overwrite them: the launcher chooses the port.")
-    return (f"{_subject(p)} waited {e.get('waited_s', 0):g} s in init_process_group for its peers at "
+    waited = e.get("waited_s", 0)  # the rank's own word: shown as it is when it is no number
+    waited = f"{waited:g}" if type(waited) in (int, float) else str(waited)
+    return (f"{_subject(p)} waited {waited} s in init_process_group for its peers at "
             f"{e.get('addr')}:{e.get('port')}{where}, but the rendezvous is at MASTER_ADDR={e.get('grader_addr')} "
             f"MASTER_PORT={e.get('grader_port')}: the ranks never meet there.\n{fix}") + _aftermath(p)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNUSABLE
@@ -20,6 +21,57 @@ TIMEOUT = "timeout"
 SCHEMA = 3  # of Report.to_dict(): 2 added run_problem; 3 added the check status not-checked
 
 EXIT_CODES = {PASSED: EXIT_OK, FAILED: EXIT_FAILED, UNUSABLE: EXIT_UNUSABLE, TIMEOUT: EXIT_TIMEOUT}
+
+
+PLAIN_DEPTH = 32  # levels of a value kept in a report; deeper ones are shown as text
+PLAIN_TEXT = 2000  # characters of a value shown as text
+
+
+def plain(value, depth: int = 0):
+    """``value`` as JSON's data (text, finite numbers, true/false, null, lists, objects with text keys),
+    whatever a submission's ranks put in it: bytes, sets and anything else as text (their ``repr``, cut),
+    tuples as lists, a NaN, an infinity or an integer past 64 bits as text, what nests deeper than
+    :data:`PLAIN_DEPTH` as text. Subclasses of text and numbers become the plain kind (their own methods
+    never run)."""
+    if value is None or type(value) is bool:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = int.__int__(value)
+        return number if -2**63 <= number < 2**64 else f"<an integer of {number.bit_length()} bits>"
+    if isinstance(value, float):
+        number = float.__float__(value)
+        return number if math.isfinite(number) else repr(number)
+    if depth < PLAIN_DEPTH:
+        if type(value) is dict:
+            return {plain(key, PLAIN_DEPTH) if isinstance(key, str) else _as_text(key): plain(item, depth + 1)
+                    for key, item in value.items()}
+        if type(value) in (list, tuple):
+            return [plain(item, depth + 1) for item in value]
+    return _as_text(value)
+
+
+def _as_text(value) -> str:
+    """A value that is not JSON's as text: a set's members in a stable order, bytes as Python writes them,
+    anything else by its kind."""
+    if isinstance(value, (set, frozenset)):
+        members = sorted(_member(v) for v in list(value)[:1000])
+        text = "{" + ", ".join(members) + "}"
+    elif isinstance(value, (bytes, bytearray)):
+        text = repr(bytes(value[:PLAIN_TEXT]))
+    elif isinstance(value, (str, int, float)) or value is None:
+        text = repr(value)
+    else:
+        text = f"<{type(value).__name__}>"  # its own __repr__ is the submission's code
+    return text if len(text) <= PLAIN_TEXT else text[:PLAIN_TEXT] + "..."
+
+
+def _member(value) -> str:
+    if isinstance(value, str):
+        return repr(str.__str__(value))
+    shown = plain(value, PLAIN_DEPTH)  # a number, or text already
+    return shown if isinstance(shown, str) else repr(shown)
 
 
 @dataclass
@@ -114,6 +166,9 @@ class RunProblem:
     evidence: dict = field(default_factory=dict)  # kind-specific facts (e.g. the rendezvous address)
     ranks: list[RankRecord] = field(default_factory=list)  # every rank of that run
 
+    def __post_init__(self) -> None:
+        self.evidence = plain(self.evidence) if isinstance(self.evidence, dict) else {}  # often a rank's words
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -160,8 +215,9 @@ class Report:
     def to_dict(self) -> dict:
         """The report as plain data: what travels between processes (the grading protocol) and what the
         JSON report is made of; :func:`grader.report.render_json` adds the prose fields (``problem``,
-        ``details``) documented in docs/results-schema.md."""
-        return {
+        ``details``) documented in docs/results-schema.md. Every value is JSON's (:func:`plain`): a rank's
+        bytes or sets in a problem's evidence or a section's data are text by then."""
+        return plain({
             "schema": SCHEMA,
             "exercise": self.exercise,
             "title": self.title,
@@ -177,7 +233,7 @@ class Report:
             "counts": self.counts(),
             "checks": [c.to_dict() for c in self.checks],
             "sections": [dict(s) for s in self.sections],
-        }
+        })
 
 
 REPORT_STATUSES = (PASSED, FAILED, UNUSABLE, TIMEOUT)

@@ -5,8 +5,9 @@ the files its ranks leave, the submission file itself. This module is the one pl
 them:
 
 * :func:`clean_text` removes every terminal control sequence (CSI, OSC, DCS and the other string
-  sequences, a lone ESC, the C1 controls, and every C0 control but newline and tab), so what a
-  rank printed is shown as text and never drives the terminal (OSC 52 would set the clipboard);
+  sequences, a lone ESC, the C1 controls, and every C0 control but newline and tab) and the
+  bidirectional controls (U+202A-202E, U+2066-2069), so what a rank printed is shown as text and
+  never drives the terminal (OSC 52 would set the clipboard) nor reorders the line it is in;
   :func:`clean_line` also turns newlines into spaces, for one table cell or one progress line.
 * :func:`read_bytes` opens a file a rank left without following a symbolic link anywhere below
   the grading's own folder, only if it is a regular file (a FIFO or a device is refused without
@@ -41,9 +42,11 @@ _CONTROL = re.compile(
     r"|\x9b[0-?]*[ -/]*[@-~]?"  # 8-bit CSI
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f]).*?(?:\x07|\x1b\\|\x9c|$)"  # OSC, DCS, SOS, PM, APC
     r"|\x1b[ -/]*[0-~]?"  # any other escape (and a lone ESC)
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]",  # C0 but tab and newline, DEL, C1
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # C0 but tab and newline, DEL, C1
+    r"|[\u202a-\u202e\u2066-\u2069]",  # bidi embeddings, overrides and isolates: they reorder what follows
     re.S,
 )
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 _trusted: set[str] = set()
 _lock = threading.Lock()
@@ -54,7 +57,8 @@ class Unreadable(Exception):
 
 
 def clean_text(text: object) -> str:
-    """``text`` with every terminal control sequence and control character removed (newline and tab kept)."""
+    """``text`` with every terminal control sequence, control character and bidirectional control removed
+    (newline and tab kept)."""
     if not isinstance(text, str):
         text = "" if text is None else str(text)
     if text.isprintable() or not _needs_cleaning(text):
@@ -63,7 +67,7 @@ def clean_text(text: object) -> str:
 
 
 def _needs_cleaning(text: str) -> bool:
-    return any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" for c in text)
+    return any(c < " " and c not in "\n\t" or "\x7f" <= c <= "\x9f" or c in _BIDI for c in text)
 
 
 def clean_line(text: object) -> str:
@@ -142,7 +146,7 @@ def open_regular(path: str) -> int:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise Unreadable(f"{os.path.basename(path)} is not a regular file ({_kind(info.st_mode)})")
+            raise Unreadable(f"{os.path.basename(path)} is not a regular file ({file_kind(info.st_mode)})")
         os.set_blocking(fd, True)
         return fd
     except BaseException:
@@ -157,7 +161,7 @@ def read_bytes(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise Unreadable(f"{os.path.basename(path)} is not a regular file ({_kind(info.st_mode)})")
+            raise Unreadable(f"{os.path.basename(path)} is not a regular file ({file_kind(info.st_mode)})")
         if info.st_size > limit:
             raise Unreadable(f"{os.path.basename(path)} holds {info.st_size:,} bytes; the grader reads at most "
                              f"{limit:,}")
@@ -279,7 +283,7 @@ def read_submission(path: str, limit: int = MAX_SUBMISSION_BYTES) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise Unreadable(f"{path} is not a regular file ({_kind(info.st_mode)})")
+            raise Unreadable(f"{path} is not a regular file ({file_kind(info.st_mode)})")
         if info.st_size > limit:
             raise Unreadable(f"{path} holds {info.st_size:,} bytes; a submission may hold at most {limit:,}")
         data = b""
@@ -295,7 +299,8 @@ def read_submission(path: str, limit: int = MAX_SUBMISSION_BYTES) -> bytes:
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of this ``st_mode`` is, in words ("a FIFO", "a character device", ...)."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISLNK, "a symbolic link")):

@@ -164,6 +164,39 @@ def test_folders_give_only_files_named_for_an_exercise_of_the_catalog(tmp_path):
     assert names == ["01_mine.py", "01_setup.py"]
 
 
+def test_a_fifo_or_a_device_is_refused_on_its_row_without_being_opened(tmp_path):
+    """Named directly or found in a learner's folder, a FIFO gets its row (unusable), never a read that waits
+    for a writer; the other rows are graded."""
+    os.mkfifo(tmp_path / "01_setup.py")
+    (tmp_path / "class" / "alice").mkdir(parents=True)
+    os.mkfifo(tmp_path / "class" / "alice" / "01_setup.py")
+    (tmp_path / "class" / "bob").mkdir()
+    shutil.copy(SOLUTIONS / "01_setup.py", tmp_path / "class" / "bob" / "01_setup.py")
+    subs = batch.collect([str(tmp_path / "01_setup.py"), os.devnull, str(tmp_path / "class")], exercise="01")
+    problems = {s.name: s.problem for s in subs}
+    assert "is not a regular file (a FIFO)" in problems[str(tmp_path / "01_setup.py")]
+    assert "is not a regular file (a character device)" in problems[os.devnull]
+    assert "is not a regular file (a FIFO)" in problems["alice/01_setup.py"]
+    assert problems["bob/01_setup.py"] is None
+
+
+def test_a_file_hard_linked_into_another_learners_folder_is_refused_on_both_rows(tmp_path):
+    for learner in ("alice", "bob", "carol"):
+        (tmp_path / learner).mkdir()
+    shutil.copy(SOLUTIONS / "01_setup.py", tmp_path / "bob" / "01_setup.py")
+    os.link(tmp_path / "bob" / "01_setup.py", tmp_path / "alice" / "01_setup.py")
+    shutil.copy(SOLUTIONS / "01_setup.py", tmp_path / "carol" / "01_setup.py")  # the same bytes, a file of its own
+    subs = batch.collect([str(tmp_path)])
+    problems = {s.name: s.problem for s in subs}
+    assert "the same file as bob/01_setup.py (a hard link)" in problems["alice/01_setup.py"]
+    assert "the same file as alice/01_setup.py (a hard link)" in problems["bob/01_setup.py"]
+    assert problems["carol/01_setup.py"] is None
+    outcomes = batch.run_batch([s for s in subs if s.problem], 1, {"timeout_s": 10})  # no worker needed
+    assert [o.status for o in outcomes] == ["unusable", "unusable"]
+    again = batch.collect([str(tmp_path / "carol" / "01_setup.py")] * 2)  # one file named twice is not a link
+    assert [s.problem for s in again] == [None, None]
+
+
 def test_a_learner_folder_with_nothing_to_grade_is_a_row_that_says_so(tmp_path):
     (tmp_path / "alice").mkdir()
     (tmp_path / "bob").mkdir()

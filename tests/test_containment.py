@@ -168,6 +168,18 @@ def test_a_state_folder_that_loops_is_no_traceback(tool, tmp_path):
         assert done.returncode in (0, 2), done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("tool", one_tool(sandbox.BWRAP))
+def test_bytes_and_sets_in_a_ranks_error_still_give_a_json_report_and_their_own_row(tool, tmp_path):
+    done, _ = run([str(HOSTILE / "01_bytes_in_its_error.py"), "--sandbox", "--format", "json"], tool, tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert report_of(done)["status"] == "failed" and "Traceback" not in done.stderr
+    learners = _class(tmp_path, {"a_bytes": HOSTILE / "01_bytes_in_its_error.py", "b_right": SOLUTION})
+    data, done = _batch(learners, tmp_path, "--jobs", "1", "--sandbox", tool=tool)
+    status = {r["submission"]: r["status"] for r in data["reports"]}
+    assert status == {"a_bytes/01_setup.py": "failed", "b_right/01_setup.py": "passed"}, status
+    assert done.returncode == 1  # not 2: the worker did not die on the first row
+
+
 # --- batch: one submission, one row ----------------------------------------------------------------------
 
 

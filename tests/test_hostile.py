@@ -131,8 +131,11 @@ def test_hostile_submission_gets_its_verdict(graded, path):
     (lambda d: (d / "01_setup.py").mkdir() or d / "01_setup.py", "is a folder"),
     (lambda d: (d / "01_setup.py").write_bytes(b"") or d / "01_setup.py", "does not define setup_ddp"),
     (lambda d: (d / "setup.py").write_text("x = 1\n") and d / "setup.py", "cannot tell which exercise"),
-], ids=["missing-path", "directory", "zero-bytes", "unnamed"])
+    (lambda d: os.mkfifo(d / "01_setup.py") or d / "01_setup.py", "is not a regular file (a FIFO)"),
+    (lambda d: Path(os.devnull), "is not a regular file (a character device)"),
+], ids=["missing-path", "directory", "zero-bytes", "unnamed", "fifo", "device"])
 def test_unusable_paths_get_one_clear_line_and_exit_2(graded, tmp_path, make, message):
+    """A FIFO (what a shell glob can name) is refused without being opened: reading one waits for a writer."""
     path = make(tmp_path)
     before = _digest(path)
     result, seconds, sessions = graded(path)

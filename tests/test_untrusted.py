@@ -117,6 +117,9 @@ def test_a_submission_that_is_a_link_or_too_large_is_refused(tmp_path):
     ("\x1bP+q544e\x1b\\after", "after"),  # DCS
     ("bell\x07 and\r\nline", "bell and\nline"),
     ("lone\x1b", "lone"),
+    ("cod\u202egnp.exe", "codgnp.exe"),  # right-to-left override: would show "codexe.png"
+    ("\u202a\u202b\u202c\u202d|\u2066\u2067\u2068\u2069|x", "||x"),  # every embedding, override and isolate
+    ("\u05e9\u05dc\u05d5\u05dd \u00e9 \u200d", "\u05e9\u05dc\u05d5\u05dd \u00e9 \u200d"),  # right-to-left letters stay
 ])
 def test_control_sequences_are_removed_and_text_kept(raw, shown):
     assert untrusted.clean_text(raw) == shown
@@ -124,6 +127,7 @@ def test_control_sequences_are_removed_and_text_kept(raw, shown):
 
 def test_one_line_stays_one_line():
     assert untrusted.clean_line("ev\x1b]0;x\x07il\nname\tx") == "evil name x"
+    assert untrusted.clean_line("alice\u202e\nyp.puteS_10") == "alice yp.puteS_10"
 
 
 # --- what comes out of a sandbox ---------------------------------------------------------------------------
@@ -190,3 +194,28 @@ def test_a_report_with_an_unknown_status_is_not_a_report():
                 {"status": "passed"}):
         with pytest.raises(ValueError, match="not a report"):
             report_from_dict(bad)
+
+
+def test_every_value_of_a_report_is_json_whatever_a_rank_put_in_its_evidence():
+    """Bytes and sets in a rank's error details (a rendezvous at a bytes address) are text in the report,
+    in its JSON and in its words; nothing of the submission's own classes runs."""
+    import json
+
+    from grader import report as render
+    from grader.results import STUCK_RENDEZVOUS, RunProblem
+
+    class Loud(str):
+        def __str__(self):
+            raise AssertionError("the submission's own __str__ ran")
+
+    evidence = {"addr": b"\xff\x00host", "port": {29501, 29500}, "waited_s": b"7", "grader_port": math.nan,
+                "big": 10**5000, 7: (frozenset({b"a"}),), Loud("k"): Loud("v"), "deep": [[[[[[[]]]]]]] * 2}
+    problem = RunProblem(STUCK_RENDEZVOUS, "failed", rank=1, world_size=2, evidence=evidence)
+    report = Report("01", "t", "p", "failed", run_problem=problem)
+    data = json.loads(render.render_json(report))
+    shown = data["run_problem"]["evidence"]
+    assert shown["addr"] == "b'\\xff\\x00host'" and shown["port"] == "{29500, 29501}"
+    assert shown["grader_port"] == "nan" and shown["big"].startswith("<an integer of") and shown["k"] == "v"
+    assert shown["7"] == ["{b'a'}"]
+    assert "waited b'7' s" in data["problem"] and "waited b'7' s" in render.render_text(report)
+    assert report_from_dict(report.to_dict()).run_problem.evidence == shown
