@@ -114,7 +114,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
 
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}; "
           f"the small transformer: {capacity.total_params(cases.SMALL):,} parameters, {cases.SMALL}")

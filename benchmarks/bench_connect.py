@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import harness  # noqa: E402
+from grader.rank import harness  # noqa: E402
 
 STALL_S = 0.5  # a connection slower than this counts as stalled
 

@@ -83,7 +83,8 @@ def graded_work_in_one_process(Linear, world_sizes) -> float:
 
 
 def gradings(count: int) -> None:
-    from grader import catalog, grading, harness
+    from grader import catalog, grading
+    from grader.rank import harness
     from grader.grading import GradeOptions, grade_file
 
     solution = load("solutions/35_float8.py")

@@ -32,7 +32,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import memory  # noqa: E402  (after the path is set)
+from grader.rank import memory  # noqa: E402  (after the path is set)
 
 LAYERS, WIDTH, BATCH = 8, 512, 32  # 8 x (512 x 512 + 512) = 2.10 M parameters
 WARMUP = 3

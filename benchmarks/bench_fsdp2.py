@@ -142,7 +142,8 @@ def cpu_seconds() -> float:
 def warm_gradings(file: str, count: int) -> list[tuple[float, float]]:
     """(wall, CPU) seconds of each grading after the first."""
     os.environ.setdefault("DDP_GRADE_SERVER", "0")
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
     from grader.grading import GradeOptions, grade_file
 
     grading.warm_up()

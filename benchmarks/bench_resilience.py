@@ -86,7 +86,8 @@ def main() -> None:
 
     import torch
 
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
 
     checks = importlib.import_module(CHECKS)
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}")

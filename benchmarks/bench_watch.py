@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import catalog, grading, harness  # noqa: E402
+from grader import catalog, grading  # noqa: E402
+from grader.rank import harness  # noqa: E402
 from grader.commands.watch import watch_loop  # noqa: E402
 from grader.grading import GradeOptions, grade_file  # noqa: E402
 

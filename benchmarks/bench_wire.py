@@ -1,4 +1,4 @@
-"""Reading a rank's report in the grader: grader.wire beside torch.save + torch.load(weights_only=True),
+"""Reading a rank's report in the grader: grader.rank.wire beside torch.save + torch.load(weights_only=True),
 which it replaced, on reports shaped like those of exercises 02 and 03. Both sides are timed (the
 rank writes, the grader reads); the medians are printed side by side in one run.
 
@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import wire  # noqa: E402
+from grader.rank import wire  # noqa: E402
 
 
 def reports() -> dict:
@@ -57,7 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
-    print(f"{'report':<20} {'torch.save + load(weights_only)':>32} {'grader.wire':>12} {'ratio':>7}")
+    print(f"{'report':<20} {'torch.save + load(weights_only)':>32} {'grader.rank.wire':>12} {'ratio':>7}")
     for name, payload in reports().items():
         assert str(wire_round_trip(payload)) == str(torch_round_trip(payload))
         before = median_ms(torch_round_trip, payload, args.repeat)

@@ -12,7 +12,8 @@ from pathlib import Path
 def gradings(path: Path, count: int) -> tuple[float, float]:
     """(seconds of the first grading, median seconds of the ``count`` after it) of ``path`` in one warm
     session; exits when a grading does not pass."""
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
     from grader.grading import GradeOptions, grade_file
 
     grading.warm_up()

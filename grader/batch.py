@@ -10,7 +10,7 @@ a worker grades each submission with a fresh sandbox for that submission's ranks
 others, and ends with it, so nothing a submission starts survives into the next one's grading,
 and nothing it sends decides more than its own row. That costs one Python start and torch import
 per submission, inside its sandbox. Without the sandbox each worker keeps its own warm pool of
-rank processes (a :class:`~grader.harness.Session`); a submission still never shares a process
+rank processes (a :class:`~grader.rank.harness.Session`); a submission still never shares a process
 with another one while it is graded.
 
 Whatever happens while one submission is graded (its worker dies, its answer cannot be read, the
@@ -99,7 +99,7 @@ def _refuse_shared_files(found: list[Submission]) -> None:
     link from one learner's folder to another's): which of them wrote it cannot be told."""
     import stat
 
-    from grader.untrusted import clean_line
+    from grader.rank.untrusted import clean_line
 
     by_inode: dict[tuple[int, int], list[Submission]] = {}
     for submission in found:
@@ -120,7 +120,7 @@ def _refuse_shared_files(found: list[Submission]) -> None:
 
 def _linked(path: Path) -> str:
     """Why a submission that is a symbolic link is not graded (its target is never read or named)."""
-    from grader.untrusted import clean_line
+    from grader.rank.untrusted import clean_line
 
     return (f"{clean_line(path)} is a symbolic link: only a submission's own files are graded "
             "(copy the file itself into the submission)")
@@ -130,7 +130,7 @@ def _not_graded(path: Path) -> str | None:
     """Why a file found in a folder is not graded (a link; a FIFO, a socket or a device, never opened), or None."""
     import stat
 
-    from grader.untrusted import clean_line, file_kind
+    from grader.rank.untrusted import clean_line, file_kind
 
     if path.is_symlink():
         return _linked(path)
@@ -247,7 +247,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         """End the worker and everything it started (its ranks and sandboxes carry its marker)."""
-        from grader.harness import reap_strays
+        from grader.rank.harness import reap_strays
 
         try:
             self.proc.stdin.close()
@@ -264,7 +264,7 @@ class WorkerProcess:
             self.proc.wait()
         reap_strays(self.marker, BATCH_MARKER)
         if self.tmp:
-            from grader.processes import remove_folder
+            from grader.rank.processes import remove_folder
 
             remove_folder(self.tmp)
 

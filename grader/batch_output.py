@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 from grader.results import EXIT_CODES, FAILED, PASSED, TIMEOUT, UNUSABLE
-from grader.untrusted import clean_line
+from grader.rank.untrusted import clean_line
 
 SEVERITY = [PASSED, FAILED, TIMEOUT, UNUSABLE]  # worst last
 ROW_FIELDS = ["submission", "file", "exercise", "status", "exit_code", "check", "check_status", "message",

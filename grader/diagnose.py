@@ -1,6 +1,6 @@
 """From what the harness saw to a :class:`~grader.results.RunProblem`: the facts, no prose.
 
-The harness returns a :class:`~grader.harness.WorldOutcome` (statuses, exceptions as data,
+The harness returns a :class:`~grader.rank.harness.WorldOutcome` (statuses, exceptions as data,
 stacks, output). This module reads it for the learner: which rank failed first, where in the
 learner's file, what a stuck rank was waiting in. The report turns the record into words.
 """
@@ -11,7 +11,7 @@ import linecache
 import os
 import re
 
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 from grader.results import (EXITED, FAILED, IMPORT_ERROR, LIMIT, MISMATCHED_COLLECTIVE, MISSING_NAME,
                             NOT_IMPLEMENTED, RAISED, STOPPED, STUCK_COLLECTIVE, STUCK_DEBUGGER, STUCK_LEARNER_LOOP,
                             STUCK_RENDEZVOUS, STUCK_SEND_RECV, TIMEOUT, TIMEOUT_KIND, UNUSABLE, Location,
@@ -204,8 +204,8 @@ def main_thread_frames(stack: str) -> list[tuple[str, int, str]]:
     for block in blocks:
         if block and "Current thread" in block.splitlines()[0]:
             chosen = block
-    for block in blocks:  # the main thread is the one that entered through grader/child.py
-        if "grader/child.py" in block or "grader\\child.py" in block:
+    for block in blocks:  # the main thread is the one that entered through grader/rank/child.py
+        if "grader/rank/child.py" in block or "grader\\child.py" in block:
             chosen = block
     if chosen is None and blocks:
         chosen = blocks[-1]
@@ -234,7 +234,7 @@ def trim_traceback(tb: str) -> str:
     return "\n".join(kept[-TRACEBACK_LINES:])
 
 
-_PLUMBING = ("/multiprocessing/", "\\multiprocessing\\", "grader/child.py", "grader\\child.py", 'File "<string>"')
+_PLUMBING = ("/multiprocessing/", "\\multiprocessing\\", "grader/rank/child.py", "grader\\child.py", 'File "<string>"')
 
 
 def trim_stack(stack: str) -> str:

@@ -101,7 +101,8 @@ def grade(path: str, options, exercise_id: str | None, progress: prog.Progress, 
 def in_a_pool_of_its_own(path: str, options, exercise_id: str | None, progress: prog.Progress,
                          quiet: bool) -> Graded:
     """Grade in this process, with a pool started for this grading alone."""
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
 
     exercise = exercise_of(path, exercise_id)
     grading.warm_up(dynamo=exercise is None or exercise.preload_dynamo, exercises=[exercise])

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grader import catalog, diagnose, learner
-from grader.harness import RankOutcome, Session, World, WorldOutcome, Worker, WorkerDied, WorkerTimeout
-from grader.outcomes import SessionBroken
+from grader.rank.harness import RankOutcome, Session, World, WorldOutcome, Worker, WorkerDied, WorkerTimeout
+from grader.rank.outcomes import SessionBroken
 from grader.options import DEFAULT_TIMEOUT_S, GradeOptions  # noqa: F401  (re-exported for callers)
 from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_CHECKED, PASS, SKIP, UNREADABLE,
                             UNUSABLE, UNUSABLE_FILE,
@@ -26,7 +26,7 @@ def warm_up(dynamo: bool = True, exercises: list | None = None) -> None:
     """Start the warm pool with torch and the drivers imported (see harness.warm_up): those of
     ``exercises`` (catalog entries) when a command knows it grades those only, every exercise's
     otherwise. A rank of another exercise imports its module itself: slower, never wrong."""
-    from grader import harness
+    from grader.rank import harness
 
     harness.warm_up(dynamo=dynamo, modules=driver_modules(exercises))
 

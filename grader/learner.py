@@ -61,7 +61,7 @@ def not_a_file(path) -> str:
     is: "a FIFO", "a character device", ... (from its metadata: nothing is opened)."""
     import stat
 
-    from grader.untrusted import file_kind
+    from grader.rank.untrusted import file_kind
 
     try:
         mode = os.stat(path).st_mode

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from grader.untrusted import clean_line
+from grader.rank.untrusted import clean_line
 
 TTY, PLAIN, QUIET = "tty", "plain", "quiet"
 TICK_S = 0.5  # how often the line is redrawn on a terminal while nothing happens

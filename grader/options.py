@@ -1,9 +1,9 @@
 """How to grade, as one value: what the options every grading command shares said.
 
 The command line builds one :class:`GradeOptions` from ``--world-size``, ``--backend``,
-``--timeout`` and the limits (see :mod:`grader.limits`, and :mod:`grader.cli.options` for the
+``--timeout`` and the limits (see :mod:`grader.rank.limits`, and :mod:`grader.cli.options` for the
 options themselves); it travels from the command to
-:func:`grader.grading.grade_file` and to the :class:`~grader.harness.Session` that runs the
+:func:`grader.grading.grade_file` and to the :class:`~grader.rank.harness.Session` that runs the
 ranks. Nothing is kept in a module global.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grader import limits as _limits
+from grader.rank import limits as _limits
 
 DEFAULT_TIMEOUT_S = 60.0
 

@@ -118,7 +118,8 @@ def grade_in_sandbox(path: str, exercise_id: str | None, options: GradeOptions, 
     started for this submission alone: the checks, the report and the verdicts are decided in this
     process, from what the sandbox sends. Failed when the sandbox cannot be started (the grader's
     failure: no learner code has run by then)."""
-    from grader import grading, untrusted
+    from grader import grading
+    from grader.rank import untrusted
     from grader.sandbox import confined
     from grader.results import UNUSABLE, UNUSABLE_FILE, RunProblem
 
@@ -155,7 +156,7 @@ class Sessions:
         self._sessions: dict = {}
 
     def get(self, options: GradeOptions):
-        from grader import harness
+        from grader.rank import harness
 
         key = json.dumps(options.limits, sort_keys=True)
         if key not in self._sessions:

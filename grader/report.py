@@ -7,10 +7,10 @@ import json
 import click
 
 from grader import results as R
-from grader.untrusted import clean_line, clean_text
+from grader.rank.untrusted import clean_line, clean_text
 from grader import timeline_view
 from grader.timeline import is_timeline
-from grader.outcomes import describe_exit
+from grader.rank.outcomes import describe_exit
 from grader.results import (ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report,
                             RunProblem)
 

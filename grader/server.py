@@ -8,7 +8,7 @@ command itself never imports torch then.
 
 What it keeps, and what it never shares:
 
-* one :class:`~grader.harness.Session` per set of limits, its forkserver with torch, the
+* one :class:`~grader.rank.harness.Session` per set of limits, its forkserver with torch, the
   drivers and torch._dynamo imported: nothing else lives from one grading to the next (each
   run gets fresh rank processes, a fresh rendezvous and its own temp folder);
 * every grading checks the grader's code version (a digest of its files' names, sizes and
@@ -200,7 +200,8 @@ def stop() -> bool:
 
 def serve() -> None:
     """Accept gradings one at a time until idle for the idle time, or told to stop."""
-    from grader import grading, harness, protocol
+    from grader import grading, protocol
+    from grader.rank import harness
     from grader.options import GradeOptions
 
     version = code_version()

@@ -1,6 +1,6 @@
 """What each rank of a run did over time, as plain data: read from the ranks' records, checked here.
 
-A rank records its own events (:mod:`grader.rank_timeline`, on the machine's monotonic clock) and
+A rank records its own events (:mod:`grader.rank.rank_timeline`, on the machine's monotonic clock) and
 returns them in its driver's result. Everything in them is the submission's to change, so this
 module reads them as untrusted data: each event must be a dict of known fields, each of the right
 type and size, its times finite, in order and inside the time the grader saw the run take; what

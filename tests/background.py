@@ -105,7 +105,8 @@ def cli_grading(path, args: list[str], state_dir, timeout_s: float) -> dict:
 
 def _run_jobs(jobs: list[dict], state_dir: str) -> None:
     """The background process: run each job, print one marked line with its result."""
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
     from grader.grading import GradeOptions, grade_file
 
     with contextlib.ExitStack() as stack:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import background
-from grader import grading, harness
+from grader import grading
+from grader.rank import harness
 from grader.grading import GradeOptions, grade_file
 from grader.results import report_from_dict
 
@@ -29,8 +30,8 @@ VARIANTS = ROOT / "tests" / "variants"
 @pytest.fixture(scope="session", autouse=True)
 def _tests_folders_are_the_graders(tmp_path_factory):
     """A test that hands a verdict function files it wrote plays the grader's part: its temporary
-    folders are read as the grading's own folder is (grader.untrusted reads nothing outside one)."""
-    from grader import untrusted
+    folders are read as the grading's own folder is (grader.rank.untrusted reads nothing outside one)."""
+    from grader.rank import untrusted
 
     untrusted.trust_folder(str(tmp_path_factory.getbasetemp()))
 

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT
 from grader import diagnose, results
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 from grader.report import problem_of, problem_text
 
 LEARNER = "/work/kit/exercises/07_ring_allreduce.py"
@@ -97,7 +97,7 @@ def _learner_file(tmp_path, body: str) -> str:
 
 
 def test_a_learners_exception_is_shown_with_its_file_line_and_the_lines_text(tmp_path):
-    from grader.child import describe_exception, import_learner
+    from grader.rank.child import describe_exception, import_learner
 
     path = _learner_file(tmp_path, "import torch\n\ndef train_step(x):\n    return x.float() @ x.bfloat16()\n")
     module = import_learner(path)
@@ -117,7 +117,7 @@ def test_a_learners_exception_is_shown_with_its_file_line_and_the_lines_text(tmp
 
 
 def test_not_implemented_yet_is_only_a_not_implemented_error_raised_at_the_learners_own_line(tmp_path):
-    from grader.child import describe_exception, import_learner
+    from grader.rank.child import describe_exception, import_learner
 
     path = _learner_file(tmp_path, "import torch\n\ndef parallelize(model):\n    # TODO: the plan\n"
                                    "    raise NotImplementedError\n\n"

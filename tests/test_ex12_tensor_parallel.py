@@ -323,7 +323,7 @@ def test_watch_collectives_sees_functional_collectives_and_the_single_names_once
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from grader import probes
+    from grader.rank import probes
 
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

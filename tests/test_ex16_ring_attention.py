@@ -11,7 +11,7 @@ from grader.checks.ex16_ring_attention import rank as rank_side
 from grader.checks.ex16_ring_attention import reference as ref
 from grader.checks.ex16_ring_attention import verdicts as checks
 from grading_helpers import grading_for, verdicts
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 
 BLOCK = rank_side.BATCH * rank_side.HEADS * rank_side.CHUNK * rank_side.HEAD_DIM * 8  # bytes of one K or V block, float64
 UNIT = rank_side.block_macs()

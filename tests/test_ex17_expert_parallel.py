@@ -14,7 +14,7 @@ from grader.checks.ex17_expert_parallel import rank as rank_side
 from grader.checks.ex17_expert_parallel import reference as expected_side
 from grader.checks.ex17_expert_parallel import verdicts as v
 from grading_helpers import grading_for, verdicts
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 
 ROW = rank_side.D * 8  # bytes of one token's row, float64
 

@@ -11,7 +11,7 @@ from grader.checks.ex18_sequence_parallel import rank as rank_side
 from grader.checks.ex18_sequence_parallel import reference as ref
 from grader.checks.ex18_sequence_parallel import verdicts as v
 from grading_helpers import grading_for, verdicts
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 
 NAMES = {"norm.weight": "norm.weight", "norm.bias": "norm.bias", "fc1.weight": "fc1.weight", "fc1.bias": "fc1.bias",
          "fc2.weight": "fc2.weight", "fc2.bias": "fc2.bias"}

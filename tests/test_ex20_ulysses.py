@@ -7,7 +7,7 @@ import torch
 from grader.checks.ex20_ulysses import rank as ex_rank
 from grader.checks.ex20_ulysses import reference, verdicts
 from grader.grading import Grading
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 from grading_helpers import grading_for
 
 SCENARIOS = ("plain", "causal", "gqa", "few-kv")

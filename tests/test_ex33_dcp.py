@@ -14,7 +14,7 @@ from grader.checks.ex33_dcp import reference as ref
 from grader.checks.ex33_dcp import verdicts as v
 from grader.compare import first_difference
 from grading_helpers import grading_for, verdicts
-from grader.memory import tensor_bytes
+from grader.rank.memory import tensor_bytes
 
 SHAPES = ref.shapes()
 LARGE = ref.large_parameters()

@@ -1,4 +1,4 @@
-"""grader.memory: the tensors an object keeps, the storages behind them, and values found in them."""
+"""grader.rank.memory: the tensors an object keeps, the storages behind them, and values found in them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import torch
 
-from grader import memory
+from grader.rank import memory
 
 
 def test_reachable_tensors_follows_attributes_containers_hooks_closures_and_grads():

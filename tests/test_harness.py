@@ -17,9 +17,9 @@ from multiprocessing.connection import Connection
 import pytest
 from click.testing import CliRunner
 
-from grader import harness, limits
+from grader.rank import harness, limits
 from grader.cli import main
-from grader.harness import RankOutcome
+from grader.rank.harness import RankOutcome
 
 
 def _pair():
@@ -403,7 +403,7 @@ def test_a_ctrl_c_while_ranks_are_handed_out_is_raised_once_every_rank_is_regist
     import os
     import signal
 
-    from grader.harness import _interrupt_deferred
+    from grader.rank.harness import _interrupt_deferred
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     reached = []

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from grader import grading, harness
+from grader import grading
+from grader.rank import harness
 from grader.cli import main
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"

@@ -29,7 +29,7 @@ def test_no_check_module_imports_the_grading_layer():
 
 
 def test_the_harness_knows_nothing_of_the_layers_above_it():
-    text = (ROOT / "grader" / "harness.py").read_text(encoding="utf-8")
+    text = (ROOT / "grader" / "rank" / "harness.py").read_text(encoding="utf-8")
     for above in ("grader.checks", "grader.grading", "grader.report", "grader.cli"):
         assert above not in text, above
 
@@ -51,13 +51,13 @@ def test_every_click_decorator_is_in_the_command_line_package():
 
 def test_checks_take_the_drivers_context_from_the_checks_interface():
     """One place: a check module names RankContext as grader.checks.interface gives it (which takes it from
-    grader.child), never from grader.child itself."""
+    grader.rank.child), never from grader.rank.child itself."""
     found = []
     for path in sorted((ROOT / "grader" / "checks").rglob("*.py")):
         if path == ROOT / "grader" / "checks" / "interface.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == "grader.child" \
+            if isinstance(node, ast.ImportFrom) and node.module == "grader.rank.child" \
                     and any(alias.name == "RankContext" for alias in node.names):
                 found.append(f"{path.relative_to(ROOT)} line {node.lineno}")
     assert found == []
@@ -81,12 +81,12 @@ def test_exit_codes_are_defined_once():
 # Layers, lowest first. A module may import its own layer and the layers below it, never one above,
 # imports inside functions included; and no two modules import each other, however indirectly.
 LAYERS = [
-    ("base", ["grader", "grader.exits", "grader.limits", "grader.state", "grader.catalog", "grader.compare",
-              "grader.wire", "grader.kit", "grader.learner", "grader.untrusted", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
+    ("base", ["grader", "grader.rank", "grader.exits", "grader.rank.limits", "grader.state", "grader.catalog", "grader.compare",
+              "grader.rank.wire", "grader.kit", "grader.learner", "grader.rank.untrusted", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
               "grader.capacity_layout", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
-    ("harness", ["grader.probes", "grader.memory", "grader.child", "grader.processes", "grader.outcomes", "grader.harness",
-                 "grader.diagnose", "grader.rank_timeline",
+    ("harness", ["grader.rank.probes", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",
+                 "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host",
                  "grader.sandbox", "grader.sandbox.*"]),
     ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",

@@ -9,7 +9,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from grader import diagnose, results
-from grader.harness import RankOutcome, WorldOutcome
+from grader.rank.harness import RankOutcome, WorldOutcome
 from grader.report import render_json, render_junit, render_text
 from grader.results import ERROR, FAIL, PASS, SKIP, UNUSABLE_FILE, CheckResult, Report, RunProblem
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from grader import untrusted
+from grader.rank import untrusted
 from grader.sandbox import boundary
 from grader.results import Report, report_from_dict
 

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from grader import wire
+from grader.rank import wire
 
 
 def _round_trip(value):

@@ -11,8 +11,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from grader import probes
-from grader.child import GraderAbort
+from grader.rank import probes
+from grader.rank.child import GraderAbort
 from grader.checks.interface import Grader, RankContext
 
 MAX_TIMEOUT_S = 300.0

@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from grader import probes, rank_timeline, untrusted
+from grader.rank import probes, rank_timeline, untrusted
 from grader.compare import first_difference, largest_difference
 from grader.checks.shared.recording import cpu_state
 from grader.checks.interface import Grader, RankContext

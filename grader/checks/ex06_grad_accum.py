@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.compare import tensor_difference
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines

@@ -13,8 +13,8 @@ import contextlib
 
 import torch
 
-from grader import probes, rank_timeline
-from grader.child import describe_exception
+from grader.rank import probes, rank_timeline
+from grader.rank.child import describe_exception
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines
 

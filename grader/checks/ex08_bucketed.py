@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.compare import tensor_difference
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines

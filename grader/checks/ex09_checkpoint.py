@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from grader import probes, rank_timeline, untrusted
+from grader.rank import probes, rank_timeline, untrusted
 from grader.compare import first_difference
 from grader.checks.shared.recording import cpu_state
 from grader.checks.interface import Grader, RankContext

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines
 from grader.compare import first_difference

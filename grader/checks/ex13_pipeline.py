@@ -31,7 +31,7 @@ from collections import Counter
 import torch
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.interface import Grader, RankContext
 from grader.compare import first_difference
 from grader.results import NOT_IMPLEMENTED

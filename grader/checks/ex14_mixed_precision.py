@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.compare import largest_difference
-from grader.child import describe_exception
+from grader.rank.child import describe_exception
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import timelines
 

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from grader import probes
+from grader.rank import probes
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import debug_job, fsdp_job
 from grader.checks.shared.fsdp_job import build_model

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from grader import memory, probes
+from grader.rank import memory, probes
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import debug_job, fsdp_job
 

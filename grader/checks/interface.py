@@ -1,5 +1,5 @@
 """What a checks module works with, typed: ``grade(g: Grader)`` in the grader's process, and the
-drivers' ``ctx: RankContext`` in each rank (:class:`grader.child.RankContext`).
+drivers' ``ctx: RankContext`` in each rank (:class:`grader.rank.child.RankContext`).
 
 A check module never imports the grading layer (tests/test_layers.py); it annotates with these
 instead. :class:`grader.grading.Grading` is the one implementation, and
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol
 
-from grader.child import RankContext
-from grader.harness import Worker, WorldOutcome
+from grader.rank.child import RankContext
+from grader.rank.harness import Worker, WorldOutcome
 
 __all__ = ["Grader", "RankContext"]  # RankContext: the drivers' context, typed from here
 

@@ -32,7 +32,8 @@ def interview(exercise_id, minutes, n_questions, seed, track, options):
     grading, the questions, the time used and a summary. With --track debug the exercise
     is a broken training job: "our DDP job hangs after the first epoch, what do you check?"
     """
-    from grader import grading, harness
+    from grader import grading
+    from grader.rank import harness
     from grader.commands import interview as iv
     from grader.report import render_text
     from grader.state import StateFile

@@ -8,8 +8,8 @@ import functools
 
 import click
 
-from grader import limits as _limits
-from grader.limits import DEFAULT_CPU_SECONDS, DEFAULT_MEMORY_MIB, DEFAULT_OUTPUT_MIB, DEFAULT_TMP_MIB
+from grader.rank import limits as _limits
+from grader.rank.limits import DEFAULT_CPU_SECONDS, DEFAULT_MEMORY_MIB, DEFAULT_OUTPUT_MIB, DEFAULT_TMP_MIB
 from grader.options import DEFAULT_TIMEOUT_S, GradeOptions
 
 

@@ -30,7 +30,8 @@ def watch(target, exercise_id, options, quiet, poll_s, max_grades):
     containers, WSL and network folders too; the processes that run your code are
     kept warm with torch imported, so a verdict comes within about a second of saving.
     """
-    from grader import catalog, grading, harness
+    from grader import catalog, grading
+    from grader.rank import harness
     from grader.commands.watch import watch_loop
     from grader.report import render_text
 

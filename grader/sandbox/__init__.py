@@ -43,7 +43,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grader import limits as _limits
+from grader.rank import limits as _limits
 
 BWRAP, UNSHARE = "bwrap", "unshare"
 

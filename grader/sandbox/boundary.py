@@ -1,9 +1,9 @@
 """What crosses the sandbox's boundary, and how the grader checks it before anything reads it.
 
-Both sides of :mod:`grader.sandbox.confined` and :mod:`grader.sandbox.rank_host` frame their messages the same
-way: an 8-byte length, then the payload. What comes out of the sandbox is the submission's to
+Both sides of :mod:`grader.sandbox.confined` and :mod:`grader.rank.rank_host` frame their messages the same
+way (:func:`grader.rank.wire.frame`): an 8-byte length, then the payload. What comes out of the sandbox is the submission's to
 forge (a rank can reach the host's pipes), so the grader outside reads at most
-:data:`MAX_ANSWER_BYTES` of it, unpickles it with :mod:`grader.wire`'s allowlist, and then takes
+:data:`MAX_ANSWER_BYTES` of it, unpickles it with :mod:`grader.rank.wire`'s allowlist, and then takes
 each outcome apart field by field here: a status it knows, rank numbers 0 to n - 1, integers
 where integers go, text cut to :data:`MAX_TEXT` characters, results at most :data:`MAX_DEPTH`
 deep and :data:`MAX_NODES` values in all. Anything else is :class:`Unreadable`, which the grader
@@ -13,10 +13,9 @@ reports as the submission's failure.
 from __future__ import annotations
 
 import math
-import struct
 
-from grader import limits as _limits
-from grader.outcomes import RankOutcome, WorldOutcome
+from grader.rank import limits as _limits
+from grader.rank.outcomes import RankOutcome, WorldOutcome
 
 MAX_ANSWER_BYTES = 128 * 2**20  # one answer from the sandbox (a run's outcomes, tensors included)
 MAX_TEXT = 20_000  # characters of any one text field of an outcome (stacks, output, tracebacks)
@@ -27,40 +26,6 @@ STATUSES = ("ok", "error", "exited", "killed")
 
 class Unreadable(Exception):
     """An answer that is not what the host sends: the submission's forgery, or a broken stream."""
-
-
-HEADER = struct.Struct("!Q")
-
-
-MAX_REQUEST_BYTES = 64 * 2**20  # one request to the host (a run's arguments)
-
-
-def read_frame(stream, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
-    """One frame from a blocking ``stream``; None at its end, or when the length is over ``limit``
-    (the stream was written into by something else: nothing after it can be trusted to be framed)."""
-    header = _read_exactly(stream, HEADER.size)
-    if header is None:
-        return None
-    (size,) = HEADER.unpack(header)
-    if size > limit:
-        return None
-    return _read_exactly(stream, size)
-
-
-def _read_exactly(stream, n: int) -> bytes | None:
-    chunks, got = [], 0
-    while got < n:
-        chunk = stream.read(n - got)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def frame(payload: bytes) -> bytes:
-    return HEADER.pack(len(payload)) + payload
-
 
 
 def world_from(data, expected: int) -> WorldOutcome:

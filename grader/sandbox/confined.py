@@ -1,10 +1,10 @@
 """The grader's side of the sandbox: a session whose ranks run in a sandbox while everything that
 decides runs here.
 
-:class:`ConfinedSession` stands where a :class:`grader.harness.Session` stands for
+:class:`ConfinedSession` stands where a :class:`grader.rank.harness.Session` stands for
 :class:`grader.grading.Grading` (``run``, ``run_many``, ``worker``, ``tmp``), but its pool and its
 ranks live in a fresh sandbox (:mod:`grader.sandbox`), started for one submission and ended with
-it: inside runs ``python -m grader.sandbox.rank_host`` (:mod:`grader.sandbox.rank_host`), which starts what it is
+it: inside runs ``python -m grader.rank.rank_host`` (:mod:`grader.rank.rank_host`), which starts what it is
 asked and sends back what the ranks did. Out here stay the checks, the report, progress and
 results: a submission can at most make its ranks claim what a correct solution's ranks would
 send, never write a verdict.
@@ -12,16 +12,16 @@ send, never write a verdict.
 What crosses is bounded and checked:
 
 * every answer is one frame of at most :data:`grader.sandbox.boundary.MAX_ANSWER_BYTES`, read under a
-  deadline and unpickled with :mod:`grader.wire`'s allowlist; then each outcome is checked field by
+  deadline and unpickled with :mod:`grader.rank.wire`'s allowlist; then each outcome is checked field by
   field (types, sizes, the ranks it names) before any check sees it (:mod:`grader.sandbox.boundary`);
 * a run gets its deadline plus :data:`STOP_MARGIN_S` to be answered, however the host was
   treated (stopped, killed, flooded): past it the sandbox is ended and the run is a timeout;
 * while the grader waits it reads, every :data:`POLL_S`, every process of the sandbox: each one's
   resident memory (at most the memory limit, with :data:`PROCESS_SLACK`), all of them together
-  (proportional set sizes, at most :func:`grader.limits.sandbox_memory_bytes`), how many there are
+  (proportional set sizes, at most :func:`grader.rank.limits.sandbox_memory_bytes`), how many there are
   (:data:`MAX_PROCESSES`), and the bytes in the folder the ranks write to (the tmp limit); one
   over ends the sandbox and the grading fails, naming the limit;
-* files the ranks leave are read from that folder with :mod:`grader.untrusted` (no links, no
+* files the ranks leave are read from that folder with :mod:`grader.rank.untrusted` (no links, no
   FIFOs, sizes capped).
 
 The learner's file is read once here and handed in as a copy, in a folder of its own, read-only;
@@ -41,11 +41,11 @@ import tempfile
 import threading
 import time
 
-from grader import limits as _limits
-from grader import untrusted
-from grader.sandbox.boundary import (HEADER, MAX_ANSWER_BYTES, Unreadable, bounded, error_from, frame, rank_from, text,
-                             world_from)
-from grader.outcomes import RankOutcome, SessionBroken, WorldOutcome
+from grader.rank import limits as _limits
+from grader.rank import untrusted
+from grader.sandbox.boundary import MAX_ANSWER_BYTES, Unreadable, bounded, error_from, rank_from, text, world_from
+from grader.rank.outcomes import RankOutcome, SessionBroken, WorldOutcome
+from grader.rank.wire import HEADER, frame
 
 START_S = 60.0  # for the sandbox to start and its host to import torch and start its pool
 RUN_START_S = 30.0  # for the host to take up a request (no code of the submission's runs before it answers)
@@ -132,9 +132,9 @@ class ConfinedSession:
     """A session whose pool and ranks run in a sandbox started for one submission (see the module).
 
     ``source`` is the submission's bytes (read once by the caller with
-    :func:`grader.untrusted.read_submission`), written here as ``name`` in a folder of its own:
+    :func:`grader.rank.untrusted.read_submission`), written here as ``name`` in a folder of its own:
     :attr:`learner_path` is the path to grade. ``processes``: how many of the limit's worth of
-    memory the whole sandbox may hold (:func:`grader.limits.sandbox_memory_bytes`).
+    memory the whole sandbox may hold (:func:`grader.rank.limits.sandbox_memory_bytes`).
     """
 
     def __init__(self, source: bytes, name: str, limits: dict, *, tool: str | None = None, modules=(),
@@ -158,7 +158,7 @@ class ConfinedSession:
         self._workers = 0
         self._errors: list[bytes] = []
         size = self.limits["tmp_bytes"]
-        argv = sandbox.wrap([sys.executable, "-m", "grader.sandbox.rank_host"], [self.submission_dir], tool,
+        argv = sandbox.wrap([sys.executable, "-m", "grader.rank.rank_host"], [self.submission_dir], tool,
                             tmp_bytes=size, writable=[self.shared])
         sandbox_env = sandbox.environment({"DDP_GRADE_SERVER": "0", "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state",
                                            **(env or {})}, size)
@@ -190,7 +190,7 @@ class ConfinedSession:
 
     def run(self, driver: str, world_size: int, *, learner_path: str, timeout_s: float, backend: str = "gloo",
             kwargs: dict | None = None, env: dict | None = None, grace_s: float = 3.0) -> WorldOutcome:
-        from grader.harness import World
+        from grader.rank.harness import World
 
         return self.run_many([World(driver, world_size, kwargs, env)], learner_path=learner_path,
                              timeout_s=timeout_s, backend=backend, grace_s=grace_s)[0]
@@ -251,7 +251,7 @@ class ConfinedSession:
         # Nothing of the sandbox is kept: ending it (its first process, and with it every process in
         # its PID namespace) is quicker than asking the host to stop its pool and ranks one by one.
         self._end()
-        from grader.processes import remove_folder
+        from grader.rank.processes import remove_folder
 
         untrusted.forget_folder(self.shared)
         for folder in (self.shared, self.submission_dir, self.tmp):
@@ -286,7 +286,7 @@ class ConfinedSession:
     def _answer(self, until: float, waiting_for: str) -> dict:
         """The next answer, read under ``until`` while the sandbox's limits are watched. _Late past
         ``until`` (the sandbox is ended then); Broken when the host ends, or sends what cannot be read."""
-        from grader import wire
+        from grader.rank import wire
 
         try:
             header = self._read(HEADER.size, until)
@@ -427,7 +427,7 @@ def _what(answer: dict) -> str:
 
 
 class ConfinedWorker:
-    """A worker process in the sandbox (see :meth:`grader.harness.Session.worker`)."""
+    """A worker process in the sandbox (see :meth:`grader.rank.harness.Session.worker`)."""
 
     def __init__(self, session: ConfinedSession, number: int, run_dir: str, deadline: float):
         self.session = session
@@ -448,7 +448,7 @@ class ConfinedWorker:
         self.close()
 
     def call(self, name: str, within_s: float | None = None, **kwargs) -> dict:
-        from grader.harness import WorkerDied, WorkerTimeout
+        from grader.rank.harness import WorkerDied, WorkerTimeout
 
         self.calls += 1
         session = self.session

@@ -1,5 +1,5 @@
 """Wrong (no timeout), and forges the grader's answer: it looks up its own ancestors in /proc for a
-process of the grader (python -m grader.worker, grader.sandbox.rank_host) and writes a well-formed all-pass
+process of the grader (python -m grader.worker, grader.rank.rank_host) and writes a well-formed all-pass
 report line into every pipe that process holds. Graded in the command's own process it finds none;
 in a sandbox it finds only the host that starts the ranks, whose answers the grader outside reads
 as untrusted data."""
@@ -29,7 +29,7 @@ def grader_ancestors() -> list[int]:
                 parent = int(f.read().rsplit(b")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-        if b"grader.worker" in command or b"grader.sandbox.rank_host" in command:
+        if b"grader.worker" in command or b"grader.rank.rank_host" in command:
             found.append(pid)
         pid = parent if pid != 1 else 0
     return found

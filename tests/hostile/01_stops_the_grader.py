@@ -1,5 +1,5 @@
 """Stops (SIGSTOP) every grader process among its ancestors (python -m grader.worker,
-grader.sandbox.rank_host), then waits for ever: the grading still ends at its deadline, as a timeout."""
+grader.rank.rank_host), then waits for ever: the grading still ends at its deadline, as a timeout."""
 # expect-status: timeout
 # expect-problem: timed out
 # grade-args: --timeout 10
@@ -21,7 +21,7 @@ def grader_ancestors() -> list[int]:
                 parent = int(f.read().rsplit(b")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-        if b"grader.worker" in command or b"grader.sandbox.rank_host" in command:
+        if b"grader.worker" in command or b"grader.rank.rank_host" in command:
             found.append(pid)
         pid = parent if pid != 1 else 0
     return found

@@ -56,7 +56,7 @@ def dtensor_observations(rank: int, world_size: int) -> dict:
                              "kept": (type(kept).__name__, [repr(p) for p in kept.placements], list(kept.shape))}
 
     # The collective a row-parallel layer's output layout costs.
-    from grader.probes import FUNCTIONAL_COLLECTIVES  # each functional collective's name, by the op it is
+    from grader.rank.probes import FUNCTIONAL_COLLECTIVES  # each functional collective's name, by the op it is
 
     seen = []
     originals = {name: getattr(funcol, name) for name in FUNCTIONAL_COLLECTIVES if hasattr(funcol, name)}

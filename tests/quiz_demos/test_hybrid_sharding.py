@@ -102,7 +102,7 @@ def _shard(mesh) -> _Net:
 def _observe(rank: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from grader import probes
+    from grader.rank import probes
 
     hybrid_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     flat_mesh = init_device_mesh("cpu", (WORLD,))

@@ -22,7 +22,7 @@ LOADER_SEED = 3
 
 
 def serve_main(ctx: RankContext) -> dict:
-    from grader import probes
+    from grader.rank import probes
 
     with probes.platform_start_method():  # a loader with workers starts them as it would under torchrun
         ctx.serve({"shards": shards, "shards_at_once": shards_at_once, "loaders": loaders})

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes, rank_timeline
+from grader.rank import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.interface import RankContext
 

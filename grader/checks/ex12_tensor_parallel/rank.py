@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
 from grader.checks.interface import RankContext

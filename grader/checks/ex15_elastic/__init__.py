@@ -42,7 +42,7 @@ import fnmatch
 import json
 import os
 
-from grader import untrusted
+from grader.rank import untrusted
 from grader.checks.ex15_elastic.rank import ALONE, ALONE_KILL, JOBS, KILL_EPOCH, WORLD_SIZE, alone_main, jobs_main
 from grader.checks.ex15_elastic.reference import uninterrupted
 from grader.checks.ex15_elastic.verdicts import (exit_text, short_error, snapshot_at, snapshot_words, who,

@@ -146,7 +146,7 @@ def _run_main(learner_path: str, script_args: list[str], folder: str, node: str,
     sys.argv = [learner_path, *script_args]
     try:
         if import_learner is None:
-            from grader.child import import_learner
+            from grader.rank.child import import_learner
         module = import_learner(learner_path)
         _wrap_build_model(module, rec, models)
         if not hasattr(module, "main"):
@@ -543,7 +543,7 @@ def _stop(process) -> None:
 
 def _stop_tagged(tag: str) -> int:
     """Kill every process left that carries this grading's tag (a worker whose agent is gone)."""
-    from grader import harness
+    from grader.rank import harness
 
     return harness.reap_strays(tag, variable=ENV_TAG)
 

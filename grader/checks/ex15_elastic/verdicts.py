@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from grader import untrusted
+from grader.rank import untrusted
 from grader.checks.ex15_elastic.rank import (ALONE, BATCH_SIZE, EPOCHS, KILLED_BEFORE_RENAME, KILLED_WRITING,
                                              KILL_EPOCH, NUM_SAMPLES, SNAPSHOT, TOLERANCE, WORLD_SIZE, _error_text)
 
@@ -233,7 +233,7 @@ def _direct_write_words(write: dict) -> str:
 
 
 def check_writers(g, name: str, job: dict) -> None:
-    from grader import probes
+    from grader.rank import probes
 
     path = os.path.abspath(snapshot_at(job))
     workers = job["workers"]

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import memory, probes, rank_timeline
+from grader.rank import memory, probes, rank_timeline
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor
 from grader.checks.interface import RankContext

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import probes
+from grader.rank import probes
 from grader.checks.ex18_sequence_parallel.rank import (ATOL, BATCH, D_MODEL, NORM_EPS, REFUSALS, REPLICATED, RTOL,
                                                        SPLIT, chunk_elements, chunk_rows, groups_of, hidden_block,
                                                        sizes, uneven_hidden, uneven_lengths)

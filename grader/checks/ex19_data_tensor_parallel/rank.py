@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.shared.recording import all_ok
 from grader.checks.interface import RankContext
 

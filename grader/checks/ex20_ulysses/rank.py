@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from grader import memory, probes, rank_timeline
+from grader.rank import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok, plain_tensor

@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import local_values
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.stub_models import FusedBlock, Transformer, VOCAB
-from grader.child import describe_exception
+from grader.rank.child import describe_exception
 
 BATCH, SEQ = 2, 16  # per rank
 STEPS = 3

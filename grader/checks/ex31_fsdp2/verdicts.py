@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from grader import probes
+from grader.rank import probes
 from grader.checks.interface import Grader
 from grader.checks.shared.learner_errors import checked_record, stop_on_learner_error
 from grader.compare import tensor_difference

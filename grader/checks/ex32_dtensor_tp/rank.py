@@ -14,11 +14,11 @@ import torch.distributed.distributed_c10d as c10d
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.shared.dtensors import describe, local_values
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.stub_models import Block, Transformer, VOCAB, lm_loss
-from grader.child import describe_exception
+from grader.rank.child import describe_exception
 from grader.checks.interface import RankContext
 
 BATCH, SEQ = 2, 16  # per data-parallel group

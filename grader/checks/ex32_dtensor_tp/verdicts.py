@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import probes
+from grader.rank import probes
 from grader.checks.interface import Grader
 from grader.checks.shared.dtensors import expected_local, find as _find, parse
 from grader.checks.shared.learner_errors import checked_record, stop_on_learner_error

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import os
 
-from grader import untrusted, wire
+from grader.rank import untrusted, wire
 from grader.checks.ex33_dcp import verdicts
 from grader.checks.ex33_dcp.rank import (KILL, KILL_SAVES, KILLED, LAST_STEP, OBSERVATIONS, RESUME, RESUME_SAVES,
                                          build_model, load_main, save_main)
 from grader.checks.ex33_dcp.reference import large_parameters, shapes
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines
-from grader.memory import tensor_bytes
+from grader.rank.memory import tensor_bytes
 
 
 def read_records(run_dir: str, world_size: int) -> list[dict] | None:

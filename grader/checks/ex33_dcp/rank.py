@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
-from grader import memory, probes, rank_timeline, wire
+from grader.rank import memory, probes, rank_timeline, wire
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import local
 from grader.checks.shared.learner_errors import ERROR_CHARS, learner_error, learner_frame

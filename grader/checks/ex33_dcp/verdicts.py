@@ -22,7 +22,7 @@ import torch
 from grader.checks.ex33_dcp.rank import KILL, RESUME
 from grader.checks.interface import Grader
 from grader.compare import first_difference
-from grader.memory import tensor_bytes
+from grader.rank.memory import tensor_bytes
 
 LOADED_ATOL = 1e-6  # a load copies the saved bytes: nothing but rounding-free copies
 RESUMED_ATOL, RESUMED_RTOL = 1e-5, 1e-4  # steps on another world size sum the gradients in another order

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from grader import rank_timeline
+from grader.rank import rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import plain_tensor

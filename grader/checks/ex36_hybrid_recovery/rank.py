@@ -17,12 +17,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes, rank_timeline
+from grader.rank import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import describe
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.stub_models import MLP_IN, MLP_OUT, MLPModel
-from grader.child import describe_exception
+from grader.rank.child import describe_exception
 
 BATCH = 4  # rows per rank and step
 STEPS_BEFORE, STEPS_AFTER = 2, 2  # steps before the failure, and after the recovery

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import probes
+from grader.rank import probes
 from grader.checks.ex36_hybrid_recovery.reference import held_limit, local_shape
 from grader.checks.interface import Grader
 from grader.checks.shared.learner_errors import checked_record, stop_on_learner_error

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from grader import memory, probes, rank_timeline
+from grader.rank import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
 from grader.checks.shared.recording import all_ok

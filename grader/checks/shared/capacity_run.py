@@ -7,14 +7,14 @@ selective or full) and records, in this rank, what the cost model predicts, meas
 
 * ``params_bytes``, ``grads_bytes``, ``optimizer_bytes``: the storages alive (each once) that hold
   the parameters that compute, the gradients and Adam's state, found by walking what the rank keeps
-  (:func:`grader.memory.reachable_tensors`, the ``.grad`` of every parameter included). Gradients
+  (:func:`grader.rank.memory.reachable_tensors`, the ``.grad`` of every parameter included). Gradients
   are measured between their reduction and the optimizer step, parameters and optimizer state after
   the step. ``other_bytes``: storages the rank keeps that are none of the three, or counted in two.
 * ``activations_bytes``: the peak over the schedule of the storages autograd keeps saved inside the
   transformer layers (``saved_tensors_hooks`` around each layer's forward), each once, parameters
   left out, sampled after every forward and backward of a micro-batch's chunk.
 * ``collectives``: ``[dimension, name, payload_bytes]`` of every collective and send, from
-  :func:`grader.probes.watch_collectives` (its name and payload: the whole buffer) and the process group
+  :func:`grader.rank.probes.watch_collectives` (its name and payload: the whole buffer) and the process group
   it ran on (which dimension's group the code passed); receives are left out.
 * ``flops``: ``FlopCounterMode`` over the whole step (forward, backward, recomputation), with torch's
   formulas for the flash attention kernel registered for its CPU form.
@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from grader import capacity, memory, probes
+from grader import capacity
+from grader.rank import memory, probes
 from grader.checks.shared import capacity_model as cm
 from grader.checks.shared import capacity_parallel as par
 from grader.checks.shared.capacity_buffers import FlatBuffer

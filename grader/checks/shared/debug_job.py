@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from grader import diagnose, untrusted
+from grader import diagnose
+from grader.rank import untrusted
 from grader.checks.shared import timelines
 from grader.checks.shared.debug_rank import LOG_NAME, run_job, write_shared
 from grader.checks.shared.debug_replay import load_into, replay
 from grader.checks.shared.recording import cpu_state
 from grader.checks.interface import RankContext
-from grader.outcomes import describe_exit
+from grader.rank.outcomes import describe_exit
 
 
 # --- in the grader --------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch import nn
 
-from grader import probes, rank_timeline
+from grader.rank import probes, rank_timeline
 from grader.checks.shared.recording import cpu_state
 from grader.checks.interface import RankContext
 
@@ -70,7 +70,7 @@ def run_job(ctx: RankContext, argv: list[str], *, epochs: int) -> dict:
 
 def describe(exc: BaseException, learner_path: str, started: float) -> dict:
     """An exception from ``main`` as data: type, message, the script's line, the collective it waited in."""
-    from grader.child import describe_exception
+    from grader.rank.child import describe_exception
 
     info = describe_exception(exc, learner_path)
     info["after_s"] = time.monotonic() - started

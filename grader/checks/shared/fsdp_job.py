@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader import untrusted
+from grader.rank import untrusted
 from grader.checks.shared.debug_replay import load_into, replay
 from grader.checks.shared.stub_models import JOB_VOCAB, JobNet
 

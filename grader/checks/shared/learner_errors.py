@@ -15,7 +15,7 @@ ERROR_CHARS = 500  # an exception's message is cut here (never its frame)
 def learner_error(exc: BaseException, limit: int = ERROR_CHARS, learner_path: str | None = None) -> str:
     """``exc`` as "Type: message (file line N, in function: `the line`)", the message cut at ``limit``
     characters (never the frame); ``learner_path`` defaults to this rank's learner's file."""
-    from grader import child
+    from grader.rank import child
 
     info = child.describe_exception(exc, learner_path or child._LEARNER_PATH or None)
     return error_words(info, learner_path or child._LEARNER_PATH, limit)
@@ -23,7 +23,7 @@ def learner_error(exc: BaseException, limit: int = ERROR_CHARS, learner_path: st
 
 def learner_frame(exc: BaseException, learner_path: str | None = None) -> str:
     """Only the frame of :func:`learner_error`: " (file line N, in function: `the line`)", or ""."""
-    from grader import child
+    from grader.rank import child
 
     path = learner_path or child._LEARNER_PATH
     return frame_words(child.describe_exception(exc, path or None).get("where"), path)
@@ -68,7 +68,7 @@ def stop_on_learner_error(g, world_size: int, failed: list[tuple[int, dict]], co
     """Stop the grading as an exception that left a driver stops it: the run problem names the rank, the
     exception and the learner's frame, with its traceback in the details. ``failed``: (rank, describe_exception
     record) of each rank whose learner's code raised, the cause first (peers that only lost it after)."""
-    from grader.outcomes import RankOutcome, WorldOutcome
+    from grader.rank.outcomes import RankOutcome, WorldOutcome
 
     records = {rank: checked_record(info) for rank, info in failed}
     cause = failed[0][0]

@@ -1,5 +1,5 @@
 """A run's timeline into the report: each rank's own record of what it did over time (its driver
-wrapped in :func:`grader.rank_timeline.traced`), read as untrusted data (:mod:`grader.timeline`)
+wrapped in :func:`grader.rank.rank_timeline.traced`), read as untrusted data (:mod:`grader.timeline`)
 and added as a section. It only shows what happened; no verdict is taken from it.
 
     outcome = g.run(rank_main, world_size)

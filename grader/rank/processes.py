@@ -1,6 +1,6 @@
 """Processes under the harness: the warm pool (a forkserver with torch preloaded), messages read
 from ranks under a deadline, a rank's files, and the processes a run leaves behind (found by the
-marker in their environment, and killed). :mod:`grader.harness` starts and waits for runs with these.
+marker in their environment, and killed). :mod:`grader.rank.harness` starts and waits for runs with these.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _receive(conn, deadline: float, block: bool = True) -> dict | None:
 
 
 def _load(data: bytes) -> dict:
-    from grader import wire
+    from grader.rank import wire
 
     payload = wire.loads(data)
     if not isinstance(payload, dict):
@@ -224,7 +224,7 @@ def _holds_open(pid: int, path: str) -> bool:
 
 def _read(path: str, limit: int = 20000) -> str:
     """The start of a file a rank wrote (a link, a FIFO or a missing file: "")."""
-    from grader import untrusted
+    from grader.rank import untrusted
 
     try:
         fd = untrusted.open_regular(path)
@@ -236,7 +236,7 @@ def _read(path: str, limit: int = 20000) -> str:
 
 def _tail(path: str, chars: int = OUTPUT_TAIL_CHARS) -> str:
     """The end of a file a rank wrote (a link, a FIFO or a missing file: "")."""
-    from grader import untrusted
+    from grader.rank import untrusted
 
     try:
         fd = untrusted.open_regular(path)
@@ -261,7 +261,7 @@ def _default_method() -> str:
 
 # The rank side of this layer, and a module it imports when it sets limits; warm_up(modules=...)
 # adds the caller's.
-PRELOAD = ["grader.child", "resource"]
+PRELOAD = ["grader.rank.child", "resource"]
 
 
 # DistributedDataParallel's constructor imports torch._dynamo (1-2 s); preloading it

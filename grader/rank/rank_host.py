@@ -1,13 +1,13 @@
-"""``python -m grader.sandbox.rank_host``: inside a sandbox, the one process of the grader that runs there.
+"""``python -m grader.rank.rank_host``: inside a sandbox, the one process of the grader that runs there.
 
-It holds the warm pool and starts the ranks (a :class:`grader.harness.Session`), and answers the
+It holds the warm pool and starts the ranks (a :class:`grader.rank.harness.Session`), and answers the
 grader outside (:mod:`grader.sandbox.confined`), which decides everything: this process only starts
 runs and workers when asked and sends back what they did. A submission shares the sandbox with
 it and may forge what it sends (a rank can reach its pipes); what it sends is then the
 submission's own claim about its ranks, which the grader outside reads as untrusted data.
 
 Frames both ways are an 8-byte length and a payload: from the grader a pickle (trusted: the
-grader wrote it), to the grader a :mod:`grader.wire` pickle, which the grader reads with its
+grader wrote it), to the grader a :mod:`grader.rank.wire` pickle, which the grader reads with its
 allowlist and a size limit. The first frame from the grader is the configuration; the host
 answers ``ready`` once its pool has started, then one answer per request:
 
@@ -25,7 +25,7 @@ import os
 import pickle
 import sys
 
-from grader.sandbox.boundary import frame, read_frame
+from grader.rank.wire import frame, read_frame
 
 def _outcome_fields(outcome) -> dict:
     """A dataclass outcome as a dict, its fields as they are (the result kept as the rank sent it)."""
@@ -72,12 +72,12 @@ def main() -> None:
         return
     config = pickle.loads(first)
 
-    from grader import harness
+    from grader.rank import harness
 
     _set_task_limit(config.get("max_tasks", 0))
     # The pool first: it imports torch in its own process while this one imports torch for the wire.
     harness.warm_up(dynamo=config.get("dynamo", True), modules=config.get("modules") or ())
-    from grader import wire
+    from grader.rank import wire
 
     def send(message: dict) -> None:
         _write_all(out_fd, frame(wire.dumps(message)))

@@ -12,7 +12,7 @@ does the same for several worlds at once, each with its own rendezvous):
   others get a short grace period before they are stopped;
 * at the deadline every rank still running is asked for its stack
   (``faulthandler``) and killed with everything it started;
-* a rank over its memory limit is stopped (see :mod:`grader.limits`), and
+* a rank over its memory limit is stopped (see :mod:`grader.rank.limits`), and
   every process that still carries the run's marker afterwards is killed.
 
 Nothing here waits without a deadline: messages from ranks are read with one
@@ -36,9 +36,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from grader import limits as _limits
-from grader.outcomes import PEER_LOST, RankOutcome, WorldOutcome, _blame  # noqa: F401
-from grader.processes import (MAX_MESSAGE_BYTES, OUTPUT_TAIL_CHARS, REAP_PASSES, RESOLVER_OPTIONS,  # noqa: F401
+from grader.rank import limits as _limits
+from grader.rank.outcomes import PEER_LOST, RankOutcome, WorldOutcome, _blame  # noqa: F401
+from grader.rank.processes import (MAX_MESSAGE_BYTES, OUTPUT_TAIL_CHARS, REAP_PASSES, RESOLVER_OPTIONS,  # noqa: F401
                               RUN_MARKER, _context, _hidden_main, _kill, _load, _platform_env, _read, _receive,
                               _recv, _rendezvous_env, _tail, bound_name_lookups, descendants, marked_processes,
                               reap_strays, remove_folder, resident_bytes, stop_pool, warm_up)
@@ -47,7 +47,7 @@ TREE_POLL_EVERY = 2  # every second memory reading also reads the processes a ra
 GRACE_AFTER_FAILURE_S = 3.0  # how long other ranks may run on after one failed
 STACK_WAIT_S = 0.5  # how long a rank gets to write its stack before it is killed
 
-DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.limits; a Session takes GradeOptions.limits
+DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.rank.limits; a Session takes GradeOptions.limits
 MAX_SPARES = 8  # rank processes a session with spares keeps forked ahead of its next run
 
 
@@ -92,7 +92,7 @@ class Session:
 
     def __init__(self, limits: dict | None = None, start_method: str | None = None, spares: bool = False,
                  tmp: str | None = None):
-        from grader import untrusted
+        from grader.rank import untrusted
 
         bound_name_lookups()
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
@@ -249,7 +249,7 @@ class Session:
 
     def _fork(self) -> tuple[object, object]:
         """A new process from the pool, waiting for its spec on the pipe returned with it."""
-        from grader import child
+        from grader.rank import child
 
         parent_end, child_end = self.ctx.Pipe(duplex=True)
         # Not a daemon: a rank may start processes of its own (exercise 04 spawns);

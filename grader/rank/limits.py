@@ -62,7 +62,7 @@ OPTIONS = {
 
 def limits_dict(memory_mib: float | None = DEFAULT_MEMORY_MIB, cpu_seconds: float | None = DEFAULT_CPU_SECONDS,
                 output_mib: float | None = DEFAULT_OUTPUT_MIB, tmp_mib: float | None = DEFAULT_TMP_MIB) -> dict:
-    """The ``limits`` a :class:`grader.harness.Session` takes, from the CLI's units (0 or None: off;
+    """The ``limits`` a :class:`grader.rank.harness.Session` takes, from the CLI's units (0 or None: off;
     for ``tmp``, the default)."""
     return {
         "memory_bytes": int((memory_mib or 0) * MIB),

@@ -6,7 +6,7 @@ anything it started), sends its output to a file, arms ``faulthandler`` so the
 parent can ask for its stack, imports the learner's file, runs the exercise's
 driver and sends back one message: what it observed, or how it failed.
 
-Messages to the parent are written by :mod:`grader.wire`: plain data and tensors
+Messages to the parent are written by :mod:`grader.rank.wire`: plain data and tensors
 only, read there with an allowlist, so nothing a submission puts in them can run
 code in the parent.
 """
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from grader import wire
+from grader.rank import wire
 
 # Variables a launcher may have left in the grader's own environment; a child
 # must not inherit them, or a learner who forgets to pass rank and world size
@@ -248,9 +248,9 @@ def _apply_limits(limits: dict) -> None:
     """Memory, CPU-time and file-size limits for this process (and what it starts).
 
     ``memory_bytes`` is a limit on resident memory that the parent enforces; here
-    the address space gets a backstop above it (see :mod:`grader.limits`).
+    the address space gets a backstop above it (see :mod:`grader.rank.limits`).
     """
-    from grader.limits import address_space_bytes
+    from grader.rank.limits import address_space_bytes
 
     try:
         import resource

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from grader.child import GraderAbort, rendezvous_target
+from grader.rank.child import GraderAbort, rendezvous_target
 
 
 @contextlib.contextmanager

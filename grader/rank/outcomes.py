@@ -1,5 +1,5 @@
 """What a run did, as data: each rank's outcome and the whole world's, and which rank is the cause
-when several failed. :mod:`grader.harness` fills them in; the checks and the diagnosis read them."""
+when several failed. :mod:`grader.rank.harness` fills them in; the checks and the diagnosis read them."""
 
 from __future__ import annotations
 

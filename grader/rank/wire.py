@@ -14,6 +14,7 @@ import collections
 import io
 import math
 import pickle
+import struct
 
 import torch
 
@@ -88,3 +89,36 @@ class _Reader(pickle.Unpickler):
 def loads(data: bytes):
     """What :func:`dumps` wrote; raises pickle.UnpicklingError for anything outside ALLOWED."""
     return _Reader(io.BytesIO(data)).load()
+
+
+# --- frames: how the sandbox's host and the grader outside take turns (grader.sandbox.confined) ---------
+
+HEADER = struct.Struct("!Q")  # the length of a frame
+MAX_REQUEST_BYTES = 64 * 2**20  # one request to the host (a run's arguments)
+
+
+def read_frame(stream, limit: int = MAX_REQUEST_BYTES) -> bytes | None:
+    """One frame from a blocking ``stream``; None at its end, or when the length is over ``limit``
+    (the stream was written into by something else: nothing after it can be trusted to be framed)."""
+    header = _read_exactly(stream, HEADER.size)
+    if header is None:
+        return None
+    (size,) = HEADER.unpack(header)
+    if size > limit:
+        return None
+    return _read_exactly(stream, size)
+
+
+def _read_exactly(stream, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload

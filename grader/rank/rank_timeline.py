@@ -168,7 +168,7 @@ def _install_communication(recorder: Recorder, stack: contextlib.ExitStack) -> N
     import torch.distributed._functional_collectives as funcol
     import torch.distributed.distributed_c10d as c10d
 
-    from grader import probes
+    from grader.rank import probes
 
     def wrap(name: str, original):
         try:
