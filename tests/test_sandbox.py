@@ -136,22 +136,35 @@ def test_batch_grades_each_submission_in_a_sandbox_of_its_own(tool, tmp_path, mo
     assert processes_carrying(tag) == []
 
 
+def _kit_under(parent: Path, name: str) -> Path:
+    """A kit as a learner keeps it, under ``parent``: the grader's package, and beside it what no submission may
+    see (the solutions, the tests, the git history, the exercises folder); beside the kit, another one and a file."""
+    kit = parent / name
+    shutil.copytree(ROOT / "grader", kit / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in ("solutions/01_setup.py", "tests/conftest.py", "exercises/01_setup.py", ".git/HEAD",
+                 "README.md", "../another-kit/solutions/01_setup.py", "../notes.txt"):
+        (kit / path).parent.mkdir(parents=True, exist_ok=True)
+        (kit / path).write_text("not for a submission's eyes\n")
+    return kit
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_a_kit_kept_under_tmp_grades_in_the_sandbox(tool):
     """Inside, /tmp is an empty folder; the kit kept there, and the learner's file inside the kit,
-    are bound back read-only (the file is seen through the kit's folder, not bound a second time)."""
-    kit = Path(tempfile.mkdtemp(prefix="ddp-grade-kit-", dir="/tmp"))
+    are bound back read-only (the file is seen through the kit's folder, not bound a second time).
+    The file looks for the kit's solutions, tests and git history: none is there."""
+    parent = Path(tempfile.mkdtemp(prefix="ddp-grade-kit-", dir="/tmp"))
     try:
-        shutil.copytree(ROOT / "grader", kit / "grader", ignore=shutil.ignore_patterns("__pycache__"))
-        (kit / "solutions").mkdir()
-        shutil.copy(ROOT / "solutions" / "01_setup.py", kit / "solutions")
-        env = {**os.environ, "PYTHONPATH": str(kit), sandbox.TOOL_ENV: tool}
+        kit = _kit_under(parent, "kit")
+        shutil.copy(FILES / "01_reads_kit.py", kit / "exercises" / "01_setup.py")
+        env = {**os.environ, "PYTHONPATH": str(kit), sandbox.TOOL_ENV: tool, "DDP_GRADE_TEST_KIT": str(kit),
+               sandbox.PASS_ENV: "DDP_GRADE_TEST_KIT"}
         # From the kit's own folder, so that `-m grader` is the copy under /tmp.
-        done = subprocess.run([sys.executable, "-m", "grader", "solutions/01_setup.py", "-q", "--no-server",
+        done = subprocess.run([sys.executable, "-m", "grader", "exercises/01_setup.py", "-q", "--no-server",
                                "--world-size", "2", "--timeout", "90", "--sandbox"], cwd=kit, env=env,
                               capture_output=True, text=True, timeout=300)
     finally:
-        shutil.rmtree(kit, ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
     assert "checks passed" in done.stdout, done.stdout[-2000:]
 
@@ -285,20 +298,136 @@ def test_the_sandbox_environment_is_an_allowlist(monkeypatch):
     assert env["LC_ALL"] == "C.UTF-8" and env["NCCL_DEBUG"] == "INFO" and env["HANDED_IN"] == "yes"
 
 
+# --- what the sandbox shows of the machine and of the kit, wherever the kit is (issue 46) ----------------------
+
+# Run inside: the entries of every folder from argv[1] up to /, whether each of argv[2:] can be written, the
+# capabilities left, and whether DDP_GRADE_TEST_STATE (the state folder outside) exists.
+VIEW_PROBE = (
+    "import errno, json, os, sys\n"
+    "path, seen, writes = sys.argv[1], {}, {}\n"
+    "while True:\n"
+    "    try:\n"
+    "        seen[path] = sorted(os.listdir(path))\n"
+    "    except OSError as exc:\n"
+    "        seen[path] = errno.errorcode[exc.errno]\n"
+    "    if path == '/':\n"
+    "        break\n"
+    "    path = os.path.dirname(path)\n"
+    "for folder in sys.argv[2:]:\n"
+    "    try:\n"
+    "        open(os.path.join(folder, 'written-from-the-sandbox'), 'x').close()\n"
+    "        writes[folder] = 'written'\n"
+    "    except OSError as exc:\n"
+    "        writes[folder] = errno.errorcode[exc.errno]\n"
+    "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
+    "state = os.environ.get('DDP_GRADE_TEST_STATE')\n"
+    "state_seen = bool(state) and os.path.exists(state)\n"
+    "print(json.dumps({'seen': seen, 'writes': writes, 'caps': caps, 'state_seen': state_seen}))\n"
+)
+# What the sandbox's root holds besides the folders on the way to what it binds: the machine's system folders
+# (or their links), its own /etc, /dev, /proc and /tmp, and /sys where GPUs are bound.
+ROOT_OWN = {os.path.basename(p) for p in sandbox.SYSTEM} | {"etc", "dev", "proc", "tmp", "sys"}
+
+
+def _next_names(folder: str, paths: list[str]) -> set[str]:
+    """The next name on the way from ``folder`` to each of ``paths`` below it."""
+    return {os.path.relpath(p, folder).split(os.sep)[0] for p in paths if sandbox._under(p, folder) and p != folder}
+
+
+def _needed(kit: str, home: str, search_path: list[str]) -> list[str]:
+    """What a grading needs to see, in this test's own words: the kit's package, the Python that runs it (its
+    environment and its base installation), the folders it imports from that are not the kit's, and the home
+    folder and /tmp (both made empty)."""
+    needed = [os.path.join(kit, "grader"), sys.prefix, sys.base_prefix, home, "/tmp"]
+    for entry in search_path:
+        if entry and os.path.isdir(entry):
+            needed += [p for p in {os.path.abspath(entry), os.path.realpath(entry)}
+                       if not sandbox._under(p, kit) and not sandbox._under(kit, p)]
+    return needed + [os.path.realpath(p) for p in needed]
+
+
+def _check_the_view(view: dict, kit: str, package_entries: list[str], needed: list[str]) -> None:
+    """Of the kit, only its package (and its environment, where the kit holds it), read-only; of each folder on
+    the way from / to the kit, only the names on the way to what the grading needs; of /, nothing else of the
+    machine's."""
+    seen = view["seen"]
+    assert set(seen[kit]) == {"grader"} | _next_names(kit, [sys.prefix, os.path.realpath(sys.prefix)]), seen[kit]
+    package = seen[os.path.join(kit, "grader")]
+    assert "__init__.py" in package and set(package) <= set(package_entries), package
+    folder = os.path.dirname(kit)
+    while folder != "/":
+        assert set(seen[folder]) == _next_names(folder, needed), (folder, seen[folder])
+        folder = os.path.dirname(folder)
+    assert set(seen["/"]) - _next_names("/", needed) <= ROOT_OWN, seen["/"]
+    assert set(view["writes"].values()) == {"EROFS"}, view["writes"]
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_the_sandbox_has_a_root_of_its_own_and_no_capabilities(tool, outside_state):
-    """Nothing of the machine but what the grading needs: not /var (where this state folder is), not /home,
-    /root or /run; no capability left to mount, unmount or remount anything."""
-    probe = (
-        "import json, os, sys\n"
-        "seen = sorted(os.listdir('/'))\n"
-        "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd'))]\n"
-        "print(json.dumps([seen, caps, os.path.exists(sys.argv[1])]))\n"
-    )
-    done = subprocess.run(sandbox.wrap([sys.executable, "-c", probe, str(outside_state)], [], tool),
-                          env=sandbox.environment({}, 2**24), capture_output=True, text=True, timeout=60)
+    """Nothing of the machine but what the grading needs: of this kit only its package and, where the kit holds
+    it, its environment (both read-only); not the state folder (under /var/tmp here); no capability left to mount,
+    unmount or remount anything."""
+    package = str(ROOT / "grader")
+    argv = [sys.executable, "-c", VIEW_PROBE, package, package, sys.prefix]
+    env = {**sandbox.environment({}, 2**24), "DDP_GRADE_TEST_STATE": str(outside_state)}
+    done = subprocess.run(sandbox.wrap(argv, [], tool), env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    seen, caps, state_seen = json.loads(done.stdout)
-    assert not {"var", "home", "run", "srv", "mnt", "opt", "boot"} & set(seen), seen
-    assert caps == ["0000000000000000"] * 3
-    assert state_seen is False
+    view = json.loads(done.stdout)
+    _check_the_view(view, str(ROOT), sorted(os.listdir(package)), _needed(str(ROOT), str(Path.home()), sys.path[1:]))
+    assert view["caps"] == ["0000000000000000"] * 3
+    assert view["state_seen"] is False
+
+
+# Run with the kit's copy as its working folder and on PYTHONPATH, so that `grader` is the copy: what the copy's
+# sandbox binds, and what a probe sees inside it.
+COPY_DRIVER = (
+    "import json, subprocess, sys\n"
+    "import grader\n"
+    "from grader import sandbox\n"
+    "tool, kit, probe = sys.argv[1:4]\n"
+    "argv = sandbox.wrap([sys.executable, '-c', probe, kit + '/grader', kit + '/grader'], [], tool)\n"
+    "done = subprocess.run(argv, env=sandbox.environment({}, 2**24), capture_output=True, text=True, timeout=60)\n"
+    "print(json.dumps({'package': grader.__file__, 'path': sys.path[1:], 'rc': done.returncode,\n"
+    "                  'view': done.stdout, 'err': done.stderr[-2000:]}))\n"
+)
+
+
+@pytest.fixture(params=["home", "var-tmp", "opt", "space"])
+def kit_place(request):
+    """(the folder a kit is kept in, its home folder): in a home folder under /home (made for the test where
+    /home can be written, else this user's own), under /var/tmp, under /opt (where it can be written) and in a
+    folder whose name has a space."""
+    made = None
+    home = Path.home()
+    if request.param == "home":
+        if os.access("/home", os.W_OK):
+            made = home = Path(tempfile.mkdtemp(prefix="ddp-grade-learner-", dir="/home"))
+            parent = home / "code"
+            parent.mkdir()
+        else:
+            made = parent = Path(tempfile.mkdtemp(prefix="ddp-grade-view-", dir=home))
+    elif request.param == "opt":
+        if not os.access("/opt", os.W_OK):
+            pytest.skip("/opt cannot be written here")
+        made = parent = Path(tempfile.mkdtemp(prefix="ddp-grade-view-", dir="/opt"))
+    else:
+        made = parent = Path(tempfile.mkdtemp(prefix="ddp grade view " if request.param == "space" else
+                                              "ddp-grade-view-", dir="/var/tmp"))
+    yield parent, home
+    shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_of_a_kit_anywhere_the_sandbox_shows_only_the_graders_package(tool, kit_place):
+    parent, home = kit_place
+    kit = _kit_under(parent, "my kit" if " " in str(parent) else "ddp-grade")
+    env = {**os.environ, "PYTHONPATH": str(kit), "HOME": str(home)}
+    done = subprocess.run([sys.executable, "-c", COPY_DRIVER, tool, str(kit), VIEW_PROBE], cwd=kit, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran = json.loads(done.stdout)
+    assert ran["package"] == str(kit / "grader" / "__init__.py")  # the copy's sandbox, binding the copy
+    assert ran["rc"] == 0, ran["err"]
+    view = json.loads(ran["view"])
+    assert view["seen"][str(parent)] == [kit.name]  # nothing beside the kit: not another kit, not a file
+    _check_the_view(view, str(kit), sorted(os.listdir(kit / "grader")), _needed(str(kit), str(home), ran["path"]))

@@ -99,7 +99,13 @@ def _works(name: str) -> bool:
 def visible_paths(extra: list[str]) -> list[str]:
     """What the grading needs to see inside: Python, its installed packages, the grader's package and
     ``extra`` (a submission's own folder). Of the kit, only the grader's package: never the kit's
-    other folders (its solutions, its tests, its git history, submissions kept beside it)."""
+    other folders (its solutions, its tests, its git history, submissions kept beside it).
+
+    The environment that runs the grader (``sys.prefix``) is bound where it is, also when it lives in
+    the kit's folder (the README's ``.venv``): a virtual environment cannot be moved (its scripts and
+    ``pyvenv.cfg`` name their paths), and it holds only installed packages; of the kit, an editable
+    install puts there a pointer to the kit's path, never a file of the kit. Each folder on the way
+    to what is bound shows only the next name on that way (``tests/test_sandbox.py``)."""
     package = os.path.realpath(_package_folder())
     kit = os.path.dirname(package)
     paths = {sys.prefix, sys.base_prefix, package}
