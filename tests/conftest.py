@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import signal
@@ -21,6 +22,47 @@ from grader.grading import GradeOptions, grade_file
 from grader.results import report_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def kit_files(root: Path = ROOT) -> list[str]:
+    """The kit's files, as paths relative to ``root``: git's list where the kit is a git checkout; in a copy without
+    git (a downloaded archive), every file below ``root`` but ``.git`` and what ``.gitignore`` names (caches and
+    build outputs: ``.hypothesis``, ``__pycache__``, ``.venv``, ...), which is the one list of what is not the kit's."""
+    if (root / ".git").exists():
+        try:
+            listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True, timeout=60)
+            if listed.returncode == 0:
+                return [path for path in listed.stdout.split("\0") if path]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    ignored = not_the_kits(root)
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git" and not any(fnmatch.fnmatch(d, p) for p in ignored)]
+        relative = Path(folder).relative_to(root)
+        found += [(relative / n).as_posix() for n in names
+                  if not any(fnmatch.fnmatch(n, p) for p, folders_only in ignored.items() if not folders_only)]
+    return sorted(found)
+
+
+def not_the_kits(root: Path = ROOT) -> dict[str, bool]:
+    """What ``.gitignore`` names, pattern -> whether it names folders only ("build/"); each pattern is a file or
+    folder name anywhere below the kit. A pattern of another form (a path, "!", "**") is refused here rather than
+    read as something else."""
+    patterns = {}
+    try:
+        lines = (root / ".gitignore").read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return patterns
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name = line[:-1] if line.endswith("/") else line
+        if "/" in name or line.startswith("!") or "**" in name:
+            raise ValueError(f".gitignore: {line!r} is not a name; kit_files reads only names (tests/conftest.py)")
+        patterns[name] = line.endswith("/")
+    return patterns
 
 # No test starts the background grading server unless it sets this itself (tests/test_server.py).
 os.environ["DDP_GRADE_SERVER"] = "0"

@@ -7,11 +7,12 @@ import fnmatch
 import importlib
 import inspect
 import re
-import subprocess
+import shutil
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kit_files
 from grader import catalog
 
 TABLE = re.compile(r"<!-- files-per-exercise:start -->(.*?)<!-- files-per-exercise:end -->", re.S)
@@ -28,17 +29,10 @@ def for_exercise(pattern: str, ex: catalog.Exercise) -> str:
     return pattern.replace("[debug/]", track).replace("NN", ex.id).replace("slug", ex.slug)
 
 
-def tracked_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
-    if out.returncode != 0:  # not a git checkout: every file below the kit
-        return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts]
-    return out.stdout.split()
-
-
 def test_the_list_names_the_files_every_exercise_needs():
     files = listed_files()
     assert files and any(required for _, required in files)
-    tracked = tracked_files()
+    tracked = kit_files()
     for ex in catalog.exercises():
         for pattern, required in files:
             if required:
@@ -57,26 +51,66 @@ def test_every_file_named_for_an_exercise_is_in_the_list(ex):
     """Each exercise in turn, as if it were the newest: every file its name is in (its checks in either shape,
     stubs, solutions, variants, right and hostile answers, tests) is one the list admits."""
     allowed = [for_exercise(pattern, ex) for pattern, _ in listed_files()]
-    outside = [path for path in tracked_files() if _named_for(ex, path)
+    outside = [path for path in kit_files() if _named_for(ex, path)
                and not any(fnmatch.fnmatch(path, a) for a in allowed)]
     assert outside == [], f"exercise {ex.id}: {outside} are not among an exercise's files in CONTRIBUTING.md"
 
 
-def test_nothing_outside_the_list_names_the_newest_exercise():
-    """Adding the newest exercise touched only the listed files: no other file names it or its module."""
+def naming_the_newest_outside_the_list(root: Path = ROOT) -> list[str]:
+    """The kit's files (below ``root``) that name the newest exercise or its module and are not among the files
+    CONTRIBUTING.md lists for an exercise."""
     newest = catalog.exercises()[-1]
     allowed = [for_exercise(pattern, newest) for pattern, _ in listed_files()]
     names = (f"{newest.id}_{newest.slug}", f"ex{newest.id}_{newest.slug}")
-    for path in tracked_files():
-        full = ROOT / path
+    outside = []
+    for path in kit_files(root):
         by_name = any(n in path for n in names) or re.match(rf"tests/\w+/{newest.id}_", path)
         try:
-            by_text = any(n in full.read_text(encoding="utf-8", errors="replace") for n in names)
+            by_text = any(n in (root / path).read_text(encoding="utf-8", errors="replace") for n in names)
         except OSError:
             by_text = False
-        if by_name or by_text:
-            assert any(fnmatch.fnmatch(path, a) for a in allowed), \
-                f"{path} names exercise {newest.id}, but CONTRIBUTING.md does not list it among an exercise's files"
+        if (by_name or by_text) and not any(fnmatch.fnmatch(path, a) for a in allowed):
+            outside.append(path)
+    return outside
+
+
+def test_nothing_outside_the_list_names_the_newest_exercise():
+    """Adding the newest exercise touched only the listed files: no other file names it or its module."""
+    assert naming_the_newest_outside_the_list() == [], "these name the newest exercise, but CONTRIBUTING.md " \
+        "does not list them among an exercise's files"
+
+
+def test_in_a_copy_of_the_kit_without_git_the_list_is_the_kits_files_without_caches_or_builds(tmp_path):
+    """A downloaded archive has no .git: the files are then a walk of the folder that leaves out what .gitignore
+    names (Hypothesis's cache, bytecode, the environment, build outputs), where Hypothesis and pip write files
+    that name the newest exercise; a note of the learner's that names it is still found."""
+    copy = tmp_path / "kit"
+    for path in kit_files():
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / path, copy / path)
+    newest = catalog.exercises()[-1]
+    naming = f"grader.checks.ex{newest.id}_{newest.slug}\n"
+    made = [".hypothesis/examples/0a1b/2c3d", "grader/__pycache__/catalog.cpython-311.pyc", ".pytest_cache/v/x",
+            "ddp_grade.egg-info/SOURCES.txt", ".venv/lib/python3.11/site-packages/x.pth", "build/lib/x.py",
+            "dist/x.txt", "exercises/__pycache__/x.pyc"]
+    for path in made:
+        (copy / path).parent.mkdir(parents=True, exist_ok=True)
+        (copy / path).write_text(naming)
+    assert not (copy / ".git").exists()
+    files = kit_files(copy)
+    assert sorted(files) == sorted(kit_files()), set(files) ^ set(kit_files())
+    assert naming_the_newest_outside_the_list(copy) == []
+    (copy / "notes.txt").write_text(naming)  # the kit's own file, as far as a copy can tell: still looked at
+    assert naming_the_newest_outside_the_list(copy) == ["notes.txt"]
+
+
+def test_the_gitignore_is_a_list_of_names():
+    """kit_files reads .gitignore as names of files and folders anywhere below the kit (it refuses any other
+    form): caches and build outputs, each named."""
+    from conftest import not_the_kits
+
+    names = not_the_kits()
+    assert {".hypothesis", "__pycache__", ".pytest_cache", "*.egg-info", ".venv", "build", "dist"} <= set(names)
 
 
 # --- an exercise's checks: one module, or a package of files with fixed roles ------------------------------
