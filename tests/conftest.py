@@ -24,6 +24,13 @@ from grader.results import report_from_dict
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a command a test stops with Ctrl-C: SIGINT as a terminal's foreground job has it. A shell
+    starts a background job with SIGINT ignored, a command inherits that, and a Python started so keeps it (it
+    installs no KeyboardInterrupt): a suite run as such a job would start its commands deaf to their Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kit_files(root: Path = ROOT) -> list[str]:
     """The kit's files, as paths relative to ``root``: git's list where the kit is a git checkout; in a copy without
     git (a downloaded archive), every file below ``root`` but ``.git`` and what ``.gitignore`` names (caches and

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from background import processes_with
-from conftest import ROOT
+from conftest import ROOT, ctrl_c_reaches_it
 from grader import batch, batch_output
 from grader.results import EXIT_CODES
 from grader.cli import main
@@ -143,8 +143,7 @@ def test_ctrl_c_stops_a_batch_with_exit_130_and_leaves_nothing_running(tmp_path)
     proc = subprocess.Popen([sys.executable, "-c", "from grader.cli import main; main()", "batch",
                              str(HOSTILE / "01_endless_loop.py"), "--timeout", "60", "-q"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # Ctrl-C must reach it even when these tests run as a background job (SIGINT ignored)
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 60
     while len(processes_with(f"BATCH_TEST_TAG={tag}")) < 3 and time.monotonic() < deadline:
         time.sleep(0.2)  # the batch, a worker and its pool at least

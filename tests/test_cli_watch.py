@@ -170,62 +170,112 @@ def _what_runs(tag: str, env: dict) -> str:
     return "processes: " + "; ".join(lines) + f" | environment: {[(k, env[k][:60]) for k in keys]}"
 
 
+# `ddp-grade watch FILE` with Ctrl-C at one moment of its second grading (the re-grade after a save, whose ranks
+# are the spares forked after the first): the command sends SIGINT to its own process group, as a terminal does (the
+# command, its warm pool and its spares), when its own code reaches that moment. The ranks' moments are the
+# learner's file's own doing (CTRL_C_FROM_THE_FILE), once, from the first rank that gets there.
+CTRL_C_AT = """
+import os, signal, sys, threading
+from grader.rank import harness
+from grader.commands import watch
+
+moment, path = sys.argv[1], sys.argv[2]
+runs, sent = [], []
+
+
+def ctrl_c():
+    if not sent:
+        sent.append(moment)
+        os.killpg(os.getpgrp(), signal.SIGINT)
+
+
+def patch(owner, name, before=None, after=None):
+    original = getattr(owner, name)
+
+    def patched(*args, **kwargs):
+        if before and before():
+            ctrl_c()
+        result = original(*args, **kwargs)
+        if after and after():
+            ctrl_c()
+        return result
+
+    setattr(owner, name, patched)
+
+
+second = lambda: len(runs) >= 2
+patch(harness.Session, "run_many", before=lambda: runs.append(1) and False)
+if moment == "specs handed out":  # the first rank has its spec, the others not yet
+    patch(harness.Session, "_start", after=second)
+elif moment == "results being read":
+    patch(harness, "_receive", before=second)
+elif moment == "spares being forked":
+    patch(harness.Session, "_fork", after=lambda: second() and threading.current_thread().name == "ddp-grade spares")
+elif moment == "between gradings":  # the second grading's report is out; watch waits for the next save
+    patch(watch.FolderEvents, "wait", before=second)
+from grader.cli import main
+sys.argv = ["ddp-grade", "watch", path, "--world-size", "1"]
+main()
+"""
+# What the save adds to the learner's file for the moments in its ranks: the first rank there sends Ctrl-C to the
+# command's process group (its pool's), and every rank then sleeps past any deadline of the test.
+CTRL_C_FROM_THE_FILE = """
+import os, signal, time
+
+
+def _ctrl_c_then_sleep():
+    try:
+        os.close(os.open({first!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.killpg(os.getpgid(os.getppid()), signal.SIGINT)
+    except FileExistsError:
+        pass
+    time.sleep(300)
+"""
+MOMENTS = ["specs handed out", "ranks importing", "ranks running", "results being read", "spares being forked",
+           "between gradings"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
-def test_ctrl_c_to_the_whole_process_group_stops_watch_with_one_line_and_leaves_nothing(tmp_path):
-    """As a terminal sends it: SIGINT to the foreground process group (the command, its warm pool, its spares),
-    here while the ranks of a grading are running. One line, exit 0 (as documented), no traceback from any
-    process, and no process left."""
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_ctrl_c_at_any_moment_of_a_grading_stops_watch_with_one_line_and_leaves_nothing(moment, tmp_path):
+    """Ctrl-C as a terminal sends it, at each moment of a re-grade in turn: watch ends with exit 0 (as documented),
+    'Stopped watching.' its one last line, no traceback from any process, and no process left (the learner's ranks
+    asleep for 300 s included)."""
     import signal
     import subprocess
     import time
     import uuid
 
     import background
+    from conftest import ctrl_c_reaches_it
 
     f = tmp_path / "01_setup.py"
     shutil.copy(ROOT / "solutions" / "01_setup.py", f)
     tag = uuid.uuid4().hex
     env = {**os.environ, "DDP_GRADE_TEST_TAG": tag, "DDP_GRADE_STATE_DIR": str(tmp_path / "state")}
-    command = subprocess.Popen([sys.executable, "-m", "grader", "watch", str(f)], cwd=ROOT, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    command = subprocess.Popen([sys.executable, "-c", CTRL_C_AT, moment, str(f)], cwd=ROOT, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                               preexec_fn=ctrl_c_reaches_it)
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.extend(command.stdout), daemon=True)
     reader.start()
-
-    def wait_for(ready, what: str, within_s: float = 120) -> None:
-        deadline = time.monotonic() + within_s
-        while not ready():
-            assert command.poll() is None and time.monotonic() < deadline, f"{what}: {''.join(out)[-2000:]}"
-            time.sleep(0.05)
-
-    def ranks() -> list[int]:  # the processes of a run: each leads a process group of its own
-        found = []
-        for pid in background.processes_carrying(tag):
-            try:
-                if pid != command.pid and os.getpgid(pid) == pid:
-                    found.append(pid)
-            except ProcessLookupError:
-                pass
-        return found
-
     try:
-        wait_for(lambda: any("grading 1 of" in line for line in out), "the first grading")
-        importing = tmp_path / "importing"
-        importing.mkdir()
-        f.write_text(f.read_text() + "\nimport os\nimport time\n\n"
-                     f"open(os.path.join({str(importing)!r}, str(os.getpid())), 'w').close()\n"
-                     "time.sleep(300)  # the ranks wait here on import\n")
-        # Every rank of the second grading is running the learner's code: the grading is under way.
-        wait_for(lambda: len(list(importing.iterdir())) >= 2 and
-                 {int(p.name) for p in importing.iterdir()} <= set(ranks()), "the second grading's ranks")
-        os.killpg(command.pid, signal.SIGINT)
-        # Ended before the learner's ranks would have woken up (300 s): stopped, not waited for. Its cleanup
-        # on a loaded machine (the suite's background jobs beside it) has taken over 60 s.
+        deadline = time.monotonic() + 240
+        while not any("grading 1 of" in line for line in out):
+            assert command.poll() is None and time.monotonic() < deadline, f"the first grading: {''.join(out)[-2000:]}"
+            time.sleep(0.05)
+        saved = f.read_text() + CTRL_C_FROM_THE_FILE.format(first=str(tmp_path / "first"))
+        if moment == "ranks importing":
+            saved += "\n_ctrl_c_then_sleep()\n"
+        elif moment == "ranks running":
+            saved += "\n\ndef setup_ddp(rank, world_size, backend=None):\n    _ctrl_c_then_sleep()\n"
+        f.write_text(saved)
         try:
-            command.wait(timeout=240)
+            command.wait(timeout=240)  # the learner's ranks sleep 300 s: stopped, not waited for
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"watch still running 240 s after Ctrl-C; {_what_runs(tag, env)}") from None
+            raise AssertionError(f"watch still running 240 s after Ctrl-C at '{moment}'; {_what_runs(tag, env)}; "
+                                 f"{''.join(out)[-1500:]}") from None
         reader.join(timeout=10)
     finally:
         if command.poll() is None:
@@ -235,7 +285,6 @@ def test_ctrl_c_to_the_whole_process_group_stops_watch_with_one_line_and_leaves_
     assert command.returncode == 0, errors[-2000:]
     shown = "".join(out) + errors
     assert "Traceback" not in shown and "KeyboardInterrupt" not in shown, shown[-3000:]
-    after = out[next(i for i, line in enumerate(out) if "grading 1 of" in line) + 1:]
-    assert [line.strip() for line in after if line.strip() and not line.startswith("Passed! Next")] == \
-        ["Stopped watching."]
+    lines = [line.strip() for line in out if line.strip()]
+    assert lines[-1] == "Stopped watching." and lines.count("Stopped watching.") == 1, shown[-3000:]
     assert background.processes_carrying(tag) == []
