@@ -22,7 +22,7 @@ so (W - 1) / W of each tensor leaves it.
         - Heads: rank r computes query heads [r * heads / W, (r + 1) * heads / W).
           heads not divisible by W: raise ValueError on every rank (every rank sees the
           same shapes, so none needs a message to agree; DeepSpeed's UlyssesSPAttentionHF
-          refuses the same).
+          refuses the same). Not an assert: python -O removes asserts.
         - Key/value heads, decided as UlyssesSPAttentionHF decides them: kv_heads
           divisible by W: each rank gets kv_heads / W of them, those its query heads use.
           Fewer key/value heads than ranks (W divisible by kv_heads): repeat each one

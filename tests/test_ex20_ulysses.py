@@ -163,6 +163,50 @@ def test_gqa_pairing_of_query_and_key_value_heads_is_named():
     assert f"key/value heads {paired}" in said and "[0, 0, 0, 0, 1, 1, 1, 1]" in said
 
 
+def test_key_value_heads_tiled_on_each_rank_are_named():
+    """Two key/value heads per rank: k.repeat on the rank's own heads pairs its query head i with its key/value
+    head i % 2 instead of i // 2."""
+    world_size = 2
+    observations = right_observations(world_size)
+    data = ex_rank.make_inputs("gqa", world_size)
+    heads, kv_heads, _ = ex_rank.shapes("gqa", world_size)
+    per_rank, kv_per_rank = heads // world_size, kv_heads // world_size
+    paired = [kv_per_rank * (h // per_rank) + (h % per_rank) % kv_per_rank for h in range(heads)]
+    right = [h // (heads // kv_heads) for h in range(heads)]
+    assert paired != right
+    out = torch.cat([reference.attention(data["q"][:, h:h + 1], data["k"][:, j:j + 1], data["v"][:, j:j + 1])
+                     for h, j in enumerate(paired)], dim=1)
+    observations[1]["gqa"]["output"] = out[:, :, ex_rank.positions(1, world_size)]
+    g = grade_all(observations, world_size)
+    said = messages(g)["gqa-matches"]
+    assert statuses(g)["gqa-matches"] == "fail" and "rank 1" in said
+    assert f"key/value heads {paired}" in said and str(right) in said
+
+
+def test_a_causal_mask_cut_per_chunk_is_named():
+    observations = right_observations(2)
+    data = ex_rank.make_inputs("causal", 2)
+    own = [data[name][:, :, ex_rank.positions(1, 2)] for name in ("q", "k", "v")]
+    observations[1]["causal"]["output"] = reference.attention(*own, causal=True)
+    g = grade_all(observations, 2)
+    said = messages(g)["causal-matches"]
+    assert statuses(g)["causal-matches"] == "fail" and statuses(g)["matches-attention"] == "pass"
+    assert "every key arrived" in said and "a causal mask cut per chunk" in said
+    assert "never arrived" not in said
+
+
+def test_wrong_attention_between_right_exchanges_is_named():
+    data = ex_rank.make_inputs("plain", 2)
+    q, k, v = (data[name] for name in ("q", "k", "v"))
+    for wrong, words in ((reference.attention(q, k, v, scale=1 / q.shape[-1]), "scaled twice"),
+                         (reference.attention(q, k, v, over=-2), "the softmax taken over the queries")):
+        observations = right_observations(2)
+        observations[0]["plain"]["output"] = wrong[:, :, ex_rank.positions(0, 2)]
+        said = messages(grade_all(observations, 2))["matches-attention"]
+        assert words in said and "the attention between them is what differs" in said
+        assert "another order" not in said
+
+
 def test_a_refusal_of_grouped_query_attention_fails_it():
     observations = right_observations(2)
     for obs in observations:
@@ -293,8 +337,9 @@ def outcome(world_size: int, results: list, statuses_: dict | None = None, error
     return WorldOutcome(world_size, ranks)
 
 
-def refusal(raised: str = "ValueError") -> dict:
-    return {"raised": raised, "message": "5 attention heads cannot be split evenly over 4 ranks", "events": []}
+def refusal(raised: str = "ValueError", value_error: bool | None = None) -> dict:
+    return {"raised": raised, "value_error": raised == "ValueError" if value_error is None else value_error,
+            "message": "5 attention heads cannot be split evenly over 4 ranks", "events": []}
 
 
 def refused_status(out: WorldOutcome, pattern: str = "heads") -> tuple[str, str]:
@@ -305,7 +350,24 @@ def refused_status(out: WorldOutcome, pattern: str = "heads") -> tuple[str, str]
 
 def test_every_rank_refusing_passes():
     assert refused_status(outcome(4, [refusal()] * 4))[0] == "pass"
-    assert refused_status(outcome(4, [refusal("AssertionError")] * 4), "kv-heads")[0] == "pass"
+    assert refused_status(outcome(4, [refusal("HeadsError", value_error=True)] * 4), "kv-heads")[0] == "pass"
+
+
+def test_an_assert_is_not_a_refusal():
+    status, said = refused_status(outcome(4, [refusal("AssertionError")] * 4))
+    assert status == "fail" and "rank 0 raised AssertionError" in said and "python -O removes it" in said
+
+
+def test_a_refusal_on_rank_0_only_fails_and_names_the_other_ranks():
+    results = [refusal()] + [refusal("RuntimeError")] * 3
+    status, said = refused_status(outcome(4, results))
+    assert status == "fail" and "rank 0 raised ValueError, but rank 1 raised RuntimeError" in said
+    assert "an accident of the shapes" in said and "only the query heads cannot be split" in said
+
+
+def test_a_record_that_only_names_a_value_error_is_no_refusal():
+    forged = [dict(refusal(), value_error="yes")] * 2
+    assert refused_status(outcome(2, forged))[0] == "fail"
 
 
 def test_a_rank_that_returns_an_output_fails():
@@ -327,7 +389,8 @@ def test_a_rank_that_died_fails():
 def test_refusal_shapes_cannot_be_split():
     for world_size in (2, 3, 4, 5, 6, 8):
         heads, kv, _ = ex_rank.shapes("heads", world_size)
-        assert heads % world_size
+        # Only the query heads' check can refuse: the key/value heads divide the heads and W.
+        assert heads % world_size and heads % kv == 0 and world_size % kv == 0
         heads, kv, _ = ex_rank.shapes("kv-heads", world_size)
         assert heads % world_size == 0 and heads % kv == 0 and kv % world_size and world_size % kv
         few = ex_rank.fewer_kv_heads(world_size)

@@ -8,9 +8,9 @@ the bytes this rank kept and sent off), and the most heads of q, k and v whose w
 once: each position's row is looked for byte for byte in the storages the learner's running frames, its
 module, its autograd graph, what autograd saved and the operation at hand reach, after each collective and
 before each matrix product. Scenarios: multi-head attention (non-causal, causal), grouped-query attention
-with W key/value heads and with fewer than W, and in the largest world two groups, each on its own sequence
-(group=). Two more runs give heads W does not split (query heads; key/value heads neither dividing W nor
-divisible by it), where every rank must refuse.
+with two key/value heads per rank and with fewer than W, and in the largest world two groups, each on its own
+sequence (group=). Two more runs give heads W does not split (query heads, with one key/value head, which W
+splits; key/value heads neither dividing W nor divisible by it), where every rank must raise ValueError.
 
 Grader side (:mod:`.reference`, :mod:`.verdicts`): single-process attention on the whole sequence, every
 rank's tensors compared with its chunk of it; the messages, bytes and memory against the method's.

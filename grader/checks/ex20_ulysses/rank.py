@@ -25,7 +25,6 @@ RTOL = 1e-9  # float64: the ranks compute the same sums as one process, in anoth
 ATOL = 1e-9  # times the largest |value| of the expected tensor
 SMALL_MESSAGE = 64  # bytes: a collective this small carries a few numbers (a shape, a flag), no activations
 STALL_TIMEOUT_S = 5.0  # after the first scenarios: a rank that failed must not leave the others waiting
-REFUSALS = ("ValueError", "AssertionError")
 MEASURED = ("plain", "gqa", "few-kv")  # the scenarios whose memory is measured (non-causal: every head meets every key)
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
 NOT_MESSAGES = ("wait_tensor", "_wrap_tensor_autograd")  # dispatched by collectives, moving nothing themselves
@@ -52,11 +51,13 @@ def shapes(scenario: str, world_size: int) -> tuple[int, int, bool]:
     if scenario == "causal":
         return heads, heads, True
     if scenario == "gqa":
-        return heads, world_size, False  # kv_heads / W = 1 per rank, two query heads to each
+        # Two key/value heads per rank, each shared by two query heads: a rank's pairing of its own heads shows
+        # (h with h // 2, as torch pairs them, or with h % 2, as tiling k.repeat would).
+        return 2 * heads, heads, False
     if scenario == "few-kv":
         return heads, fewer_kv_heads(world_size), False
     if scenario == "heads":
-        return world_size + 1, world_size + 1, False
+        return world_size + 1, 1, False  # one key/value head, which divides W: only the query heads' check refuses
     if scenario == "kv-heads":
         kv = neither_kv_heads(world_size)
         return math.lcm(kv, world_size), kv, False
@@ -388,5 +389,6 @@ def refusal_main(ctx: RankContext) -> dict:
         except NotImplementedError:
             raise
         except Exception as exc:  # the observation: a refusal, or an accident of the shapes
-            return {"raised": type(exc).__name__, "message": learner_error(exc, 500), "events": events}
+            return {"raised": type(exc).__name__, "value_error": isinstance(exc, ValueError),
+                    "message": learner_error(exc, 500), "events": events}
         return {"raised": None, "output": plain_tensor(out), "events": events}

@@ -11,15 +11,21 @@ import torch
 from grader.checks.ex20_ulysses.rank import BATCH, CHUNK, DTYPE, HEAD_DIM, make_inputs, replication, shapes
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(head_dim)) v, query head h with key/value head h // (heads / kv_heads)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *, scale: float | None = None,
+              over: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(head_dim)) v, query head h with key/value head h // (heads / kv_heads). The verdicts
+    name wrong answers with the other arguments: ``scale`` in place of 1 / sqrt(head_dim), the softmax ``over``
+    another dimension, ``mask`` (True where a query may not attend) in place of the causal one."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        n = scores.shape[-1]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v
+    scores = q @ k.transpose(-2, -1)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
+    n = scores.shape[-1]
+    if mask is None and causal:
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=over) @ v
 
 
 @functools.cache

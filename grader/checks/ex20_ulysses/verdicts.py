@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex20_ulysses.rank import (ATOL, CHUNK, REFUSALS, RTOL, SMALL_MESSAGE, groups_of, heads_share,
-                                             make_inputs, positions, replication, shapes)
+from grader.checks.ex20_ulysses.rank import (ATOL, CHUNK, RTOL, SMALL_MESSAGE, groups_of, heads_share, make_inputs,
+                                             positions, replication, shapes)
 from grader.checks.ex20_ulysses.reference import attention, bytes_to_send, expected
 from grader.compare import tensor_difference
 from grader.diagnose import last_words
@@ -92,10 +92,19 @@ def explain_output(got, scenario: str, rank: int, world_size: int, plain_right: 
     if got.shape != want.shape:
         return ""
     own = [_chunk(data[name], rank, world_size) for name in TENSORS]
-    if _close(got, attention(*own, causal)) and not _close(want, attention(*own, causal)):
+    alone = attention(*own, causal)
+    if _close(got, alone) and not _close(want, alone):
+        if causal and plain_right:
+            return (f"; the non-causal output is right, so every key arrived, but this is causal attention within the "
+                    f"rank's own chunk of {CHUNK} positions: a causal mask cut per chunk, the earlier chunks' keys masked "
+                    f"out. The query at position i attends to every key j <= i of the whole sequence: one triangular "
+                    f"mask over all {CHUNK * world_size} positions (is_causal=True on the sequence the exchange made)")
         return "; it equals attention over this rank's own chunk alone: the other ranks' positions never arrived"
     if causal and _close(got, _chunk(attention(data["q"], data["k"], data["v"]), rank, world_size)):
         return "; it equals attention without the causal mask"
+    local = _local_attention(got, data, causal, rank, world_size)
+    if local:
+        return local
     if causal and plain_right:
         return ("; the non-causal output is right, so every key arrived: the whole sequence was not in position "
                 "order when the mask was applied (line the received chunks up by the rank they came from)")
@@ -107,6 +116,28 @@ def explain_output(got, scenario: str, rank: int, world_size: int, plain_right: 
     if off <= FLOAT32_PRECISION * scale:
         return (f"; it is right to float32's precision only (off by {off:.2g}): a step ran in float32 where q, k "
                 "and v are float64")
+    return ""
+
+
+LOCAL_MISTAKES = (  # attention computed between the exchanges, wrong in itself: (arguments, what it did)
+    ({"scale": "1/d"}, "q k^T divided by head_dim, not by sqrt(head_dim): the scores were scaled twice "
+                       "(F.scaled_dot_product_attention divides by sqrt(head_dim) itself)"),
+    ({"scale": 1.0}, "q k^T not divided by sqrt(head_dim)"),
+    ({"over": -2}, "the softmax taken over the queries (dim -2): each query's weights sum to 1 over the keys, the "
+                   "last dimension"),
+)
+
+
+def _local_attention(got: torch.Tensor, data: dict, causal: bool, rank: int, world_size: int) -> str:
+    """When ``got`` is this rank's chunk of a recognisable wrong attention over the whole sequence: the exchanges
+    were right, the attention between them was not."""
+    head_dim = data["q"].shape[-1]
+    for arguments, what in LOCAL_MISTAKES:
+        scale = 1 / head_dim if arguments.get("scale") == "1/d" else arguments.get("scale")
+        wrong = attention(data["q"], data["k"], data["v"], causal, scale=scale, over=arguments.get("over", -1))
+        if _close(got, _chunk(wrong, rank, world_size)):
+            return (f"; it is attention over the whole sequence with {what}. The all-to-alls put every head and "
+                    "position in its place: the attention between them is what differs")
     return ""
 
 
@@ -401,16 +432,23 @@ def check_group(g, observations: list, world_size: int) -> None:
 def refusal_words(world_size: int, pattern: str) -> str:
     heads, kv_heads, _ = shapes(pattern, world_size)
     if pattern == "heads":
-        return f"world size {world_size}, {heads} heads ({heads} % {world_size} = {heads % world_size})"
+        return (f"world size {world_size}, {heads} heads ({heads} % {world_size} = {heads % world_size}) and "
+                f"{kv_heads} key/value head{'s' if kv_heads > 1 else ''}, which {world_size} ranks can share: only the "
+                "query heads cannot be split")
     return (f"world size {world_size}, {heads} heads and {kv_heads} key/value heads (neither {kv_heads} nor "
             f"{world_size} divides the other)")
 
 
+def _refused(res) -> bool:
+    """A ValueError (or an exception derived from it), as the rank saw it."""
+    return isinstance(res, dict) and res.get("value_error") is True
+
+
 def check_refused(g, outcome, world_size: int, pattern: str) -> None:
-    """Every rank refuses (ValueError, or an assert) shapes whose heads the ranks cannot split."""
+    """Every rank raises ValueError on shapes whose heads the ranks cannot split."""
     said = refusal_words(world_size, pattern)
     results = [r.result if r.status == "ok" and isinstance(r.result, dict) else None for r in outcome.ranks]
-    refused = [rank for rank, res in enumerate(results) if res and res.get("raised") in REFUSALS]
+    refused = [rank for rank, res in enumerate(results) if _refused(res)]
     if len(refused) == world_size:
         g.record("heads-refused", True)
         return
@@ -419,15 +457,23 @@ def check_refused(g, outcome, world_size: int, pattern: str) -> None:
             continue
         if res is None:
             went = _ended(rank, r)
+        elif res.get("raised") == "AssertionError":
+            went = (f"rank {rank} raised {_raised(res)}; an assert is not the refusal the statement asks for: "
+                    "python -O removes it, and the shapes then fail by accident or not at all")
         elif res.get("raised"):
-            went = (f"rank {rank} raised {res.get('raised')}: {str(res.get('message'))[:300]}, an accident of the "
-                    "shapes rather than a refusal")
+            went = f"rank {rank} raised {_raised(res)}, an accident of the shapes rather than a refusal"
         else:
             went = f"rank {rank} did not refuse: it returned an output"
-        before = f"{_ranks(refused)} raised {results[refused[0]]['raised']}, but " if refused else ""
+        before = f"{_ranks(refused)} raised {str(results[refused[0]]['raised'])[:80]}, but " if refused else ""
         g.record("heads-refused", False, f"{said}: {before}{went}. Raise ValueError on every rank, saying the "
                  "heads (every rank sees the same shapes)", rank=rank, world_size=world_size)
         return
+
+
+def _raised(res: dict) -> str:
+    """The exception a rank recorded, its type named once."""
+    kind, message = str(res.get("raised"))[:80], str(res.get("message"))[:300]
+    return message if message.startswith(f"{kind}:") else f"{kind}: {message}"
 
 
 def _ended(rank: int, r) -> str:
