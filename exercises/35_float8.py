@@ -90,8 +90,8 @@ roundings fall both ways. Each step's loss must be within 1/8 of float32's at
 that step, and the final weights, put into the float32 MLP, must give a loss
 within 1/8 of float32's final loss (a right layer stays within 1 %). The
 all-gather runs on 2-4 ranks (gloo; in the largest world also in two groups):
-its result bit for bit, on every rank, with one rank's shard holding an outlier,
-and the bytes each rank sent.
+its result bit for bit, on every rank, with one rank's shard holding a negative
+outlier, and the bytes each rank sent.
 
 Replace each `raise NotImplementedError` below; keep the names and signatures.
 Grade it with:  ddp-grade exercises/35_float8.py      (stuck? ddp-grade hint 35)

@@ -446,6 +446,34 @@ def test_shards_cast_with_their_own_amax_are_named():
     assert "own amax" in messages(g)["gather-matches"] and "rank 0" in messages(g)["gather-matches"]
 
 
+def test_the_gathered_weights_outlier_is_negative():
+    for size in (1, 2, 3, 4):
+        whole = ex_rank.gather_weight("outlier", size)
+        assert float(whole.min()) == ex_rank.GATHER_OUTLIER[1] < 0 and float(whole.max()) < -float(whole.min())
+
+
+def test_an_amax_taken_without_abs_is_named_not_the_all_reduce():
+    """Every rank all-reduced x.max() with MAX: one scale for the whole weight, the wrong one."""
+    for scenario, size in (("outlier", 2), ("plain", 4)):
+        signed, largest = reference.signed_amax_cast(scenario, size)
+        observations = gather_observations(size)
+        for obs in observations:
+            obs[scenario] = gather_run(scenario, size, weight=signed)
+        g = grading(size)
+        verdicts.check_gather(g, observations, size)
+        said = messages(g)["gather-matches"]
+        assert statuses(g)["gather-matches"] == "fail" and f"its largest value ({largest:.4g})" in said
+        assert "x.abs().max()" in said and "all-reduce the amax" not in said and "own amax" not in said
+
+
+def test_a_float64_scale_fails_the_gather():
+    want, scale = reference.gather_expected("plain", 2)
+    g = grading(2)
+    verdicts.check_gather(g, gather_observations(2, scale=scale.double()), 2)
+    said = messages(g)["gather-matches"]
+    assert statuses(g)["gather-matches"] == "fail" and "the scale returned is float64" in said and "float32" in said
+
+
 def test_uint8_and_reciprocal_scales_are_named():
     want, scale = reference.gather_expected("plain", 2)
     g = grading(2)

@@ -199,3 +199,14 @@ def own_shard_casts(scenario: str, size: int) -> list[tuple[int, torch.Tensor, f
         if float(scale_of(shard, E4M3)) != float(scale_of(whole, E4M3)):
             out.append((q, cast(shard, E4M3)[0], float(shard.abs().max())))
     return out
+
+
+def signed_amax_cast(scenario: str, size: int) -> tuple[torch.Tensor, float] | None:
+    """The whole weight a group of ``size`` gathers cast with the scale of its largest value instead of its largest
+    magnitude (an amax taken without abs), and that value; None where the two agree."""
+    whole = gather_weight(scenario, size)
+    signed = whole.max()
+    if float(signed) == float(whole.abs().max()):
+        return None
+    scale = (torch.finfo(E4M3).max / torch.clamp(signed.double(), min=EPS)).float()
+    return to_float8(whole, scale, E4M3), float(signed)

@@ -13,7 +13,7 @@ from grader.checks.ex35_float8.rank import (CALLS, E4M3, E5M2, GATHER_COLS, GATH
                                             gather_weight, groups_of, make_linear)
 from grader.checks.ex35_float8.reference import (FORMATS, cast, cast_candidates, expected_call, float32_products,
                                                  gather_expected, loss_of, ordered_weights, own_shard_casts,
-                                                 training_reference)
+                                                 signed_amax_cast, training_reference)
 from grader.compare import tensor_difference
 
 CANONICAL = {"input": (ROWS, IN), "weight": (OUT, IN), "grad": (ROWS, OUT)}
@@ -494,12 +494,20 @@ def _gather_problem(run, scenario: str, size: int) -> str | None:
         if math.isfinite(value) and abs(value * want - 1) <= SCALE_RTOL:
             said += ": this is its reciprocal"
         return said
+    if scale.dtype != torch.float32:
+        return (f"the scale returned is {str(scale.dtype).removeprefix('torch.')}; it is a float32 tensor of one "
+                "element, as torch._scaled_mm takes its scales (a GPU refuses another dtype)")
     return None
 
 
 def _explain_gather(weight: torch.Tensor, scenario: str, size: int) -> str:
     if tuple(weight.shape) != (size * GATHER_ROWS, GATHER_COLS):
         return ""
+    signed = signed_amax_cast(scenario, size)
+    if signed is not None and torch.equal(weight.view(torch.uint8), signed[0].view(torch.uint8)):
+        return (f"; it is the whole weight cast with the scale of its largest value ({signed[1]:.4g}), not of its "
+                f"largest magnitude ({float(gather_weight(scenario, size).abs().max()):.4g}): the amax is the max of "
+                "|x| (x.abs().max()), so that a negative value of larger magnitude does not saturate")
     for q, own, amax in own_shard_casts(scenario, size):
         if torch.equal(weight[q * GATHER_ROWS:(q + 1) * GATHER_ROWS].view(torch.uint8), own.view(torch.uint8)):
             return (f"; the rows of rank {q} of the group were cast with that shard's own amax ({amax:.4g}, where the "
@@ -524,7 +532,7 @@ def _gather_words(scenario: str, size: int) -> str:
     said = f"a weight of {size * GATHER_ROWS} x {GATHER_COLS}, {GATHER_ROWS} rows per rank"
     if scenario == "outlier":
         said += (f", the last rank's shard holding one value of {GATHER_OUTLIER[1]:g}, the others below "
-                 f"{1 / math.sqrt(GATHER_COLS):.2g}")
+                 f"{1 / math.sqrt(GATHER_COLS):.2g} in magnitude")
     return said
 
 
