@@ -26,10 +26,18 @@ from grader.quiz.bank import (
     validate_bank,
 )
 from grader.quiz.giveaways import (
+    CLOSEST_MARGIN,
+    FARTHEST_MARGIN,
     MAX_LONGEST_SCORE,
     MAX_QUALIFIER_SCORE,
     MAX_REASON_ELIMINATION_SCORE,
+    RECURRING_MARGIN,
+    TOPIC_CLOSEST_MARGIN,
     absolute_words,
+    chance_score,
+    closeness,
+    closest_choice_keys,
+    closest_choice_score,
     elimination_score,
     gives_reason,
     longest_choice_keys,
@@ -37,6 +45,8 @@ from grader.quiz.giveaways import (
     qualifier_score,
     qualifying_marks,
     reason_elimination_score,
+    recurring_choice_score,
+    recurring_words,
 )
 from grader.quiz.session import (
     Answer,
@@ -116,6 +126,10 @@ def test_packaged_bank_giveaway_figures():
     assert figures["fewest_qualifier_score"] <= MAX_QUALIFIER_SCORE
     assert figures["reason_elimination_score"] <= MAX_REASON_ELIMINATION_SCORE
     assert figures["elimination_score"] <= 0.35
+    assert figures["chance_score"] == 0.25  # every single-answer question has four choices
+    assert figures["closest_choice_score"] <= 0.25 + CLOSEST_MARGIN == 0.27
+    assert figures["farthest_choice_score"] <= 0.25 + FARTHEST_MARGIN
+    assert figures["recurring_choice_score"] <= 0.25 + RECURRING_MARGIN
     assert {"1", "all"} <= set(figures["multi_answer_counts"])
     assert figures["with_demo"] >= 35
 
@@ -270,6 +284,91 @@ def test_no_topic_keys_its_longest_choice_above_the_ceiling(topic):
     score = longest_choice_score(own)
     assert score <= MAX_LONGEST_SCORE, (f"picking the longest choice scores {score:.0%} on {topic}; "
                                         f"unique longest keys: {longest_choice_keys(own)}")
+
+
+@pytest.mark.parametrize("topic", list(topic_figures(BANK)))
+def test_no_topic_keys_its_closest_or_farthest_choice_above_the_ceiling(topic):
+    own = [q for q in BANK if q.topic == topic]
+    chance, closest, farthest = chance_score(own), closest_choice_score(own), closest_choice_score(own, farthest=True)
+    assert closest <= chance + TOPIC_CLOSEST_MARGIN, (f"picking the closest choice scores {closest:.0%} on {topic}; "
+                                                      f"unique closest keys: {closest_choice_keys(own)}")
+    assert farthest <= chance + FARTHEST_MARGIN, f"picking the farthest choice scores {farthest:.0%} on {topic}"
+
+
+#: A right answer each distractor was made from by changing one word: it shares two of three words with each.
+CENTROID = dict(choices='["alpha beta gamma", "alpha beta delta", "alpha epsilon gamma", "zeta beta gamma"]')
+#: Two slots, two values each, every pair present: each choice shares one word with two others.
+GRID = dict(choices='["alpha beta", "alpha delta", "epsilon beta", "epsilon delta"]')
+#: A distractor, not the right answer, shares the most with the others.
+OFF_CENTRE = dict(choices='["x y w", "x q", "x y z", "v y z"]')
+#: The right answer shares nothing with distractors that share a word among themselves.
+ODD_ONE_OUT = dict(choices='["omega", "alpha beta", "alpha gamma", "alpha delta"]')
+
+
+def test_closeness_is_the_sum_of_word_shares_with_the_other_choices():
+    from fractions import Fraction
+    assert closeness(["alpha beta gamma", "alpha beta delta", "alpha epsilon gamma", "zeta beta gamma"]) == [
+        Fraction(3, 2), Fraction(9, 10), Fraction(9, 10), Fraction(9, 10)]  # 2/4 with each; 2/4 + 1/5 + 1/5
+    assert len(set(closeness(["alpha beta", "alpha delta", "epsilon beta", "epsilon delta"]))) == 1
+    # Words are whole: numbers with their decimals, names with dots and slashes, any case.
+    assert closeness(["1.5 chunks", "1.875 chunks"]) == [Fraction(1, 3)] * 2
+    assert closeness(["dist.all_reduce", "dist.broadcast", "n/2 rows", "N/2 rows"])[2:] == [Fraction(1)] * 2
+    assert recurring_words(["a1 b1", "a1 b2", "a2 b1", "a3 b3"]) == [2, 1, 1, 0]
+
+
+def test_picking_the_choice_closest_to_the_others_is_limited_over_the_bank(tmp_path):
+    problems = bank_of(tmp_path / "a", [CENTROID] * 10)
+    assert any("picking the choice closest to the others (the most words in common with them) scores 100%" in p
+               and "where guessing scores 25% (at most 27%)" in p for p in problems), problems
+    for name, shape in (("b", GRID), ("c", OFF_CENTRE)):
+        assert not [p for p in bank_of(tmp_path / name, [shape] * 10) if "closest to the others" in p], name
+    # Ties count 1/k: a centroid key in 1 question of 20 and a four-way tie in the rest is 28.75% (> 27%); the
+    # same with an off-centre key instead of the ties is 5%.
+    assert any("closest to the others" in p for p in bank_of(tmp_path / "d", [CENTROID] + [GRID] * 19))
+    assert not [p for p in bank_of(tmp_path / "e", [CENTROID] + [OFF_CENTRE] * 19) if "closest to the others" in p]
+
+
+def test_picking_the_choice_closest_to_the_others_is_limited_in_each_topic(tmp_path):
+    """Three centroid keys in one topic's eight questions is a problem even where the whole bank, with a
+    second topic that never keys its closest choice, stays within the ceiling."""
+    core = [entry(**{**q, "id": f"core-q-{i:02d}", "question": f"Core question {i}, case {i * 7919}?"})
+            for i, q in enumerate([CENTROID] * 3 + [GRID] * 5)]
+    sampler = [entry(**{**OFF_CENTRE, "id": f"sampler-q-{i:02d}", "question": f"Sampler question {i}, {i * 104729}?"})
+               for i in range(12)]
+    write_bank(tmp_path, core, topic="core")
+    write_bank(tmp_path, sampler, topic="sampler")
+    questions = load_bank(tmp_path)
+    assert closest_choice_score(questions) == pytest.approx((3 + 5 / 4) / 20)  # the bank as a whole: within limits
+    problems = [p for p in validate_bank(questions) if "closest to the others" in p]
+    assert problems == [
+        "topic 'core': picking the choice closest to the others scores 53% over its 8 single-answer questions, where "
+        "guessing scores 25% (at most 35% in each topic); the right choice is the unique closest in 3 of them "
+        "(core-q-00, core-q-01, core-q-02): make their distractors differ from it in more than one part"], problems
+
+
+def test_picking_the_choice_farthest_from_the_others_is_limited(tmp_path):
+    problems = bank_of(tmp_path / "a", [ODD_ONE_OUT] * 10)
+    assert any("picking the choice farthest from the others scores 100%" in p for p in problems), problems
+    assert any("topic 'core': picking the choice farthest from the others scores 100%" in p for p in problems)
+    assert not [p for p in bank_of(tmp_path / "b", [OFF_CENTRE] * 10) if "farthest" in p]
+
+
+def test_picking_the_choice_with_the_most_recurring_words_is_limited(tmp_path):
+    modal = dict(choices='["a1 b1", "a1 b2", "a2 b1", "a3 b3"]')  # the key holds the value repeated in each slot
+    problems = bank_of(tmp_path / "a", [modal] * 10)
+    assert any("picking the choice that holds the most words found in other choices scores 100%" in p
+               for p in problems), problems
+    assert recurring_choice_score(load_bank(tmp_path / "a")) == 1.0
+    assert not [p for p in bank_of(tmp_path / "b", [GRID] * 10) if "most words found in other choices" in p]
+
+
+def test_the_closest_choice_ceiling_follows_the_chance_of_guessing(tmp_path):
+    """Three choices tied in every question score 1/3, the chance of guessing: no cue, whatever the bank's size."""
+    tied = dict(choices='["alpha beta", "alpha gamma", "alpha delta"]')
+    questions = load_bank(write_bank(tmp_path, [entry(id=f"core-t-{i:02d}", question=f"Tied {i}, {i * 31}?", **tied)
+                                                for i in range(30)]))
+    assert chance_score(questions) == pytest.approx(1 / 3) and closest_choice_score(questions) == pytest.approx(1 / 3)
+    assert not [p for p in validate_bank(questions) if "closest" in p or "farthest" in p or "recurring" in p]
 
 
 def test_absolute_words_only_in_distractors_are_refused(tmp_path):

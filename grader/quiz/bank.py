@@ -16,8 +16,9 @@ One file per topic, ``<topic>.toml``::
     checked = "2.13.0"               # the torch version the question was checked against
 
 Loading is lenient (a missing field becomes empty); :func:`validate_bank` reports every problem
-of the questions and of the bank as a whole (the giveaway rules: the longest choice, over the bank
-and over each topic, qualifying clauses, reasons, absolute words), :func:`count_problems` the size
+of the questions and of the bank as a whole (the giveaway rules: the longest choice and the choice
+closest to the others or farthest from them, over the bank and over each topic, recurring words,
+qualifying clauses, reasons, absolute words), :func:`count_problems` the size
 thresholds. ``python -m grader.quiz.bank`` prints both and the giveaway figures, for the whole bank
 and for each topic.
 """
@@ -32,6 +33,8 @@ import tomllib
 from pathlib import Path
 
 from grader.quiz.giveaways import (
+    chance_score,
+    closest_choice_score,
     elimination_score,
     giveaway_problems,
     longest_choice_score,
@@ -39,6 +42,7 @@ from grader.quiz.giveaways import (
     near_duplicate_problems,
     qualifier_score,
     reason_elimination_score,
+    recurring_choice_score,
     singles_count,
     topic_giveaway_problems,
 )
@@ -449,6 +453,10 @@ def bank_figures(questions: list[Question]) -> dict:
         "fewest_qualifier_score": round(qualifier_score(questions, fewest=True), 3),
         "reason_elimination_score": round(reason_elimination_score(questions), 3),
         "elimination_score": round(elimination_score(questions), 3),
+        "chance_score": round(chance_score(questions), 3),
+        "closest_choice_score": round(closest_choice_score(questions), 3),
+        "farthest_choice_score": round(closest_choice_score(questions, farthest=True), 3),
+        "recurring_choice_score": round(recurring_choice_score(questions), 3),
         "multi_answer_counts": multi_answer_counts(questions),
         "with_demo": sum(1 for q in questions if q.demos),
     }
@@ -456,8 +464,9 @@ def bank_figures(questions: list[Question]) -> dict:
 
 def topic_figures(questions: list[Question]) -> dict[str, dict[str, float]]:
     """The giveaway figures of each topic's single-answer questions, in the order of TOPICS (the
-    longest-choice limit applies to each topic as well as to the whole bank; the others to the whole
-    bank, and a topic far above them is where to rebalance first)."""
+    limits on the longest choice, the closest choice and the farthest apply to each topic as well as
+    to the whole bank; the others to the whole bank, and a topic far above them is where to rebalance
+    first)."""
     figures = {}
     for topic in [*TOPICS, *sorted({q.topic for q in questions} - set(TOPICS))]:
         own = [q for q in questions if q.topic == topic]
@@ -466,7 +475,10 @@ def topic_figures(questions: list[Question]) -> dict[str, dict[str, float]]:
                               "longest_choice_score": round(longest_choice_score(own), 3),
                               "qualifier_score": round(qualifier_score(own), 3),
                               "fewest_qualifier_score": round(qualifier_score(own, fewest=True), 3),
-                              "reason_elimination_score": round(reason_elimination_score(own), 3)}
+                              "reason_elimination_score": round(reason_elimination_score(own), 3),
+                              "closest_choice_score": round(closest_choice_score(own), 3),
+                              "farthest_choice_score": round(closest_choice_score(own, farthest=True), 3),
+                              "recurring_choice_score": round(recurring_choice_score(own), 3)}
     return figures
 
 
@@ -487,11 +499,12 @@ def main() -> int:
     for key, value in bank_figures(questions).items():
         print(f"{key}: {value}")
     print("per topic, over its single-answer questions: longest choice, most qualifying clauses, "
-          "fewest qualifying clauses, reasons struck out")
+          "fewest qualifying clauses, reasons struck out, closest to the others, farthest, most recurring words")
     for topic, figures in topic_figures(questions).items():
         print(f"  {topic}: {figures['single_answer']} questions: {figures['longest_choice_score']:.0%}, "
               f"{figures['qualifier_score']:.0%}, {figures['fewest_qualifier_score']:.0%}, "
-              f"{figures['reason_elimination_score']:.0%}")
+              f"{figures['reason_elimination_score']:.0%}, {figures['closest_choice_score']:.0%}, "
+              f"{figures['farthest_choice_score']:.0%}, {figures['recurring_choice_score']:.0%}")
     return 1 if problems else 0
 
 

@@ -1,10 +1,13 @@
 """How much a test-wise guess scores on the bank, and the limits the bank keeps under: picking the
-longest choice, the one with the most (or fewest) qualifying clauses, striking out choices with an
-absolute word or a reason; and near-duplicate questions. :mod:`grader.quiz.bank` applies them."""
+longest choice, the one with the most (or fewest) qualifying clauses, the one closest to the other
+choices (or farthest from them), the one holding the most words that recur among the choices,
+striking out choices with an absolute word or a reason; and near-duplicate questions.
+:mod:`grader.quiz.bank` applies them."""
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from grader.quiz.question import Question
 
@@ -41,6 +44,23 @@ MAX_REASON_ELIMINATION_SCORE = 0.35
 """Expected score of striking out the choices that give a reason, then guessing among the rest."""
 #: A reason given inside a choice ("..., because ...", "..., so ..."): a distractor's usual disguise.
 REASON_WORDS = re.compile(r"\b(?:because|since|so that|which is why)\b|,\s+so\b", re.IGNORECASE)
+CLOSEST_MARGIN = 0.02
+"""How far above guessing always picking the choice closest to the other choices (ties split) may
+score over the whole bank: 27% where every question has four choices. Distractors made by changing
+one part of the right answer each leave it the choice that shares the most with all of them."""
+TOPIC_CLOSEST_MARGIN = 0.10
+"""... and over each topic's own single-answer questions: 35% with four choices."""
+FARTHEST_MARGIN = 0.10
+"""How far above guessing always picking the choice farthest from the others may score, over the
+whole bank and over each topic (35% with four choices): the giveaway of a bank that made its right
+answers the odd ones out."""
+RECURRING_MARGIN = 0.02
+"""How far above guessing always picking the choice that holds the most recurring words may score
+over the whole bank (27% with four choices)."""
+#: A word of a choice, for measuring how close choices are: lower case, a number whole with its
+#: decimals ("1.875"), a name whole with its dots, slashes, hyphens and apostrophes
+#: ("torch.distributed", "n/2", "all-reduce", "rank's"); punctuation and spaces separate words.
+CHOICE_WORD = re.compile(r"[a-z0-9_]+(?:[./'\-][a-z0-9_]+)*")
 #: Two questions whose texts share this much of their words (Jaccard) are near-duplicates
 #: (compared only when they have enough words between them for the share to mean something).
 NEAR_DUPLICATE = 0.45
@@ -84,6 +104,84 @@ def qualifier_score(questions: list[Question], fewest: bool = False) -> float:
         most = [i for i, n in enumerate(marks) if n == max(marks)]
         total += (next(iter(q.correct)) in most) / len(most)
     return total / len(singles)
+
+
+def choice_words(choice: str) -> frozenset[str]:
+    """The distinct words of a choice (:data:`CHOICE_WORD`), in lower case."""
+    return frozenset(CHOICE_WORD.findall(choice.lower()))
+
+
+def closeness(choices: tuple[str, ...] | list[str]) -> list[Fraction]:
+    """How close each choice is to the others: the sum, over every other choice, of the share of
+    words the two have in common (Jaccard: the words in both over the words in either). A right
+    answer that each distractor was made from by changing one of its parts scores highest."""
+    words = [choice_words(c) for c in choices]
+    return [sum((_jaccard(a, b) for j, b in enumerate(words) if j != i), Fraction(0))
+            for i, a in enumerate(words)]
+
+
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> Fraction:
+    union = a | b
+    return Fraction(len(a & b), len(union)) if union else Fraction(1)
+
+
+def recurring_words(choices: tuple[str, ...] | list[str]) -> list[int]:
+    """How many of each choice's words recur: found in another choice too, but not in every choice.
+    Where the choices fill the same slots with values ("448 from E4M3, inf from E5M2"), the choice
+    that holds the most frequent value of every slot holds the most."""
+    words = [choice_words(c) for c in choices]
+    counts: dict[str, int] = {}
+    for own in words:
+        for w in own:
+            counts[w] = counts.get(w, 0) + 1
+    return [sum(1 for w in own if 1 < counts[w] < len(words)) for own in words]
+
+
+def _pick_score(questions: list[Question], measure) -> float:
+    """Expected score, over the single-answer questions, of always picking the choice that
+    ``measure`` (a list of comparable figures per question's choices) puts highest; a tie among k
+    such choices counts 1/k when the right one is among them."""
+    singles = [q for q in questions if not q.multi and len(q.correct) == 1 and q.choices]
+    if not singles:
+        return 0.0
+    total = 0.0
+    for q in singles:
+        figures = measure(q.choices)
+        best = [i for i, n in enumerate(figures) if n == max(figures)]
+        total += (next(iter(q.correct)) in best) / len(best)
+    return total / len(singles)
+
+
+def closest_choice_score(questions: list[Question], farthest: bool = False) -> float:
+    """Expected score, over the single-answer questions, of always picking the choice closest to
+    the others (:func:`closeness`; with ``farthest``, the one farthest from them), ties split."""
+    if farthest:
+        return _pick_score(questions, lambda choices: [-n for n in closeness(choices)])
+    return _pick_score(questions, closeness)
+
+
+def recurring_choice_score(questions: list[Question]) -> float:
+    """Expected score, over the single-answer questions, of always picking the choice that holds
+    the most recurring words (:func:`recurring_words`), ties split."""
+    return _pick_score(questions, recurring_words)
+
+
+def chance_score(questions: list[Question]) -> float:
+    """Expected score of guessing, over the single-answer questions: the mean of 1 / choices."""
+    singles = [q for q in questions if not q.multi and len(q.correct) == 1 and q.choices]
+    return sum(1 / len(q.choices) for q in singles) / len(singles) if singles else 0.0
+
+
+def closest_choice_keys(questions: list[Question]) -> list[str]:
+    """Ids of the single-answer questions whose right choice is the unique closest to the others."""
+    found = []
+    for q in questions:
+        if q.multi or len(q.correct) != 1 or not q.choices:
+            continue
+        figures = closeness(q.choices)
+        if [i for i, n in enumerate(figures) if n == max(figures)] == [next(iter(q.correct))]:
+            found.append(q.id)
+    return found
 
 
 def gives_reason(choice: str) -> bool:
@@ -162,6 +260,23 @@ def giveaway_problems(questions: list[Question]) -> list[str]:
         problems.append(f"picking the choice with the fewest qualifying clauses scores {plainest:.0%} "
                         f"(at most {MAX_QUALIFIER_SCORE:.0%}): the right choices became the plain ones, "
                         "qualify some of them again")
+    chance = chance_score(questions)
+    closest = closest_choice_score(questions)
+    if closest > chance + CLOSEST_MARGIN + 1e-9:
+        problems.append(f"picking the choice closest to the others (the most words in common with them) scores "
+                        f"{closest:.0%} over the single-answer questions, where guessing scores {chance:.0%} (at most "
+                        f"{chance + CLOSEST_MARGIN:.0%}): write distractors that differ from the right answer in more "
+                        "than one part, or that share more with each other than with it")
+    farthest = closest_choice_score(questions, farthest=True)
+    if farthest > chance + FARTHEST_MARGIN + 1e-9:
+        problems.append(f"picking the choice farthest from the others scores {farthest:.0%}, where guessing scores "
+                        f"{chance:.0%} (at most {chance + FARTHEST_MARGIN:.0%}): the right choices became the odd "
+                        "ones out, word them like their distractors again")
+    recurring = recurring_choice_score(questions)
+    if recurring > chance + RECURRING_MARGIN + 1e-9:
+        problems.append(f"picking the choice that holds the most words found in other choices scores {recurring:.0%}, "
+                        f"where guessing scores {chance:.0%} (at most {chance + RECURRING_MARGIN:.0%}): the right "
+                        "choices hold the values the distractors repeat, vary the distractors' values")
     reasoned = reason_elimination_score(questions)
     if reasoned > MAX_REASON_ELIMINATION_SCORE:
         problems.append(f"striking out the choices that give a reason ('because', 'since', 'so that', ...) scores "
@@ -216,9 +331,9 @@ def longest_choice_keys(questions: list[Question]) -> list[str]:
 
 
 def topic_giveaway_problems(questions: list[Question]) -> list[str]:
-    """The longest-choice strategy measured on each topic's own single-answer questions, under the
-    same ceiling as the whole bank: a learner who drills one topic meets that topic's cue, however
-    well the other topics hide theirs."""
+    """The longest-choice strategy, and picking the choice closest to the others or farthest from
+    them, measured on each topic's own single-answer questions: a learner who drills one topic meets
+    that topic's cue, however well the other topics hide theirs."""
     topics: dict[str, list[Question]] = {}
     for q in questions:
         topics.setdefault(q.topic, []).append(q)
@@ -231,6 +346,21 @@ def topic_giveaway_problems(questions: list[Question]) -> list[str]:
                             f"{singles_count(own)} single-answer questions (at most {MAX_LONGEST_SCORE:.0%} in "
                             f"each topic); the right choice is the unique longest in {len(keyed)} of them "
                             f"({', '.join(keyed)}): rebalance the lengths of their choices")
+        chance = chance_score(own)
+        closest = closest_choice_score(own)
+        if closest > chance + TOPIC_CLOSEST_MARGIN + 1e-9:
+            keyed = closest_choice_keys(own)
+            problems.append(f"topic {topic!r}: picking the choice closest to the others scores {closest:.0%} over its "
+                            f"{singles_count(own)} single-answer questions, where guessing scores {chance:.0%} (at most "
+                            f"{chance + TOPIC_CLOSEST_MARGIN:.0%} in each topic); the right choice is the unique closest "
+                            f"in {len(keyed)} of them ({', '.join(keyed)}): make their distractors differ from it in "
+                            "more than one part")
+        farthest = closest_choice_score(own, farthest=True)
+        if farthest > chance + FARTHEST_MARGIN + 1e-9:
+            problems.append(f"topic {topic!r}: picking the choice farthest from the others scores {farthest:.0%} over "
+                            f"its {singles_count(own)} single-answer questions, where guessing scores {chance:.0%} (at "
+                            f"most {chance + FARTHEST_MARGIN:.0%} in each topic): word the right choices like their "
+                            "distractors")
     return problems
 
 
