@@ -71,11 +71,13 @@ def _summary_cells(o: Outcome) -> tuple[str, str, str, str, str, str]:
     """submission, exercise, status, checks passed, seconds, the problem (or the failed checks)."""
     r = o.report
     counts = r.get("counts") or {}
-    graded = sum(counts.values()) - counts.get("skip", 0)
-    checks = f"{counts.get('pass', 0)}/{graded}" if r.get("checks") else "-"
+    claimed = counts.get("claimed", 0)  # passed on a claim alone: shown, not counted
+    graded = sum(counts.values()) - counts.get("skip", 0) - claimed
+    checks = f"{counts.get('pass', 0)}/{graded}" + (f" +{claimed} claimed" if claimed else "") if r.get("checks") else "-"
     problem = (r.get("problem") or "").splitlines()[0] if r.get("problem") else ""
     if not problem and o.status == FAILED:
-        problem = "failed: " + ", ".join(c["id"] for c in r.get("checks", []) if c["status"] == "fail")
+        failed = [c["id"] for c in r.get("checks", []) if c["status"] == "fail"]
+        problem = "failed: " + ", ".join(failed) if failed else "failed: no check was decided on evidence"
     return (clean_line(o.submission.name), clean_line(r.get("exercise") or "-"), o.status, checks,
             f"{r.get('seconds', 0.0):.1f}", clean_line(problem))
 

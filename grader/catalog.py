@@ -17,6 +17,13 @@ except ModuleNotFoundError:  # Python 3.10
 WRITE, DEBUG = "write", "debug"  # the tracks: write the functions of a stub, or fix a broken script
 TRACKS = (WRITE, DEBUG)
 
+# What a check's verdict stands on (docs/guarantees.md, "What a check stands on").
+VALUE = "value"  # the learner's returned values, compared in the grader with answers computed there
+KERNEL = "kernel"  # what the kernel saw: bytes on the connections between ranks, files, memory, tasks
+CLAIM = "claim"  # what the submission's own processes recorded about themselves (probes, a driver's events)
+EVIDENCE = (VALUE, KERNEL, CLAIM)
+ON_EVIDENCE = (VALUE, KERNEL)  # what a check decided on evidence stands on
+
 
 @dataclass(frozen=True)
 class CheckInfo:
@@ -27,6 +34,7 @@ class CheckInfo:
     hint: str = ""  # what to look at when it fails
     points: float = 1.0  # weight in the score
     after: tuple[str, ...] = ()  # checks whose failure explains this one's: they are shown and fixed first
+    evidence: str = CLAIM  # what its verdict stands on: value, kernel or claim (EVIDENCE)
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,8 @@ def read(text: str) -> tuple[Exercise, ...]:
 
 def _exercise(entry: dict) -> Exercise:
     checks = tuple(
-        CheckInfo(c["id"], c["title"], c.get("hint", ""), float(c.get("points", 1)), tuple(c.get("after", [])))
+        CheckInfo(c["id"], c["title"], c.get("hint", ""), float(c.get("points", 1)), tuple(c.get("after", [])),
+                  _evidence(entry, c))
         for c in entry.get("check", [])
     )
     return Exercise(
@@ -103,6 +112,14 @@ def _exercise(entry: dict) -> Exercise:
         track=_track(entry),
         symptom=tuple(entry.get("symptom", [])),
     )
+
+
+def _evidence(entry: dict, check: dict) -> str:
+    evidence = check.get("evidence")
+    if evidence not in EVIDENCE:
+        raise ValueError(f"exercise {entry.get('id')}, check {check.get('id')}: evidence {evidence!r} (one of "
+                         f"{', '.join(EVIDENCE)})")
+    return evidence
 
 
 def _track(entry: dict) -> str:

@@ -58,10 +58,10 @@ def checks_markdown() -> str:
             out.append(f"`exercises/{ex.filename}` — fix the script; the grader runs its {functions}.\n")
         else:
             out.append(f"`exercises/{ex.filename}` — write {functions}.\n")
-        out.append("| check | passes when |")
-        out.append("|---|---|")
+        out.append("| check | passes when | stands on |")
+        out.append("|---|---|---|")
         for c in ex.checks:
-            out.append(f"| `{c.id}` | {c.title} |")
+            out.append(f"| `{c.id}` | {c.title} | {c.evidence} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
@@ -71,8 +71,16 @@ def checks_page() -> str:
     head = ("# What each check means\n\n"
             "<!-- Generated from grader/catalog.toml by `python -m grader.docs --write`; do not edit. -->\n\n"
             "For each exercise: the file, what to write or fix, and each check the grader records, by the id "
-            "the\nreport shows and what it establishes when it passes. `ddp-grade hint NN --check ID` gives a "
-            "check's\nhint.\n\n")
+            "the\nreport shows, what it establishes when it passes, and what its verdict stands on. "
+            "`ddp-grade hint NN\n--check ID` gives a check's hint.\n\n"
+            "What a verdict stands on:\n\n"
+            "- **value**: what the learner's functions returned, compared in the grader's own process with "
+            "answers\n  computed there;\n"
+            "- **kernel**: what the kernel saw, measured by the grader from outside the ranks: the bytes on "
+            "each pair of\n  ranks' connections, the files left, memory, processes;\n"
+            "- **claim**: what the submission's own processes recorded about themselves (probes inside a rank, "
+            "a\n  driver's list of calls): a submission controls every byte of its processes, and can rewrite "
+            "them\n  ([guarantees.md](guarantees.md), \"What a check stands on\").\n\n")
     return head + checks_markdown().replace("#### ", "## ")
 
 

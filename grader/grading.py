@@ -277,7 +277,8 @@ class Grading:
         # hint (the way to the fix) stays behind `ddp-grade hint NN --check ID`.
         hint = "" if ok or self.exercise.is_debug else info.hint
         self._verdicts[check_id] = CheckResult(
-            check_id, info.title, status, "" if ok else message, rank, world_size, seconds, info.points, hint)
+            check_id, info.title, status, "" if ok else message, rank, world_size, seconds, info.points, hint,
+            evidence=info.evidence)
         return ok
 
     def not_checked(self, check_id: str, because: str, reason: str, *, world_size: int | None = None) -> None:
@@ -289,7 +290,8 @@ class Grading:
         info = self.exercise.check(check_id)
         self._notify("check", check_id=check_id, status=NOT_CHECKED)
         self._verdicts[check_id] = CheckResult(check_id, info.title, NOT_CHECKED, f"not checked: {reason}",
-                                               world_size=world_size, points=info.points, likely_cause=because)
+                                               world_size=world_size, points=info.points, likely_cause=because,
+                                               evidence=info.evidence)
 
     def section(self, title: str, text: str, data: dict | None = None) -> None:
         """Add what the grading observed beyond verdicts to the report (e.g. the schedule each rank ran).
@@ -307,7 +309,8 @@ class Grading:
 
     def skip(self, check_id: str, reason: str) -> None:
         info = self.exercise.check(check_id)
-        self._verdicts[check_id] = CheckResult(check_id, info.title, SKIP, reason, points=info.points)
+        self._verdicts[check_id] = CheckResult(check_id, info.title, SKIP, reason, points=info.points,
+                                               evidence=info.evidence)
 
     def results(self, not_run_reason: str | None) -> list[CheckResult]:
         """Every check's verdict in catalog order; a failure another failed check explains says so."""
@@ -316,7 +319,7 @@ class Grading:
             verdict = self._verdicts.get(info.id)
             if verdict is None:
                 reason = f"not run: {not_run_reason}" if not_run_reason else "not decided by the grader"
-                verdict = CheckResult(info.id, info.title, ERROR, reason, points=info.points)
+                verdict = CheckResult(info.id, info.title, ERROR, reason, points=info.points, evidence=info.evidence)
             out.append(verdict)
         failed = {c.id for c in out if c.status == FAIL}
         for verdict in out:

@@ -11,11 +11,13 @@ from grader.rank.untrusted import clean_line, clean_text
 from grader import timeline_view
 from grader.timeline import is_timeline
 from grader.rank.outcomes import describe_exit
-from grader.results import (ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord, Report,
-                            RunProblem)
+from grader.results import (CLAIMED, ERROR, FAIL, FAILED, NOT_CHECKED, PASS, PASSED, SKIP, TIMEOUT, UNUSABLE, RankRecord,
+                            Report, RunProblem)
 
 _LABELS = {PASS: ("PASS", "green"), FAIL: ("FAIL", "red"), ERROR: ("----", "yellow"), SKIP: ("SKIP", "blue"),
-           NOT_CHECKED: ("----", "yellow")}
+           NOT_CHECKED: ("----", "yellow"), CLAIMED: ("CLAIM", "cyan")}
+CLAIMED_WORDS = ("recorded by the submission's own processes about themselves: nothing the grader measured shows it, "
+                 "so it is not counted here")
 
 
 def render_text(report: Report, color: bool = False, verbose: bool = False) -> str:
@@ -43,11 +45,12 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
     if report.checks:
         lines.append("")
         width = max(len(c.id) for c in report.checks)
+        label_width = max(len(_LABELS[c.status][0]) for c in report.checks)  # 5 only where a check is claimed
         failures = report.failures_by_cause()  # causes first, then what they explain, then the rest
         waiting = [c for c in report.checks if c.status == NOT_CHECKED]
         for c in failures + waiting + [c for c in report.checks if c.status not in (FAIL, NOT_CHECKED)]:
             label, colour = _LABELS[c.status]
-            lines.append(f"  {style(label, fg=colour)}  {c.id.ljust(width)}  {c.title}")
+            lines.append(f"  {style(label, fg=colour)}{' ' * (label_width - len(label))}  {c.id.ljust(width)}  {c.title}")
             if c.status == FAIL:
                 for msg_line in clean_text(c.message).splitlines():
                     lines.append(f"        {msg_line}")
@@ -57,6 +60,8 @@ def render_text(report: Report, color: bool = False, verbose: bool = False) -> s
                 lines.append(style(f"        {clean_line(c.message)}", dim=True))
             elif c.status == ERROR and verbose:
                 lines.append(style(f"        {clean_line(c.message)}", dim=True))
+        if any(c.status == CLAIMED for c in report.checks):
+            lines.append(style(f"  CLAIM: {CLAIMED_WORDS}.", dim=True))
     for section in report.sections:
         body = section["text"]
         if is_timeline(section):  # drawn under -v, or where the exercise's schedule is the point
@@ -92,19 +97,31 @@ def hint_pointer(report: Report) -> str:
 def _summary(report: Report, style) -> str:
     counts = report.counts()
     graded = len(report.checks) - counts[SKIP] - counts[NOT_CHECKED]
+    passed = counts[PASS] + counts[CLAIMED]
     waiting = ""
     if counts[NOT_CHECKED]:
         causes = sorted({c.likely_cause for c in report.checks if c.status == NOT_CHECKED and c.likely_cause})
         waiting = (f"; {counts[NOT_CHECKED]} not checked until {' and '.join(causes) or 'the failed checks'} "
                    f"{'pass' if len(causes) > 1 else 'passes'}")
+    evidence = evidence_words(report)
     if report.status == PASSED:
-        return style(f"All {graded} checks passed.", fg="green", bold=True)
+        return style(f"All {graded} checks passed; {evidence}.", fg="green", bold=True)
     if report.status == UNUSABLE:
         return style("Could not grade this file (exit 2).", fg="yellow", bold=True)
     if report.status == TIMEOUT:
-        return style(f"Timed out; {counts[PASS]}/{graded} checks passed before that{waiting} (exit 3).", fg="yellow",
-                     bold=True)
-    return style(f"{counts[PASS]}/{graded} checks passed{waiting} (exit 1).", fg="red", bold=True)
+        return style(f"Timed out; {passed}/{graded} checks passed before that{waiting}; {evidence} (exit 3).",
+                     fg="yellow", bold=True)
+    if passed == graded and not counts[PASS] and not report.claims_count:
+        return style(f"All {graded} checks passed on claims alone: none was decided on evidence, so the grading "
+                     "shows nothing (exit 1).", fg="red", bold=True)
+    return style(f"{passed}/{graded} checks passed{waiting}; {evidence} (exit 1).", fg="red", bold=True)
+
+
+def evidence_words(report: Report) -> str:
+    """"5 decided on evidence", and where claims count for nothing ", 3 claimed (not counted)"."""
+    words = f"{report.decided_on_evidence} decided on evidence"
+    claimed = report.counts()[CLAIMED]
+    return words + (f", {claimed} claimed (not counted)" if claimed else "")
 
 
 def problem_of(report: Report) -> str | None:
@@ -153,13 +170,15 @@ def render_junit(report: Report) -> str:
         "tests": str(len(report.checks) or 1),
         "failures": str(counts[FAIL]),
         "errors": str(counts[ERROR] + (0 if report.checks else 1)),
-        "skipped": str(counts[SKIP] + counts[NOT_CHECKED]),
+        "skipped": str(counts[SKIP] + counts[NOT_CHECKED] + counts[CLAIMED]),
         "time": f"{report.seconds:.3f}",
     })
     props = ET.SubElement(suite, "properties")
     for key, value in (("path", report.path), ("status", report.status), ("backend", report.backend),
                        ("world_sizes", ",".join(str(s) for s in report.world_sizes)),
-                       ("points", f"{report.points:g}"), ("max_points", f"{report.max_points:g}")):
+                       ("points", f"{report.points:g}"), ("max_points", f"{report.max_points:g}"),
+                       ("decided_on_evidence", str(report.decided_on_evidence)),
+                       ("claims_count", "true" if report.claims_count else "false")):
         ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
     if not report.checks:
         case = ET.SubElement(suite, "testcase", {"classname": classname, "name": "grading", "time": "0"})
@@ -184,6 +203,8 @@ def render_junit(report: Report) -> str:
             el.text = _xml_text(c.message)
         elif c.status in (SKIP, NOT_CHECKED):
             ET.SubElement(case, "skipped", {"message": _xml_text(c.message)})
+        elif c.status == CLAIMED:
+            ET.SubElement(case, "skipped", {"message": f"claimed: {CLAIMED_WORDS}"})
     if problem and report.checks:
         out = ET.SubElement(suite, "system-out")
         out.text = _xml_text("\n".join(x for x in (problem, details) if x))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from grader.catalog import CLAIM, ON_EVIDENCE
 from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_UNUSABLE
 
 PASS = "pass"
@@ -12,13 +13,16 @@ FAIL = "fail"
 ERROR = "error"  # the check could not be evaluated (not run, or the grader could not decide)
 SKIP = "skip"  # does not apply here (e.g. an NCCL-only check on gloo)
 NOT_CHECKED = "not-checked"  # not decided because a check it depends on failed (which one: ``likely_cause``)
+CLAIMED = "claimed"  # passed on what the submission's own processes recorded alone, where claims count for nothing
+# (under --sandbox, in batch, on Gradescope: see count_evidence_only)
 
 # Overall statuses and their exit codes.
 PASSED = "passed"
 FAILED = "failed"
 UNUSABLE = "unusable"  # the file could not be graded
 TIMEOUT = "timeout"
-SCHEMA = 3  # of Report.to_dict(): 2 added run_problem; 3 added the check status not-checked
+SCHEMA = 4  # of Report.to_dict(): 2 added run_problem; 3 the check status not-checked; 4 each check's evidence,
+# the check status claimed and the report's evidence
 
 EXIT_CODES = {PASSED: EXIT_OK, FAILED: EXIT_FAILED, UNUSABLE: EXIT_UNUSABLE, TIMEOUT: EXIT_TIMEOUT}
 
@@ -89,6 +93,7 @@ class CheckResult:
     hint: str = ""  # what to look at when it fails (empty for the debugging track: the report never gives the fix)
     likely_cause: str | None = None  # another failed check that explains this failure (or kept this one from
     # being decided, for not-checked): fix that one first
+    evidence: str = CLAIM  # what the verdict stands on: value, kernel or claim (the catalog's, grader.catalog)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -188,6 +193,7 @@ class Report:
     seconds: float = 0.0
     in_one_process: bool = False  # the learner's code ran in one worker process, not in a group
     sections: list[dict] = field(default_factory=list)  # what the grading observed beyond verdicts (see Grading.section)
+    claims_count: bool = True  # False where a claim counts for nothing (count_evidence_only): its pass is claimed
 
     @property
     def exit_code(self) -> int:
@@ -199,7 +205,15 @@ class Report:
 
     @property
     def max_points(self) -> float:
-        return sum(c.points for c in self.checks if c.status != SKIP)
+        """The points of every check that counts: not skipped; where claims count for nothing, none that stands
+        on a claim, whatever its verdict (so that every submission is scored on the same scale)."""
+        return sum(c.points for c in self.checks
+                   if c.status != SKIP and (self.claims_count or c.evidence in ON_EVIDENCE))
+
+    @property
+    def decided_on_evidence(self) -> int:
+        """How many checks passed or failed on evidence: a value or what the kernel saw, not a claim."""
+        return sum(1 for c in self.checks if c.status in (PASS, FAIL) and c.evidence in ON_EVIDENCE)
 
     def failures_by_cause(self) -> list[CheckResult]:
         """Failed checks, causes first: a failure explained by another failed check comes after it."""
@@ -207,7 +221,7 @@ class Report:
         return [c for c in failed if not c.likely_cause] + [c for c in failed if c.likely_cause]
 
     def counts(self) -> dict:
-        out = {PASS: 0, FAIL: 0, ERROR: 0, SKIP: 0, NOT_CHECKED: 0}
+        out = {PASS: 0, FAIL: 0, ERROR: 0, SKIP: 0, NOT_CHECKED: 0, CLAIMED: 0}
         for c in self.checks:
             out[c.status] += 1
         return out
@@ -231,13 +245,16 @@ class Report:
             "seconds": round(self.seconds, 3),
             "score": {"points": self.points, "max_points": self.max_points},
             "counts": self.counts(),
+            "evidence": {"claims_count": self.claims_count, "decided": self.decided_on_evidence,
+                         "claimed": self.counts()[CLAIMED]},
             "checks": [c.to_dict() for c in self.checks],
             "sections": [dict(s) for s in self.sections],
         })
 
 
 REPORT_STATUSES = (PASSED, FAILED, UNUSABLE, TIMEOUT)
-CHECK_STATUSES = (PASS, FAIL, ERROR, SKIP, NOT_CHECKED)
+CHECK_STATUSES = (PASS, FAIL, ERROR, SKIP, NOT_CHECKED, CLAIMED)
+EVIDENCE_KINDS = (*ON_EVIDENCE, CLAIM)
 
 
 def report_from_dict(data: dict) -> Report:
@@ -252,6 +269,8 @@ def report_from_dict(data: dict) -> Report:
     for check in report.checks:
         if check.status not in CHECK_STATUSES or not isinstance(check.id, str):
             raise ValueError(f"not a report: a check with the status {str(check.status)[:40]!r}")
+        if check.evidence not in EVIDENCE_KINDS:
+            raise ValueError(f"not a report: a check whose evidence is {str(check.evidence)[:40]!r}")
     if report.run_problem is not None and report.run_problem.status not in REPORT_STATUSES:
         raise ValueError("not a report: a run problem with an unknown status")
     for text in (report.exercise, report.title, report.path):
@@ -268,11 +287,33 @@ def _report_from_dict(data: dict) -> Report:
         where = Location(**problem["where"]) if problem.get("where") else None
         problem = RunProblem(**{**problem, "ranks": ranks, "where": where})
     checks = [CheckResult(**c) for c in data.get("checks", [])]
+    evidence = data.get("evidence") or {}
     return Report(data["exercise"], data["title"], data["path"], data["status"], checks, problem,
                   data.get("backend", ""), list(data.get("world_sizes", [])), float(data.get("seconds", 0.0)),
-                  bool(data.get("in_one_process", False)), [dict(s) for s in data.get("sections", [])])
+                  bool(data.get("in_one_process", False)), [dict(s) for s in data.get("sections", [])],
+                  bool(evidence.get("claims_count", True)))
 
 
-def overall_status(checks: list[CheckResult]) -> str:
-    """passed when no check failed or errored."""
-    return PASSED if all(c.status in (PASS, SKIP) for c in checks) else FAILED
+def overall_status(checks: list[CheckResult], claims_count: bool = True) -> str:
+    """passed when no check failed or errored; where claims count for nothing, also only when some check
+    passed on evidence (a grading that passed on claims alone has shown nothing)."""
+    if not all(c.status in (PASS, SKIP, CLAIMED) for c in checks):
+        return FAILED
+    return PASSED if claims_count or any(c.status == PASS for c in checks) else FAILED
+
+
+def count_evidence_only(report: Report) -> Report:
+    """``report`` where a claim counts for nothing (under --sandbox, in batch, on Gradescope): each check that
+    passed on a claim alone is claimed (shown, not counted), no check that stands on a claim weighs anything in
+    the score, and the grading passes only when every check passed and some check passed on evidence. Failures
+    stay what they are: a submission's record of its own mistake is worth showing. Changes ``report`` in place
+    and returns it."""
+    if not report.claims_count:
+        return report
+    report.claims_count = False
+    for check in report.checks:
+        if check.status == PASS and check.evidence not in ON_EVIDENCE:
+            check.status = CLAIMED
+    if report.run_problem is None and report.checks and report.status in (PASSED, FAILED):
+        report.status = overall_status(report.checks, claims_count=False)
+    return report

@@ -26,8 +26,9 @@ def documented_fields(heading: str) -> dict[str, str]:
 
 def sample() -> Report:
     return Report("03", "Train", "exercises/03_train.py", "failed", [
-        CheckResult("a", "first", PASS, seconds=0.5, points=2),
-        CheckResult("b", "second", FAIL, "rank 1 differs by 0.3 <&>", rank=1, world_size=3, hint="look"),
+        CheckResult("a", "first", PASS, seconds=0.5, points=2, evidence="value"),
+        CheckResult("b", "second", FAIL, "rank 1 differs by 0.3 <&>", rank=1, world_size=3, hint="look",
+                    evidence="kernel"),
         CheckResult("c", "third", ERROR, "not run"),
         CheckResult("d", "fourth", SKIP, "nccl only"),
         CheckResult("e", "fifth", results.NOT_CHECKED, "not checked: b failed", likely_cause="b"),
@@ -82,17 +83,77 @@ def test_a_run_problem_is_carried_as_documented_fields():
 def test_every_kind_of_run_problem_is_documented():
     text = DOC.read_text(encoding="utf-8").split("## A run problem object", 1)[1]
     kinds = {value for name, value in vars(results).items() if name.isupper() and isinstance(value, str)
-             and name not in ("PASS", "FAIL", "ERROR", "SKIP", "NOT_CHECKED", "PASSED", "FAILED", "UNUSABLE",
-                              "TIMEOUT")}
+             and name not in ("PASS", "FAIL", "ERROR", "SKIP", "NOT_CHECKED", "CLAIMED", "PASSED", "FAILED",
+                              "UNUSABLE", "TIMEOUT", "CLAIM", "VALUE", "KERNEL")}
     assert kinds and all(f"`{kind}`" in text for kind in kinds)
 
 
-def test_schema_3_values():
+def test_schema_4_values():
     data = json.loads(render_json(sample()))
-    assert data["schema"] == 3 and data["exit_code"] == 1 and data["run_problem"] is None
+    assert data["schema"] == 4 and data["exit_code"] == 1 and data["run_problem"] is None
     assert data["score"] == {"points": 2.0, "max_points": 5.0}  # the skipped check does not count
-    assert data["counts"] == {"pass": 1, "fail": 1, "error": 1, "skip": 1, "not-checked": 1}
+    assert data["counts"] == {"pass": 1, "fail": 1, "error": 1, "skip": 1, "not-checked": 1, "claimed": 0}
     assert [c["status"] for c in data["checks"]] == ["pass", "fail", "error", "skip", "not-checked"]
+    assert [c["evidence"] for c in data["checks"]] == ["value", "kernel", "claim", "claim", "claim"]
+    assert data["evidence"] == {"claims_count": True, "decided": 2, "claimed": 0}  # a, passed, and b, failed
+
+
+def claims_and_evidence() -> Report:
+    """Every check passed: one on a value, one on what the kernel saw, two on claims, one skipped."""
+    return Report("07", "Ring", "07_ring.py", "passed", [
+        CheckResult("sum", "the sum", PASS, points=2, evidence="value"),
+        CheckResult("bytes", "the bytes", PASS, points=3, evidence="kernel"),
+        CheckResult("calls", "the calls", PASS, points=5),
+        CheckResult("events", "the events", PASS),
+        CheckResult("gpu", "nccl only", SKIP, "nccl only"),
+    ], backend="gloo", world_sizes=[2])
+
+
+def test_where_claims_count_for_nothing_a_claim_that_passed_is_claimed_and_weighs_nothing():
+    report = results.count_evidence_only(claims_and_evidence())
+    assert [c.status for c in report.checks] == [PASS, PASS, results.CLAIMED, results.CLAIMED, SKIP]
+    assert report.status == "passed" and report.points == 5 and report.max_points == 5
+    data = json.loads(render_json(report))
+    assert data["evidence"] == {"claims_count": False, "decided": 2, "claimed": 2}
+    assert data["counts"]["claimed"] == 2 and data["score"] == {"points": 5.0, "max_points": 5.0}
+    text = render_text(report)
+    assert "  CLAIM  calls" in text and "  PASS   sum" in text and "CLAIM: recorded by the submission's own" in text
+    assert "All 4 checks passed; 2 decided on evidence, 2 claimed (not counted)." in text
+    suite = ET.fromstring(render_junit(report))
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["calls"].find("skipped").get("message").startswith("claimed:") and cases["sum"].find("skipped") is None
+    assert suite.get("skipped") == "3"
+    properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert properties["decided_on_evidence"] == "2" and properties["claims_count"] == "false"
+    from grader.results import report_from_dict
+
+    again = report_from_dict(report.to_dict())
+    assert [c.status for c in again.checks] == [c.status for c in report.checks] and not again.claims_count
+
+
+def test_plain_gradings_count_claims_and_say_how_many_checks_stood_on_evidence():
+    report = claims_and_evidence()
+    assert report.points == 11 and report.max_points == 11 and report.claims_count
+    assert "All 4 checks passed; 2 decided on evidence." in render_text(report)
+    assert "CLAIM" not in render_text(report)
+
+
+def test_a_grading_that_passed_on_claims_alone_does_not_pass_where_claims_count_for_nothing():
+    report = claims_and_evidence()
+    for check in report.checks[:2]:  # the value and the kernel check skipped: only claims passed
+        check.status = SKIP
+    results.count_evidence_only(report)
+    assert report.status == "failed" and report.exit_code == 1 and report.points == 0
+    assert "none was decided on evidence" in render_text(report)
+
+
+def test_a_claim_that_failed_stays_a_failure_where_claims_count_for_nothing():
+    report = claims_and_evidence()
+    report.checks[2].status, report.status = FAIL, "failed"
+    results.count_evidence_only(report)
+    assert report.checks[2].status == FAIL and report.status == "failed"
+    assert report.points == 5 and report.max_points == 5  # the failed claim weighs nothing either: the same scale
+    assert "3/4 checks passed; 2 decided on evidence, 1 claimed (not counted) (exit 1)." in render_text(report)
 
 
 def test_junit_xml_has_one_case_per_check_and_the_right_counts():
@@ -155,6 +216,6 @@ def test_every_page_that_names_the_report_schema_names_the_codes_version():
 
 def test_a_not_checked_check_is_neither_passed_nor_failed_in_the_summary():
     text = render_text(sample())
-    assert "1/3 checks passed; 1 not checked until b passes (exit 1)." in text
+    assert "1/3 checks passed; 1 not checked until b passes; 2 decided on evidence (exit 1)." in text
     data = json.loads(render_json(sample()))
     assert data["counts"]["not-checked"] == 1 and data["score"]["max_points"] == 5
