@@ -35,11 +35,10 @@ def spawned(index: int, folder: str, label: str) -> None:
 @pytest.fixture(scope="module")
 def spawn_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("spawn")
-    started = time.monotonic()
     with pytest.raises(mp.ProcessRaisedException) as info:
         mp.spawn(spawned, args=(str(folder), "cfg"), nprocs=2, join=True)
     records = [json.loads(Path(folder, f"started{i}.json").read_text()) for i in range(2)]
-    return {"error": info.value, "records": records, "seconds": time.monotonic() - started, "folder": folder}
+    return {"error": info.value, "records": records, "folder": folder}
 
 
 @pytest.mark.slow
@@ -59,8 +58,7 @@ def test_spawn_raises_process_raised_exception_and_stops_the_others(spawn_run):
     error = spawn_run["error"]
     assert error.error_index == 1 and not isinstance(error, ValueError)
     assert "ValueError: worker 1 fails on purpose" in str(error)  # the child's traceback, as text
-    assert not Path(spawn_run["folder"], "finished0").exists()
-    assert spawn_run["seconds"] < 50  # worker 0 was terminated, not waited for
+    assert not Path(spawn_run["folder"], "finished0").exists()  # worker 0 was terminated, not waited for
 
 
 WORKER = '''
