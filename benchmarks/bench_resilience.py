@@ -29,7 +29,7 @@ CHECKS = "grader.checks.ex44_goodput"
 
 def simulations(checks) -> None:
     """Each simulated job: the model's goodput, the simulation's and its interval, the simulation's time."""
-    print(f"{'job':<80}{'model':>8}{'simulated':>11}{'99.99 % interval':>20}{'sim s':>7}")
+    print(f"{'job':<80}{'model':>8}{'simulated':>11}{'99.9 % interval':>20}{'sim s':>7}")
     for name, (cluster, job) in {**checks.BLOCKING, **checks.ASYNCHRONOUS}.items():
         start = time.perf_counter()
         sim = rs.simulate(cluster, job, checks.FAILURES, seed=f"{checks.SEED}:{name}")

@@ -164,7 +164,7 @@ Z_999 = 3.2905  # two-sided 99.9 % of a normal distribution
 @dataclass(frozen=True)
 class Simulated:
     goodput: float      # committed work / wall time over every simulated cycle
-    low: float          # the 99.9 % confidence interval of the long-run goodput
+    low: float          # the two-sided 99.9 % confidence interval (Z_999) of the long-run goodput
     high: float
     failures: int       # cycles simulated: one failure each
     wall_s: float
@@ -228,7 +228,8 @@ def simulate_days(cluster: Cluster, job: Job, days: float, seed: int | str) -> t
 
 # Section 3.3.4 and Table 5: 466 job interruptions in a 54-day snapshot of pre-training (47 planned,
 # 419 unexpected), "higher than 90% effective training time"; section 3.3.1: up to 16K H100s, 16,384 in
-# Table 4; Tectonic sustains 2 TB/s of checkpoint writes (7 TB/s at peak).
+# Table 4; Tectonic sustains 2 TB/s of checkpoint writes (7 TB/s at peak), each GPU's checkpoint 1 MB to
+# 4 GB. The kit assumes the whole snapshot ran on 16,384 GPUs (the paper gives no GPU count per day).
 LLAMA3_GPUS = 16_384
 LLAMA3_DAYS = 54
 LLAMA3_INTERRUPTIONS = 466
@@ -237,9 +238,12 @@ LLAMA3_EFFECTIVE = 0.90
 LLAMA3_PARAMETERS = 405e9
 LLAMA3_STORAGE_BYTES_PER_S = 2e12
 # What a save writes, assumed (the paper gives no figure): Adam's float32 master weights, momentum and
-# variance, 12 bytes a parameter, at the storage's sustained rate: 2.4 s, each GPU writing 297 MB
-# (the paper: 1 MB to 4 GB per GPU).
+# variance, 12 bytes a parameter, at the storage's sustained rate: 2.4 s, each GPU writing 297 MB. This is
+# a lower bound: every byte over the storage's whole bandwidth, as if no writer waited on another. A save
+# ends when its slowest writer does; with per-GPU checkpoints of up to 4 GB (the paper's figure) sharing
+# the 2 TB/s, the largest writer takes 16,384 x its bytes / 2 TB/s (LLAMA3_WRITERS).
 LLAMA3_SAVE_S = 12 * LLAMA3_PARAMETERS / LLAMA3_STORAGE_BYTES_PER_S
+LLAMA3_WRITERS = (1e9, 4e9)  # bytes of the largest per-GPU checkpoint: the range LLAMA3_RANGE goes over
 
 
 def llama3_cluster(interruptions: int = LLAMA3_INTERRUPTIONS) -> Cluster:
@@ -247,7 +251,36 @@ def llama3_cluster(interruptions: int = LLAMA3_INTERRUPTIONS) -> Cluster:
     return Cluster(LLAMA3_GPUS, interruptions / (LLAMA3_GPUS * LLAMA3_DAYS * DAY_S))
 
 
-def llama3_job(restart_s: float = 600.0, reload_s: float = 0.0) -> Job:
-    """A blocking save of LLAMA3_SAVE_S at the best interval (which does not depend on the recovery)."""
-    probe = Job(3600.0, LLAMA3_SAVE_S, restart_s, reload_s)
-    return Job(best_checkpoint_interval(llama3_cluster(), probe), LLAMA3_SAVE_S, restart_s, reload_s)
+def llama3_job(restart_s: float = 600.0, reload_s: float = 0.0, save_s: float = LLAMA3_SAVE_S) -> Job:
+    """A blocking save of ``save_s`` at the best interval (which does not depend on the recovery)."""
+    probe = Job(3600.0, save_s, restart_s, reload_s)
+    return Job(best_checkpoint_interval(llama3_cluster(), probe), save_s, restart_s, reload_s)
+
+
+def writer_save_s(bytes_per_gpu: float) -> float:
+    """The stall of a save whose largest per-GPU checkpoint is ``bytes_per_gpu``: every GPU's share of the
+    storage's bandwidth is 1/16,384 of it, so that writer ends last."""
+    return LLAMA3_GPUS * bytes_per_gpu / LLAMA3_STORAGE_BYTES_PER_S
+
+
+@dataclass(frozen=True)
+class Budget:
+    save: str           # what the save time is
+    save_s: float
+    interval_s: float   # the best checkpoint interval for it
+    goodput: float      # with an instant recovery
+    recovery_s: float   # the longest restart + reload for which the paper's 90 % holds
+
+
+def llama3_range() -> list[Budget]:
+    """The longest recovery that keeps Llama 3's 90 % over the save times the paper allows: the lower bound
+    (LLAMA3_SAVE_S) and a largest per-GPU checkpoint of each size of LLAMA3_WRITERS."""
+    cluster = llama3_cluster()
+    saves = [("12 bytes a parameter over the whole 2 TB/s (a lower bound)", LLAMA3_SAVE_S)]
+    saves += [(f"a largest per-GPU checkpoint of {size / 1e9:g} GB", writer_save_s(size)) for size in LLAMA3_WRITERS]
+    out = []
+    for what, save in saves:
+        job = llama3_job(restart_s=0.0, save_s=save)
+        out.append(Budget(what, save, job.interval_s, goodput(cluster, job),
+                          longest_recovery(cluster, job, LLAMA3_EFFECTIVE)))
+    return out

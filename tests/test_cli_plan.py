@@ -71,6 +71,26 @@ def test_a_pass_forgotten_by_reset_does_not_count(state):
     assert invoke("--scenario", "8B").exit_code == EXIT_FAILED
 
 
+def test_the_published_table_answers_before_41_and_42_pass(state):
+    """The papers' figures beside the kit's are no answer a learner is writing: shown at once, in words and
+    as JSON, while a plan of one's own stays refused."""
+    text = invoke("--published")
+    assert text.exit_code == EXIT_OK and "Llama 3" in text.stdout, text.output
+    rows = json.loads(invoke("--published", "--json").stdout)
+    assert len(rows) == len(published.ROWS)
+    assert invoke(*MODEL_8B, *PLAN).exit_code == EXIT_FAILED
+    assert invoke("--scenario", "8B").exit_code == EXIT_FAILED
+
+
+def test_compute_efficiency_is_the_input_efficiency_and_mfu_its_old_name(opened):
+    """--compute-efficiency sets the fraction of peak the compute runs at; --mfu still means it; the answer's
+    mfu is what the step achieves (lower: communication and the bubble add to the step)."""
+    new = json.loads(invoke(*MODEL_8B, *PLAN, "--compute-efficiency", "0.4", "--json").stdout)
+    old = json.loads(invoke(*MODEL_8B, *PLAN, "--mfu", "0.4", "--json").stdout)
+    assert new == old and new["cluster"]["mfu"] == 0.4
+    assert new["mfu"] < 0.4
+
+
 def test_refused_before_the_input_is_even_looked_at(state):
     result = invoke(*MODEL_8B, "--tp", "3")
     assert result.exit_code == EXIT_FAILED and "opens once 41 and 42 pass" in result.stderr
@@ -202,7 +222,8 @@ def test_best_says_when_no_plan_fits(opened):
     ([*MODEL_8B, "--best", "--gpus", "64", "--global-batch-tokens", "1000"],
      "global batch of 1000 tokens is not a whole number of 8192-token sequences"),
     ([*MODEL_8B, "--dp", "2", "--global-batch-tokens", "8192"], "= 16,384 tokens, not the global batch 8,192"),
-    ([*MODEL_8B, "--mfu", "1.5"], "--mfu is the fraction of peak compute achieved, at most 1, not 1.5"),
+    ([*MODEL_8B, "--mfu", "1.5"], "--compute-efficiency is the fraction of peak every FLOP runs at, at most 1, not 1.5"),
+    ([*MODEL_8B, "--compute-efficiency", "0"], "--compute-efficiency must be a number above 0, not 0"),
     ([*MODEL_8B, "--memory-gb", "0"], "--memory-gb must be a number above 0, not 0"),
 ])
 def test_input_the_cost_model_cannot_use_is_one_line_and_exit_2(opened, args, said):

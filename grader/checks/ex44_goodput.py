@@ -1,7 +1,7 @@
 """Exercise 44: goodput and the best checkpoint interval, graded against a seeded simulation of
 failures and against what the Llama 3 paper reports for 405B on 16,384 GPUs (worker side: the
 learner's two functions on each job, built from the learner's own dataclasses, every answer sent back
-as it came; grader side: each answer must be a finite float, then inside the 99.99 % confidence
+as it came; grader side: each answer must be a finite float, then inside the 99.9 % confidence
 interval of the grader's simulation of that job, the best interval within 1 % of Young's where a save
 is short and within 0.1 % of the exact maximiser everywhere, the Llama 3 figures, the refusals). The
 model, its exact formulas and the simulation: :mod:`grader.resilience`."""
@@ -183,7 +183,7 @@ def simulation_line(name: str, answer: dict, sim: rs.Simulated) -> str:
     value, problem = number(answer, "goodput")
     yours = f"{value:.4f}" if value is not None else problem
     return (f"{name}:\n  yours {yours}; simulated {sim.goodput:.4f} over {sim.failures:,} failures "
-            f"(99.99 % interval {sim.low:.4f} to {sim.high:.4f})")
+            f"(99.9 % interval {sim.low:.4f} to {sim.high:.4f})")
 
 
 def check_simulated(g: Grader, check_id: str, jobs: dict) -> None:
@@ -195,11 +195,11 @@ def check_simulated(g: Grader, check_id: str, jobs: dict) -> None:
             return
         if not sim.low <= value <= sim.high:
             g.record(check_id, False,
-                     f"{name}: your goodput {value:.4f} is outside the simulation's 99.99 % interval "
+                     f"{name}: your goodput {value:.4f} is outside the simulation's 99.9 % interval "
                      f"({sim.low:.4f} to {sim.high:.4f}, {sim.goodput:.4f} over {sim.failures:,} failures)"
                      + diagnosis(value, goodput_mistakes(cluster, job), sim))
             return
-    g.record(check_id, True, f"inside the simulation's 99.99 % interval in all {len(jobs)} jobs")
+    g.record(check_id, True, f"inside the simulation's 99.9 % interval in all {len(jobs)} jobs")
 
 
 def diagnosis(value: float, mistakes: dict, sim: rs.Simulated | None = None, exact: float | None = None) -> str:
@@ -366,11 +366,7 @@ def check_llama3_effective_time(g: Grader, answers: list) -> None:
     yours = longest_restart(values)
     interval = rs.llama3_job().interval_s
     count, effective = rs.simulate_days(LLAMA3, rs.llama3_job(), rs.LLAMA3_DAYS, seed=f"{SEED}:Llama 3, 54 days")
-    g.section("Llama 3 405B", f"466 interruptions in 54 days on 16,384 GPUs (section 3.3.4): the job's MTBF is "
-                              f"{rs.LLAMA3_DAYS * 24 / rs.LLAMA3_INTERRUPTIONS:.2f} hours, one GPU's "
-                              f"{1 / LLAMA3.gpu_failure_rate / rs.YEAR_S:.1f} years. A {rs.LLAMA3_SAVE_S:.2f} s save every "
-                              f"{interval:.0f} s and 10-minute restarts, simulated for 54 days: {count} interruptions, "
-                              f"{effective:.1%} effective training time (the paper: above 90 %).")
+    g.section("Llama 3 405B", llama3_story(interval, count, effective))
     where = (f"Llama 3 405B: 466 interruptions in 54 days, a {rs.LLAMA3_SAVE_S:.1f} s save every {interval:.0f} s "
              f"(the best interval)")
     if yours is None:
@@ -385,7 +381,21 @@ def check_llama3_effective_time(g: Grader, answers: list) -> None:
                  f"{kit / 60:.1f} minutes ({kit:.0f} s)")
     else:
         g.record("llama3-effective-time", True,
-                 f"90 % or more for restarts up to {yours / 60:.1f} minutes, as the kit's model says")
+                 f"90 % or more for restarts up to {yours / 60:.1f} minutes with the {rs.LLAMA3_SAVE_S:.1f} s save "
+                 f"(its lower bound), as the kit's model says")
+
+
+def llama3_story(interval: float, count: int, effective: float) -> str:
+    """What the model says of Llama 3's 54 days, over the save times the paper allows."""
+    budgets = "; ".join(f"{b.save}: a {b.save_s:.1f} s save every {b.interval_s:.0f} s, up to "
+                        f"{b.recovery_s / 60:.1f} minutes" for b in rs.llama3_range())
+    return (f"466 interruptions in 54 days (section 3.3.4), the whole snapshot assumed to run on 16,384 GPUs: the "
+            f"job's MTBF is {rs.LLAMA3_DAYS * 24 / rs.LLAMA3_INTERRUPTIONS:.2f} hours, one GPU's "
+            f"{1 / LLAMA3.gpu_failure_rate / rs.YEAR_S:.1f} years. A {rs.LLAMA3_SAVE_S:.2f} s save every {interval:.0f} s "
+            f"and 10-minute restarts, simulated for 54 days: {count} interruptions, {effective:.1%} effective training "
+            f"time (the paper: above 90 %). How long a restart and reload may take for the 90 % to hold depends on "
+            f"the save, which the paper does not give: {budgets}. The 2.4 s is total bytes over total bandwidth; "
+            f"a save ends with its slowest writer.")
 
 
 def check_refusals(g: Grader, goodputs: dict, intervals: dict) -> None:

@@ -1,7 +1,8 @@
 """``ddp-grade plan``: ask the kit's cost model (:mod:`grader.capacity`) about a parallel training plan.
 
-It opens once exercises 41 (memory) and 42 (traffic and time) have passed: before that, the learner
-would be shown the answers they are writing. Four ways to ask:
+A plan of one's own is answered once exercises 41 (memory) and 42 (traffic and time) have passed: before
+that, the learner would be shown the answers they are writing. The published runs (``--published``) are
+answered at once: they are the papers' figures beside the kit's. Four ways to ask:
 
 * a plan: the model (``--layers`` ... ``--seq-len``, and a frontier model's options), the plan (``--dp``
   ... ``--recompute``, and the frontier plan's options) and the cluster (``--gpu H100`` or ``A100``, as
@@ -15,8 +16,8 @@ would be shown the answers they are writing. Four ways to ask:
 
 The numbers come from grader.capacity as plain data (``evaluate``, ``answer_for``); plan_text puts them into
 words, and the command (:mod:`grader.cli.plan`) exits 0 when the cost model answered (also "does not fit"
-and "no plan fits": that is the answer), 1 while 41 and 42 have not both passed, 2 for input the cost model
-cannot use (a PlanError).
+and "no plan fits": that is the answer), 1 while 41 and 42 have not both passed (a plan of one's own), 2 for
+input the cost model cannot use (a PlanError).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ CLUSTER_OPTIONS = {  # option: (Cluster field, factor from the option's unit, th
 }
 
 
+FLAGS = {"mfu": "--compute-efficiency"}  # options whose flag is not the field's name
+
+
 def make_cluster(base: capacity.Cluster, given: dict, gpus: int) -> capacity.Cluster:
     """``base`` with what the command line gave (in its units: TFLOP/s, GB, GB/s, microseconds); PlanError
     for a value the cost model cannot use (capacity.validate checks the model and the plan only)."""
@@ -85,12 +89,13 @@ def make_cluster(base: capacity.Cluster, given: dict, gpus: int) -> capacity.Clu
         if value is None:
             continue
         if not math.isfinite(value) or not (value >= least if inclusive else value > least):
-            flag = "--" + option.replace("_", "-")
+            flag = FLAGS.get(option, "--" + option.replace("_", "-"))
             bound = f"{'at least' if inclusive else 'above'} {least}"
             raise capacity.PlanError(f"{flag} must be a number {bound}, not {value:g}")
         changes[name] = value * factor
     if given.get("mfu") is not None and given["mfu"] > 1:
-        raise capacity.PlanError(f"--mfu is the fraction of peak compute achieved, at most 1, not {given['mfu']:g}")
+        raise capacity.PlanError(f"--compute-efficiency is the fraction of peak every FLOP runs at, at most 1, "
+                                 f"not {given['mfu']:g}")
     return replace(base, gpus=gpus, **changes)
 
 
