@@ -61,8 +61,11 @@ The traffic and time of 41's GPT-style plans. Frontier runs add sequence paralle
 parallelism (K and V gathered), interleaved stages (a bubble divided by the virtual
 stages, more sends), uneven stages (the busiest stage sets the pace) and experts
 (all-to-alls); the exercise leaves them out to stay an hour's work. Once 41 and 42
-pass, `ddp-grade plan` costs them with the same ring and latency model, and holds it
-to Megatron-LM's and Llama 3's published throughput (`ddp-grade plan --published`).
+pass, `ddp-grade plan` costs them with the same counts and adds what one efficiency
+hides (each matmul's efficiency from its shape, memory-bound work, the traffic compute
+cannot hide, the slowest of many ranks); `ddp-grade plan --published` shows it beside
+published runs it was not fitted to, and `--compute-efficiency` gives your model's
+answer. docs/capacity.md says each term.
 
 Grade it:  ddp-grade exercises/42_traffic.py
 The grader runs a dozen plans for real on 2 to 4 processes and compares your bytes

@@ -3,8 +3,10 @@ bytes each rank holds, bytes it sends, FLOPs it computes and the time of a step.
 
 Pure Python, no torch. ``tests/test_capacity_measured.py`` holds every term against what real runs of the
 same transformer measure (storages alive, bytes autograd saves, each collective's payload, FlopCounterMode),
-so the model cannot drift from what PyTorch does. Searches, clusters and scenarios are in
-:mod:`grader.capacity_plans`, the published runs the model is held to in :mod:`grader.capacity_published`.
+so the model cannot drift from what PyTorch does. ``step_time`` here is 42's (every FLOP at the cluster's
+one efficiency); the kit's own, from the same counts, is :mod:`grader.capacity_speed`. Searches, clusters
+and scenarios are in :mod:`grader.capacity_plans`, the published runs the model is held to in
+:mod:`grader.capacity_published`.
 
 The transformer. Its defaults are GPT-style, the model of exercises 41-43: token and position embeddings;
 L layers of LayerNorm, fused QKV Linear(h, 3h), attention (softmax, dropout on the probabilities), out
@@ -31,6 +33,7 @@ token), Patarasuk and Yuan 2009 (ring all-reduce 2(n-1)/n), Llama 3 (section 3.3
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields
 
@@ -86,6 +89,8 @@ class Plan:
     cp_comm: str = "all-gather"    # context parallelism's K and V: "all-gather" (Llama 3's) or "ring"
     scatter_gather: bool = False   # pipeline sends split over the tensor-parallel ranks, gathered after
     dp_overlap: bool = True        # data-parallel traffic overlaps compute (False: after the last backward)
+    tp_overlap: bool = True        # backward's tensor-parallel collectives overlap the weight gradients' products
+    grad_fp32: bool = False        # gradients accumulated and reduced over dp in float32 (Llama 3, section 3.3.2)
 
     @property
     def world_size(self) -> int:
@@ -192,7 +197,8 @@ def layer_params(model: ModelSpec, tp: int) -> int:
     return sum(layer_parts(model, tp))
 
 
-def rank_parts(model: ModelSpec, plan: Plan, rank: int = 0) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=65536)
+def rank_parts(model: ModelSpec, plan: Plan, rank: int = 0) -> tuple[tuple[int, int], ...]:
     """(dense, expert) parameters of each of ``rank``'s chunks: its layers, the embeddings on the first
     virtual stage, the final norm and the head on the last (split over tp when vocab_parallel)."""
     h, V = model.hidden, model.vocab
@@ -206,7 +212,7 @@ def rank_parts(model: ModelSpec, plan: Plan, rank: int = 0) -> list[tuple[int, i
         if rank == plan.pp - 1 and c == plan.vpp - 1:
             dense += norm_params(model) + h * vocab
         out.append((dense, expert))
-    return out
+    return tuple(out)
 
 
 def stage_params(model: ModelSpec, plan: Plan, stage: int = 0) -> int:
@@ -232,13 +238,19 @@ def shard(count: int, ranks: int) -> int:
 
 
 def element_bytes(plan: Plan) -> int:
-    """Bytes of one element of the parameters that compute, their gradients and the activations."""
-    return 2 if plan.precision == "bf16-mixed" else 4
+    """Bytes of one element of the parameters that compute, their gradients and the activations (fp8-mixed
+    keeps them in bf16: only the linear maps' products cast to float8)."""
+    return 4 if plan.precision == "fp32" else 2
+
+
+def grad_bytes(plan: Plan) -> int:
+    """Bytes of one gradient element as kept and reduced: the element's, or float32 with grad_fp32."""
+    return 4 if plan.grad_fp32 else element_bytes(plan)
 
 
 def optimizer_bytes_per_param(plan: Plan) -> int:
     """Adam's momentum and variance in float32, plus the float32 master weights under bf16-mixed."""
-    return 12 if plan.precision == "bf16-mixed" else 8
+    return 8 if plan.precision == "fp32" else 12
 
 
 def buffers(model: ModelSpec, plan: Plan, rank: int = 0) -> list[tuple[int, int]]:
@@ -316,7 +328,7 @@ def training_memory(model: ModelSpec, plan: Plan) -> MemoryBreakdown:
     whole = sum(count for count, _ in buffers(model, plan))
     part = sum(shard(count, ranks) for count, ranks in buffers(model, plan))
     params = e * (part if plan.zero >= 3 else whole)
-    grads = e * (part if plan.zero >= 2 else whole)
+    grads = grad_bytes(plan) * (part if plan.zero >= 2 else whole)
     optimizer = k * (part if plan.zero >= 1 else whole)
     activations = peak_in_flight(plan, chunk_activations(model, plan, 0))
     return MemoryBreakdown(params, grads, optimizer, activations, params + grads + optimizer + activations)
@@ -366,17 +378,18 @@ def collective_list(model: ModelSpec, plan: Plan) -> list[tuple[str, str, int, i
     validate(model, plan)
     m, t, e, h = plan.micro_batches, plan.tp, element_bytes(plan), model.hidden
     out: list = []
+    g = grad_bytes(plan)
     for count, ranks in buffers(model, plan):
         dimension = "dp" if ranks == plan.dp * plan.cp else "edp"
-        padded = e * ranks * shard(count, ranks)
+        padded = ranks * shard(count, ranks)
         if ranks > 1 and plan.zero == 0:
-            out.append((dimension, "all-reduce", 1, e * count))
+            out.append((dimension, "all-reduce", 1, g * count))
         elif ranks > 1 and plan.zero in (1, 2):
-            out.append((dimension, "reduce-scatter", m if plan.zero == 2 else 1, padded))
-            out.append((dimension, "all-gather", 1, padded))
+            out.append((dimension, "reduce-scatter", m if plan.zero == 2 else 1, g * padded))
+            out.append((dimension, "all-gather", 1, e * padded))
         elif ranks > 1:
-            out.append((dimension, "all-gather", 2 * m, padded))  # before each forward and each backward
-            out.append((dimension, "reduce-scatter", m, padded))
+            out.append((dimension, "all-gather", 2 * m, e * padded))  # before each forward and each backward
+            out.append((dimension, "reduce-scatter", m, g * padded))
     layers = [i for c in chunk_layers(model, plan) for i in c]
     for i in layers:
         out += [(d, name, m * calls, size) for d, name, calls, size in layer_collectives(model, plan, i)]
@@ -531,6 +544,8 @@ def step_time(model: ModelSpec, plan: Plan, cluster: Cluster) -> StepTime:
     and fills and drains in (pp - 1) / vpp of that pace: bubble_s = pipeline time - busy. Data-parallel
     traffic overlaps compute (dp_overlap), or adds to the step."""
     validate(model, plan, cluster.gpus)
+    if plan.precision == "fp8-mixed":
+        raise PlanError("fp8-mixed is timed by the kit's model (grader.capacity_speed), not at one efficiency")
     work = flops(model, plan)
     rate = cluster.peak_flops * cluster.mfu * (1.0 if plan.precision == "bf16-mixed" else 0.5)
     compute_s = work / rate

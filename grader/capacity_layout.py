@@ -8,7 +8,7 @@ from __future__ import annotations
 # model and plan below are grader.capacity's ModelSpec and Plan (read by attribute: this module imports nothing).
 
 SCHEDULES = ("gpipe", "1f1b")
-PRECISIONS = ("bf16-mixed", "fp32")
+PRECISIONS = ("bf16-mixed", "fp32", "fp8-mixed")
 RECOMPUTES = ("none", "selective", "full")
 ATTENTIONS = ("explicit", "flash")
 

@@ -1,5 +1,10 @@
-"""Plans under the kit's cost model (:mod:`grader.capacity`): the clusters (one compute efficiency per GPU
-kind), the scenarios, the two searches and what limits a plan.
+"""Plans under the kit's cost model (:mod:`grader.capacity`): the clusters, the scenarios, the two searches,
+the two step times and what limits a plan.
+
+* Two step times (a ``timer``): 42's (:func:`grader.capacity.step_time`, every FLOP at the cluster's one
+  compute efficiency; what 41-43 grade and 43's search uses) and the kit's (:mod:`grader.capacity_speed`:
+  each matmul from its shape, the work bound by memory, the cost of scale; ``ddp-grade plan`` and the
+  kit's planner use it for the GPU kinds it knows).
 
 * 43's search (``candidate_plans``, ``best_plan``): the GPT-style plans exercise 43 allows (tp 1-8 inside a
   node, pp a divisor of the layers, ZeRO 2 and 3 only without pipeline stages, bf16-mixed).
@@ -15,15 +20,16 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import asdict, replace
+from typing import Callable
 
-from grader import capacity
-from grader.capacity import Cluster, ModelSpec, Plan, PlanError
+from grader import capacity, capacity_speed
+from grader.capacity import Cluster, ModelSpec, Plan, PlanError, StepTime
 
-# --- clusters: one compute efficiency per GPU kind ------------------------------------------------------------
+# --- clusters ----------------------------------------------------------------------------------------------
 #
-# ``mfu`` is the fraction of the dense bf16 peak a GPU's matmuls achieve. One value per GPU kind, fitted once
-# to the published runs of that kind (grader/capacity_published.py: the geometric mean of published / kit
-# is 1 within 2 %) and never chosen per plan.
+# ``mfu`` is the compute efficiency 42's step time runs every FLOP at: 0.54, what the Llama 3 405B and
+# Megatron-LM 2021 rows gave the one-efficiency model of 41-43 (0.5437 and 0.5422). The kit's own step time
+# (grader/capacity_speed.py) does not read it: it times each matmul from its shape.
 
 H100 = Cluster(gpus=64, gpus_per_node=8, peak_flops=989e12, mfu=0.54, memory_bytes=80e9,
                intra_node_bandwidth=450e9, inter_node_bandwidth=50e9,   # NVLink 4, 400 Gb/s NIC per GPU
@@ -41,6 +47,24 @@ def on(cluster: Cluster, gpus: int) -> Cluster:
 def gpu_kind(cluster: Cluster) -> str | None:
     """The GPU kind whose peak ``cluster`` has, or None."""
     return next((name for name, kind in GPU_KINDS.items() if kind.peak_flops == cluster.peak_flops), None)
+
+
+Timer = Callable[[ModelSpec, Plan, Cluster], StepTime]
+
+
+def kit_timer(kind: str) -> Timer:
+    """The kit's step time on ``kind`` GPUs."""
+    return functools.partial(_kit_step, kind=kind)
+
+
+def _kit_step(model: ModelSpec, plan: Plan, cluster: Cluster, kind: str) -> StepTime:
+    return capacity_speed.step_time(model, plan, cluster, kind)
+
+
+def timer_for(cluster: Cluster, flat: bool = False) -> Timer:
+    """The kit's step time for a GPU kind it knows, 42's when ``flat`` or for another cluster."""
+    kind = gpu_kind(cluster)
+    return capacity.step_time if flat or kind not in capacity_speed.DEVICES else kit_timer(kind)
 
 
 # --- scenarios -------------------------------------------------------------------------------------------
@@ -102,6 +126,8 @@ def exercise_refusal(model: ModelSpec, plan: Plan) -> str | None:
                "schedule, precision, recompute)"
     if plan.zero >= 2 and plan.pp > 1:
         return f"41-43 refuse ZeRO stage {plan.zero} with {plan.pp} pipeline stages (the kit's planner takes it)"
+    if plan.precision == "fp8-mixed":
+        return "41-43 model bf16-mixed and fp32 only (float8 is the kit's model's: ddp-grade plan --precision fp8-mixed)"
     return None
 
 
@@ -128,14 +154,14 @@ def fits(model: ModelSpec, plan: Plan, cluster: Cluster) -> bool:
     return capacity.training_memory(model, plan).total <= cluster.memory_bytes
 
 
-def fastest(model: ModelSpec, cluster: Cluster, plans) -> Plan | None:
-    """The fastest of ``plans`` that fits (ties: fewer bytes, then the first found)."""
+def fastest(model: ModelSpec, cluster: Cluster, plans, timer: Timer = capacity.step_time) -> Plan | None:
+    """The fastest of ``plans`` that fits (ties: fewer bytes, then the first found), timed by ``timer``."""
     best, key = None, None
     for plan in plans:
         memory = capacity.training_memory(model, plan).total
         if memory > cluster.memory_bytes:
             continue
-        candidate = (capacity.step_time(model, plan, cluster).total_s, memory)
+        candidate = (timer(model, plan, cluster).total_s, memory)
         if key is None or candidate < key:
             best, key = plan, candidate
     return best
@@ -143,7 +169,7 @@ def fastest(model: ModelSpec, cluster: Cluster, plans) -> Plan | None:
 
 @functools.lru_cache(maxsize=64)  # the arguments are frozen dataclasses: 43's report and checks ask twice
 def best_plan(model: ModelSpec, cluster: Cluster, global_batch_tokens: int) -> Plan | None:
-    """43's answer: the fastest plan of candidate_plans that fits, by exhaustive search."""
+    """43's answer: the fastest plan of candidate_plans that fits, by exhaustive search under 42's step time."""
     return fastest(model, cluster, candidate_plans(model, cluster, global_batch_tokens))
 
 
@@ -194,10 +220,12 @@ def planner_plans(model: ModelSpec, cluster: Cluster, global_batch_tokens: int):
 
 
 @functools.lru_cache(maxsize=16)
-def best_frontier(model: ModelSpec, cluster: Cluster, global_batch_tokens: int, known: Plan | None = None) -> Plan | None:
-    """The kit's planner's answer: the fastest plan of planner_plans, or ``known`` (a published plan) if faster."""
+def best_frontier(model: ModelSpec, cluster: Cluster, global_batch_tokens: int, known: Plan | None = None,
+                  flat: bool = False) -> Plan | None:
+    """The kit's planner's answer: the fastest plan of planner_plans, or ``known`` (a published plan) if faster,
+    under the kit's step time (42's when ``flat``)."""
     plans = itertools.chain(planner_plans(model, cluster, global_batch_tokens), [known] if known else [])
-    return fastest(model, cluster, plans)
+    return fastest(model, cluster, plans, timer_for(cluster, flat))
 
 
 # --- throughput and what limits a plan -------------------------------------------------------------------
@@ -220,10 +248,10 @@ def hardware_flops(model: ModelSpec, plan: Plan) -> int:
     return per * plan.dp * plan.micro_batches
 
 
-def utilisation(model: ModelSpec, plan: Plan, cluster: Cluster) -> dict:
-    """The step as throughput: MFU (model FLOPs over the GPUs' dense bf16 peak), TFLOP/s per GPU counted
-    with recomputation (Megatron-LM 2021's), tokens per second per GPU."""
-    time = capacity.step_time(model, plan, cluster)
+def utilisation(model: ModelSpec, plan: Plan, cluster: Cluster, time: StepTime | None = None) -> dict:
+    """The step (42's time unless ``time`` is given) as throughput: MFU (model FLOPs over the GPUs' dense bf16
+    peak), TFLOP/s per GPU counted with recomputation (Megatron-LM 2021's), tokens per second per GPU."""
+    time = time or capacity.step_time(model, plan, cluster)
     gpus, tokens = plan.world_size, plan.dp * plan.micro_batches * plan.micro_batch * model.seq_len
     return {"mfu": model_flops(model, plan) / (time.total_s * gpus * cluster.peak_flops),
             "tflops_per_gpu": hardware_flops(model, plan) / (time.total_s * gpus) / 1e12,
@@ -234,10 +262,10 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
-def limits(model: ModelSpec, plan: Plan, cluster: Cluster) -> list[str]:
+def limits(model: ModelSpec, plan: Plan, cluster: Cluster, timer: Timer = capacity.step_time) -> list[str]:
     """What holds a plan back, in words: memory, the bubble, communication on a slow link, recomputation."""
     memory = capacity.training_memory(model, plan)
-    time = capacity.step_time(model, plan, cluster)
+    time = timer(model, plan, cluster)
     said = []
     if memory.total > cluster.memory_bytes:
         said.append(f"memory: {memory.total / 1e9:.1f} GB does not fit in {cluster.memory_bytes / 1e9:.0f} GB")
@@ -269,9 +297,10 @@ TERMS = (("compute_s", "compute"), ("bubble_s", "the bubble"), ("tp_s", "tp comm
          ("exposed_dp_s", "dp communication not hidden"))
 
 
-def why_differ(model: ModelSpec, cluster: Cluster, mine: Plan, theirs: Plan, who: str = "the published plan") -> str:
+def why_differ(model: ModelSpec, cluster: Cluster, mine: Plan, theirs: Plan, who: str = "the published plan",
+               timer: Timer = capacity.step_time) -> str:
     """Where the step times of two plans of one model and cluster part, in words (the largest terms first)."""
-    a, b = capacity.step_time(model, mine, cluster), capacity.step_time(model, theirs, cluster)
+    a, b = timer(model, mine, cluster), timer(model, theirs, cluster)
     if mine == theirs:
         return f"the search picks {who}"
     deltas = sorted(((getattr(b, field) - getattr(a, field), what) for field, what in TERMS), key=lambda d: -abs(d[0]))

@@ -50,8 +50,8 @@ grouped-query attention, SwiGLU, RMSNorm, sequence and context parallelism,
 interleaved and uneven pipeline stages, ZeRO 2 and 3 with pipeline stages and
 experts; each changes what a count counts, not how you count, so the exercise
 leaves them out to stay an hour's work. Once 41 and 42 pass, `ddp-grade plan`
-costs them too, and `ddp-grade plan --published` holds the kit's model to Llama 3
-405B's published plans (docs/capacity.md).
+costs them too, and `ddp-grade plan --published` holds the kit's model to published
+runs: Llama 3 405B's plans among them (docs/capacity.md).
 
 Grade it:  ddp-grade exercises/41_memory.py
 The grader trains the transformer below for real on 2 to 4 processes under a dozen

@@ -15,6 +15,7 @@ import shlex
 from grader import capacity
 from grader import capacity_plans as plans
 from grader import capacity_published as published
+from grader import capacity_speed as speed
 from grader.commands import plan as plan_module
 from grader.cli import main
 from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
@@ -115,8 +116,9 @@ def test_opens_with_41_and_42_passed_and_shows_every_part(opened):
     memory = capacity.training_memory(model, plan)
     assert f"{memory.total:,} B" in text and f"{memory.activations:,} B" in text  # bytes, exactly
     assert f"{memory.total / 1e9:,.3f} GB" in text
-    for said in plans.limits(model, plan, plans.H100):
+    for said in plans.limits(model, plan, plans.on(plans.H100, 64), plans.timer_for(plans.H100)):
         assert f"  - {said}" in text
+    assert "The kit's step time (docs/capacity.md): compute_s holds" in text and "straggler_s" in text
 
 
 def test_json_is_the_cost_models_figures(opened):
@@ -134,13 +136,46 @@ def test_json_is_the_cost_models_figures(opened):
                               "model_states": memory.params + memory.grads + memory.optimizer}
     traffic = capacity.communication(model, plan)
     assert data["traffic"] == {**capacity.to_dict(traffic), "total": traffic.total()}
-    time = capacity.step_time(model, plan, cluster)
+    parts = speed.breakdown(model, plan, cluster, "H100")
+    time = parts.step
     assert data["step_time"] == capacity.to_dict(time)
+    assert data["compute"] == {"model": "kit", "matmul_s": parts.matmul_s, "attention_s": parts.attention_s,
+                               "memory_s": parts.memory_s, "hidden_tp_s": parts.hidden_tp_s,
+                               "straggler_s": parts.straggler_s}
     assert data["global_batch_tokens"] == 8 * 8 * 8192
     assert data["tokens_per_s_per_gpu"] == pytest.approx(8 * 8 * 8192 / time.total_s / 64)
-    assert data["limits"] == plans.limits(model, plan, cluster)
-    rates = plans.utilisation(model, plan, cluster)
+    assert data["limits"] == plans.limits(model, plan, cluster, plans.kit_timer("H100"))
+    rates = plans.utilisation(model, plan, cluster, time)
     assert (data["mfu"], data["tflops_per_gpu"]) == (rates["mfu"], rates["tflops_per_gpu"]) and data["gpu"] == "H100"
+
+
+def test_compute_efficiency_times_the_plan_as_42_does(opened):
+    """With --compute-efficiency the answer is 42's step time at that efficiency, which the learner's own
+    step_time gives; without it, the kit's, which reads no efficiency."""
+    data = json.loads(invoke(*MODEL_8B, *PLAN, "--compute-efficiency", "0.54", "--json").stdout)
+    model = capacity.ModelSpec(32, 4096, 32, 128256, 8192)
+    plan = capacity.Plan(8, 8, 1, 1, 1, 8, "1f1b", "bf16-mixed", "selective")
+    cluster = plans.on(plans.H100, 64)
+    assert data["step_time"] == capacity.to_dict(capacity.step_time(model, plan, cluster))
+    assert data["compute"] == {"model": "42", "efficiency": 0.54}
+    assert "42's step time: every FLOP at 0.54 of the peak" in invoke(*MODEL_8B, *PLAN, "--mfu", "0.54").stdout
+    kit = json.loads(invoke(*MODEL_8B, *PLAN, "--json").stdout)
+    assert kit["step_time"] == capacity.to_dict(speed.step_time(model, plan, cluster, "H100"))
+    assert kit["step_time"] != data["step_time"]
+
+
+def test_a_float8_plan_answers_on_h100_and_is_refused_on_a100(opened):
+    """fp8-mixed: the layers' linear maps at the float8 peak, the rest bf16, the casts paid; an A100 has no
+    float8 tensor cores, and 42's one efficiency does not time it."""
+    fp8 = json.loads(invoke(*MODEL_8B, *PLAN, "--precision", "fp8-mixed", "--json").stdout)
+    bf16 = json.loads(invoke(*MODEL_8B, *PLAN, "--json").stdout)
+    assert fp8["plan"]["precision"] == "fp8-mixed" and fp8["memory"] == bf16["memory"]
+    assert fp8["compute"]["matmul_s"] < bf16["compute"]["matmul_s"] and fp8["compute"]["memory_s"] > bf16["compute"]["memory_s"]
+    assert fp8["tokens_per_s_per_gpu"] > bf16["tokens_per_s_per_gpu"]
+    refused = invoke(*MODEL_8B, *PLAN, "--precision", "fp8-mixed", "--gpu", "A100")
+    assert refused.exit_code == EXIT_UNUSABLE and "fp8-mixed needs float8 tensor cores: the A100 has none" in refused.stderr
+    flat = invoke(*MODEL_8B, *PLAN, "--precision", "fp8-mixed", "--compute-efficiency", "0.5")
+    assert flat.exit_code == EXIT_UNUSABLE and "fp8-mixed is timed by the kit's model" in flat.stderr
 
 
 def test_the_cluster_defaults_to_h100s_as_many_as_the_plan_uses(opened):
@@ -168,7 +203,8 @@ def test_a_scenario_shows_the_best_plan_of_the_search(opened, name):
     best = plans.best_plan(model, cluster, tokens)
     assert data["scenario"] == "70B on 1,024 GPUs" and data["plan"] == jsonish(best)
     assert data["searched"] == len(list(plans.candidate_plans(model, cluster, tokens))) and data["search"] == "43"
-    assert data["limits"] == plans.limits(model, best, cluster)
+    assert data["limits"] == plans.limits(model, best, cluster)  # 43's rules, 43's (that is 42's) step time
+    assert data["compute"]["model"] == "42"
     text = invoke("--scenario", name).stdout
     assert text.startswith("Scenario: 70B on 1,024 GPUs") and "the fastest that fits:" in text
     assert "(43's rules leave out what frontier runs add; --search kit searches with it)" in text
@@ -178,7 +214,7 @@ def test_a_scenario_with_a_plan_given_evaluates_that_plan(opened):
     model, cluster, _ = plans.SCENARIOS["8B on 64 GPUs"]
     data = json.loads(invoke("--scenario", "8B", "--dp", "8", "--tp", "8", "--json").stdout)
     assert data["plan"] == jsonish(capacity.Plan(dp=8, tp=8)) and "searched" not in data
-    assert data["step_time"] == capacity.to_dict(capacity.step_time(model, capacity.Plan(dp=8, tp=8), cluster))
+    assert data["step_time"] == capacity.to_dict(speed.step_time(model, capacity.Plan(dp=8, tp=8), cluster, "H100"))
 
 
 def test_best_searches_for_the_model_and_the_gpus(opened):
@@ -243,29 +279,35 @@ def run_command(command: str) -> dict:
     return json.loads(result.stdout)
 
 
-def test_published_json_rows_name_their_source_and_each_command_reproduces_its_figure(opened):
+def test_published_json_rows_name_their_group_and_source_and_each_command_reproduces_its_figure(opened):
     result = invoke("--published", "--json")
     assert result.exit_code == EXIT_OK, result.output
     rows = json.loads(result.stdout)
-    assert len(rows) == len(published.ROWS) == 3 + 10 + 4 + 24
-    assert {row["source"] for row in rows} == {"Llama 3, Table 4", "Megatron-LM 2021 (Narayanan et al.), Table 1",
-                                               "ZeRO, Figure 1", "Korthikanti et al. 2022, Table 2"}
+    assert len(rows) == len(published.ROWS) == 8 + 28 + 33
+    assert [row["group"] for row in rows] == ["fit"] * 8 + ["formula"] * 28 + ["held-out"] * 33
+    assert {row["source"] for row in rows} == set(published.SOURCES)
     for row in rows:
-        assert {"source", "metric", "published", "kit", "command"} <= set(row)
+        assert {"group", "source", "metric", "published", "kit", "command"} <= set(row)
         assert row["ratio"] == pytest.approx(row["kit"] / row["published"])
         assert plan_module.at_path(run_command(row["command"]), row["metric"]) == row["kit"], row["command"]
+        assert ("--gpu" in row["command"]) == (row["group"] != "formula") == (row["gpu"] is not None)
 
 
-def test_published_text_shows_each_row_and_the_efficiency_of_each_gpu_kind(opened):
+def test_published_text_shows_the_three_groups_apart_with_the_constants_and_the_held_out_error(opened):
     result = invoke("--published")
     assert result.exit_code == EXIT_OK, result.output
     text = result.stdout
-    kinds = ", ".join(f"{name} {kind.mfu:g}" for name, kind in plans.GPU_KINDS.items())
-    assert f"Compute efficiency, one per GPU kind: {kinds}." in text and set(plans.GPU_KINDS) == {"A100", "H100"}
-    for row in plan_module.published_rows():
-        assert f"{row['ratio']:>8.3f}" in text
-    assert "Llama 3, Table 4 (MFU, H100):" in text and "43.0%" in text
-    assert "the table prints DP 4" in text
+    rows = plan_module.published_rows()
+    summary = plan_module.summary(rows)
+    fitted, held = text.index("FITTED ON:"), text.index("HELD OUT:")
+    assert fitted < text.index("FORMULAS:") < held
+    assert f"K0 = {speed.K0:g}" in text and f"link efficiency {speed.LINK_EFFICIENCY:g}" in text
+    assert f"held-out rows {summary['held_out']['rms']:.1%}" in text and f"{len(published.HELD_OUT_ROWS)} rows" in text
+    for row in rows:
+        at = text.index(f"{row['ratio']:>8.3f}", text.index(row["row"]))
+        assert (at < text.index("FORMULAS:")) == (row["group"] == "fit") and (at > held) == (row["group"] == "held-out")
+    assert "Llama 3 (arXiv 2407.21783v3), Table 4 (MFU, H100; rms" in text and "43.0%" in text
+    assert "v1 and v2 print DP 4" in text and "formula, no GPU" in text and "no GPU: it ran V100s" in text
 
 
 def test_best_on_a_published_scenario_says_what_limits_the_pick_and_the_published_plan(opened):
@@ -276,11 +318,13 @@ def test_best_on_a_published_scenario_says_what_limits_the_pick_and_the_publishe
     assert data["search"] == "kit" and data["published_plan"]["plan"] == jsonish(row.plan)
     model, cluster, tokens = plans.FRONTIER["Llama 3 405B, 128K context, on 16,384 GPUs"]
     assert data["plan"] == jsonish(plans.best_frontier(model, cluster, tokens, row.plan))
-    assert data["published_plan"]["limits"] == plans.limits(model, row.plan, cluster)
+    kit = plans.kit_timer("H100")
+    assert data["published_plan"]["limits"] == plans.limits(model, row.plan, cluster, kit)
     assert data["published_plan"]["why"] == plans.why_differ(model, cluster, plans.best_frontier(model, cluster, tokens,
-                                                                                                   row.plan), row.plan)
+                                                                                                   row.plan), row.plan,
+                                                             timer=kit)
     text = invoke("--scenario", "Llama 3 405B, 128K context, on 16,384 GPUs").stdout
-    assert "The published plan (Llama 3, Table 4):" in text and "Why they differ: " in text
+    assert f"The published plan ({published.LLAMA}):" in text and "Why they differ: " in text
     assert text.count("What limits it:") == 2
 
 
@@ -289,10 +333,11 @@ def test_the_frontier_model_options_reach_the_model(opened):
                              "--kv-heads", "2", "--ffn", "160", "--mlp", "swiglu", "--norm", "rmsnorm", "--no-bias",
                              "--positions", "rope", "--no-dropout", "--tp", "2", "--sp", "--vocab-parallel",
                              "--attention", "flash", "--pp", "2", "--vpp", "2", "--stage-layers", "0,2x2,0",
-                             "--micro-batches", "4", "--no-dp-overlap", "--json").stdout)
+                             "--micro-batches", "4", "--no-dp-overlap", "--no-tp-overlap", "--grad-fp32",
+                             "--json").stdout)
     model = capacity.ModelSpec(4, 64, 8, 256, 128, kv_heads=2, ffn=160, mlp="swiglu", norm="rmsnorm", bias=False,
                                positions="rope", dropout=False)
     plan = capacity.Plan(tp=2, pp=2, micro_batches=4, sp=True, vpp=2, stage_layers=(0, 2, 2, 0), vocab_parallel=True,
-                         attention="flash", dp_overlap=False)
+                         attention="flash", dp_overlap=False, tp_overlap=False, grad_fp32=True)
     assert data["model"] == jsonish(model) and data["plan"] == jsonish(plan)
     assert data["memory"]["total"] == capacity.training_memory(model, plan).total

@@ -11,8 +11,8 @@ from grader import capacity
 from grader import capacity_plans as plans
 from grader import capacity_published as published
 from grader.commands import plan_text
-from grader.commands.plan import (GB, answer_for, check_only_published, efficiencies, normalised, published_rows,
-                                  refusal)
+from grader.commands.plan import (GB, answer_for, check_only_published, normalised, published_rows, refusal,
+                                  summary)
 from grader.exits import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from grader.progress import Progress
 
@@ -49,7 +49,8 @@ def _fail(message: str, code: int = EXIT_UNUSABLE):
 @click.option("--micro-batch", type=int, help="Sequences per micro-batch (default 1).")
 @click.option("--micro-batches", type=int, help="Micro-batches per step (default 1).")
 @click.option("--schedule", help=f"Pipeline schedule: {', '.join(capacity.SCHEDULES)} (default 1f1b).")
-@click.option("--precision", help=f"{', '.join(capacity.PRECISIONS)} (default bf16-mixed).")
+@click.option("--precision", help=f"{', '.join(capacity.PRECISIONS)} (default bf16-mixed; fp8-mixed: the layers' "
+              "linear maps in float8, H100 only).")
 @click.option("--recompute", help=f"Activation recomputation: {', '.join(capacity.RECOMPUTES)} (default none).")
 @click.option("--sp", is_flag=True, default=None, help="Sequence parallelism in the tensor-parallel group.")
 @click.option("--cp", type=int, help="Context-parallel size (default 1).")
@@ -64,6 +65,11 @@ def _fail(message: str, code: int = EXIT_UNUSABLE):
               help="Pipeline sends split over tp and gathered in the node (Megatron-LM 2021).")
 @click.option("--no-dp-overlap", "no_dp_overlap", is_flag=True, default=None,
               help="Data-parallel traffic after the last backward, not under compute.")
+@click.option("--no-tp-overlap", "no_tp_overlap", is_flag=True, default=None,
+              help="Backward's tensor-parallel collectives wait, none under the weight gradients' products "
+                   "(Megatron-LM before 2022).")
+@click.option("--grad-fp32", is_flag=True, default=None,
+              help="Gradients accumulated and reduced over dp in float32 (Llama 3).")
 @click.option("--scenario", metavar="NAME",
               help="A scenario: " + "; ".join(f'"{k}"' for k in [*plans.SCENARIOS, *plans.FRONTIER])
               + ". Its best plan, or the plan given.")
@@ -124,7 +130,7 @@ def plan_command(scenario, best, rules, show_published, global_batch_tokens, gpu
             check_only_published(scenario, best, given)
             rows = published_rows()
             click.echo(json.dumps(rows, indent=2) if as_json else
-                       plan_text.render_published(rows, efficiencies(), published.READINGS))
+                       plan_text.render_published(rows, summary(rows), published.READINGS))
             raise SystemExit(EXIT_OK)
         data = answer_for(scenario, best, rules, global_batch_tokens, gpu, gpus, normalised(given))
     except capacity.PlanError as exc:

@@ -29,6 +29,7 @@ from dataclasses import asdict, fields, replace
 from grader import capacity
 from grader import capacity_plans as plans
 from grader import capacity_published as published
+from grader import capacity_speed as speed
 from grader.progress import Progress
 
 REQUIRES = ("41", "42")  # the exercises whose answers this command shows
@@ -118,14 +119,24 @@ def plan_tokens(model: capacity.ModelSpec, plan: capacity.Plan) -> int:
 # --- the answer, as plain data ---------------------------------------------------------------------------
 
 
-def evaluate(model: capacity.ModelSpec, plan: capacity.Plan, cluster: capacity.Cluster) -> dict:
+def evaluate(model: capacity.ModelSpec, plan: capacity.Plan, cluster: capacity.Cluster, flat: bool = False) -> dict:
     """Everything the cost model says of ``plan`` (rank 0's figures; bytes, seconds, FLOPs), and the step
-    as throughput (MFU and TFLOP/s per GPU over every GPU)."""
+    as throughput (MFU and TFLOP/s per GPU over every GPU). The step is the kit's (capacity_speed) for a
+    GPU kind it knows, 42's (every FLOP at ``cluster.mfu``) when ``flat`` or for another."""
     capacity.validate(model, plan, cluster.gpus)
     memory = capacity.training_memory(model, plan)
     traffic = capacity.communication(model, plan)
-    time = capacity.step_time(model, plan, cluster)
-    rates = plans.utilisation(model, plan, cluster)
+    timer = plans.timer_for(cluster, flat)
+    kind = plans.gpu_kind(cluster)
+    if timer is capacity.step_time:
+        time = capacity.step_time(model, plan, cluster)
+        compute = {"model": "42", "efficiency": cluster.mfu}
+    else:
+        parts = speed.breakdown(model, plan, cluster, kind)
+        time = parts.step
+        compute = {"model": "kit", "matmul_s": parts.matmul_s, "attention_s": parts.attention_s,
+                   "memory_s": parts.memory_s, "hidden_tp_s": parts.hidden_tp_s, "straggler_s": parts.straggler_s}
+    rates = plans.utilisation(model, plan, cluster, time)
     return {
         "plan": asdict(plan),
         "global_batch_tokens": plan_tokens(model, plan),
@@ -133,30 +144,34 @@ def evaluate(model: capacity.ModelSpec, plan: capacity.Plan, cluster: capacity.C
                    "capacity": cluster.memory_bytes, "fits": plans.fits(model, plan, cluster)},
         "traffic": {**{d: dict(getattr(traffic, d)) for d in capacity.DIMENSIONS}, "total": traffic.total()},
         "step_time": capacity.to_dict(time),
+        "compute": compute,
         "tokens_per_s_per_gpu": rates["tokens_per_s_per_gpu"],
         "mfu": rates["mfu"],
         "tflops_per_gpu": rates["tflops_per_gpu"],
-        "limits": plans.limits(model, plan, cluster),
+        "limits": plans.limits(model, plan, cluster, timer),
     }
 
 
 def search(model: capacity.ModelSpec, cluster: capacity.Cluster, global_batch_tokens: int, rules: str,
-           known: capacity.Plan | None = None) -> dict:
-    """The best plan of 43's search (rules "43") or the planner's ("kit"), evaluated; ``plan`` None (and
-    ``why``) when none fits. ``known``: a published plan of this scenario, evaluated beside the pick."""
+           known: capacity.Plan | None = None, flat: bool = False) -> dict:
+    """The best plan of 43's search (rules "43", under 42's step time) or the planner's ("kit", under the
+    kit's), evaluated; ``plan`` None (and ``why``) when none fits. ``known``: a published plan of this
+    scenario, evaluated beside the pick."""
     capacity.validate(model, capacity.Plan())
     if global_batch_tokens < 1:
         raise capacity.PlanError(f"--global-batch-tokens must be at least 1, not {global_batch_tokens}")
+    flat = flat or rules == "43"
     space = plans.candidate_plans if rules == "43" else plans.planner_plans
     searched = sum(1 for _ in space(model, cluster, global_batch_tokens)) + (known is not None)
     best = plans.best_plan(model, cluster, global_batch_tokens) if rules == "43" else \
-        plans.best_frontier(model, cluster, global_batch_tokens, known)
+        plans.best_frontier(model, cluster, global_batch_tokens, known, flat)
     found = {"searched": searched, "search": rules, "requested_global_batch_tokens": global_batch_tokens}
     if known is not None:
-        found["published_plan"] = {**evaluate(model, known, cluster), "source": published.LLAMA,
-                                   "why": plans.why_differ(model, cluster, best, known) if best else None}
+        found["published_plan"] = {**evaluate(model, known, cluster, flat), "source": published.LLAMA,
+                                   "why": plans.why_differ(model, cluster, best, known,
+                                                           timer=plans.timer_for(cluster, flat)) if best else None}
     if best is not None:
-        return {**found, **evaluate(model, best, cluster)}
+        return {**found, **evaluate(model, best, cluster, flat)}
     if searched == 0:
         why = (f"no plan of the search splits {global_batch_tokens:,} tokens ({global_batch_tokens // model.seq_len:,} "
                f"sequences) and {model.layers} layers over {cluster.gpus:,} GPUs")
@@ -179,7 +194,8 @@ def at_path(data: dict, path: str):
 
 
 def command_of(row: published.Row) -> str:
-    """The `ddp-grade plan ... --json` command line that answers with ``row``'s plan."""
+    """The `ddp-grade plan ... --json` command line that answers with ``row``'s plan (a formula's row: on the
+    default GPU kind, whose figure the formula's does not depend on)."""
     words = ["ddp-grade plan"]
     for f in fields(capacity.ModelSpec):
         value = getattr(row.model, f.name)
@@ -189,7 +205,7 @@ def command_of(row: published.Row) -> str:
         value = getattr(row.plan, f.name)
         if value != f.default:
             words.append(_flag(f.name, value))
-    return " ".join([*words, f"--gpu {row.gpu}", "--json"])
+    return " ".join([*words, *([f"--gpu {row.gpu}"] if row.gpu else []), "--json"])
 
 
 def _flag(name: str, value) -> str:
@@ -212,21 +228,33 @@ def _layers_text(counts: tuple) -> str:
 
 
 def published_rows() -> list[dict]:
-    """Every published row beside the kit's figure, each from ``evaluate`` as a plan of its own."""
+    """Every published row beside the kit's figure, each from ``evaluate`` as a plan of its own, with its group
+    (fit, formula, held-out)."""
     out = []
     for row in published.ROWS:
         data = evaluate(row.model, row.plan, published.cluster_of(row))
         kit = float(at_path(data, row.metric))
-        out.append({"source": row.source, "row": row.row, "metric": row.metric, "unit": row.unit,
+        out.append({"group": row.group, "source": row.source, "row": row.row, "metric": row.metric, "unit": row.unit,
                     "published": row.published, "kit": kit, "ratio": kit / row.published, "gpu": row.gpu,
                     "memory_bytes": data["memory"]["total"], "fits": data["memory"]["fits"],
-                    "note": "; ".join(n for n in (row.note, published.READINGS[row.source]) if n),
+                    "checks_memory": "fits" in row.checks, "note": "; ".join(n for n in (row.note, published.READINGS[row.source]) if n),
                     "command": command_of(row)})
     return out
 
 
-def efficiencies() -> dict:
-    return {name: kind.mfu for name, kind in plans.GPU_KINDS.items()}
+def summary(rows: list[dict]) -> dict:
+    """What ``published_rows`` shows, in figures: the fitted constants and what they were fitted to, and the
+    error (rms of log kit / published) and worst ratios of the fitted and the held-out rows."""
+    def error(group: str) -> dict:
+        ratios = [row["ratio"] for row in rows if row["group"] == group]
+        return {"rows": len(ratios), "rms": math.sqrt(sum(math.log(r) ** 2 for r in ratios) / len(ratios)),
+                "lowest": min(ratios), "highest": max(ratios)}
+
+    constants = speed.FITTED
+    return {"fitted": {"k0": constants.k0, "link_efficiency": constants.link_efficiency},
+            "measured": {"sustained": constants.sustained, "jitter": constants.jitter},
+            "fit": error("fit"), "held_out": error("held-out"),
+            "formula_exact": sum(row["group"] == "formula" for row in rows)}
 
 
 # --- the command line's question, answered ----------------------------------------------------------------
@@ -237,7 +265,7 @@ def _given(values: dict, names) -> list[str]:
 
 
 def check_only_published(scenario, best, given: dict) -> None:
-    others = _given(given, [*MODEL_OPTIONS, *PLAN_OPTIONS, "no_dp_overlap"]) + (["--scenario"] if scenario else []) + \
+    others = _given(given, [*MODEL_OPTIONS, *PLAN_OPTIONS, "no_dp_overlap", "no_tp_overlap"]) + (["--scenario"] if scenario else []) + \
         (["--best"] if best else [])
     if others:
         raise capacity.PlanError(f"--published shows the published rows: leave out {', '.join(others)}")
@@ -248,15 +276,19 @@ def normalised(given: dict) -> dict:
     out = dict(given)
     if out.pop("no_dp_overlap", None):
         out["dp_overlap"] = False
+    if out.pop("no_tp_overlap", None):
+        out["tp_overlap"] = False
     if out.get("stage_layers") is not None:
         out["stage_layers"] = parse_layers(out["stage_layers"])
     return out
 
 
 def answer_for(scenario, best, rules, global_batch_tokens, gpu, gpus, given: dict) -> dict:
-    """What the command line asks, answered as plain data; PlanError for input that cannot be used."""
+    """What the command line asks, answered as plain data; PlanError for input that cannot be used. The step is
+    the kit's unless --compute-efficiency sets 42's one efficiency for every FLOP."""
     plan_given = _given(given, PLAN_OPTIONS)
     base = plans.GPU_KINDS[gpu or "H100"]
+    flat = given.get("mfu") is not None
     if best and plan_given:
         raise capacity.PlanError(f"--best searches the plan: leave out {', '.join(plan_given)}")
     if scenario is not None:
@@ -270,8 +302,8 @@ def answer_for(scenario, best, rules, global_batch_tokens, gpu, gpus, given: dic
         if best or not plan_given:
             default = "43" if name in plans.SCENARIOS else "kit"
             known = _published_plan(name, model, cluster, tokens)
-            return answer(model, cluster, search(model, cluster, tokens, rules or default, known), name)
-        return answer(model, cluster, _one_plan(model, cluster, given, global_batch_tokens), name)
+            return answer(model, cluster, search(model, cluster, tokens, rules or default, known, flat), name)
+        return answer(model, cluster, _one_plan(model, cluster, given, global_batch_tokens, flat), name)
     missing = [o for o in REQUIRED_MODEL if given.get(o) is None]
     if missing:
         raise capacity.PlanError(f"the model needs {', '.join('--' + o.replace('_', '-') for o in missing)} "
@@ -281,10 +313,10 @@ def answer_for(scenario, best, rules, global_batch_tokens, gpu, gpus, given: dic
         if gpus is None or global_batch_tokens is None:
             raise capacity.PlanError("--best needs --gpus and --global-batch-tokens")
         cluster = make_cluster(base, given, gpus)
-        return answer(model, cluster, search(model, cluster, global_batch_tokens, rules or "kit"), None)
+        return answer(model, cluster, search(model, cluster, global_batch_tokens, rules or "kit", flat=flat), None)
     plan = _plan_of(given)
     cluster = make_cluster(base, given, gpus if gpus is not None else max(plan.world_size, 1))
-    return answer(model, cluster, _one_plan(model, cluster, given, global_batch_tokens), None)
+    return answer(model, cluster, _one_plan(model, cluster, given, global_batch_tokens, flat), None)
 
 
 def _published_plan(name: str, model, cluster, tokens: int) -> capacity.Plan | None:
@@ -299,11 +331,11 @@ def _plan_of(given: dict) -> capacity.Plan:
     return capacity.Plan(**{o: given[o] for o in PLAN_OPTIONS if given.get(o) is not None})
 
 
-def _one_plan(model, cluster, given: dict, global_batch_tokens: int | None) -> dict:
+def _one_plan(model, cluster, given: dict, global_batch_tokens: int | None, flat: bool = False) -> dict:
     plan = _plan_of(given)
     capacity.validate(model, plan, cluster.gpus)
     if global_batch_tokens is not None and plan_tokens(model, plan) != global_batch_tokens:
         raise capacity.PlanError(
             f"dp x micro-batch x micro-batches x seq-len = {plan.dp} x {plan.micro_batch} x {plan.micro_batches} x "
             f"{model.seq_len} = {plan_tokens(model, plan):,} tokens, not the global batch {global_batch_tokens:,}")
-    return evaluate(model, plan, cluster)
+    return evaluate(model, plan, cluster, flat)
