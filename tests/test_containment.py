@@ -7,10 +7,12 @@ ones that must not see something are in tests/sandboxed/."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -87,21 +89,96 @@ def report_of(done: subprocess.CompletedProcess) -> dict:
 @pytest.mark.parametrize("tool", TOOLS)
 def test_a_forged_all_pass_report_fails(tool, tmp_path):
     """The rank writes a well-formed all-pass report into every pipe of the grader process in its
-    sandbox: the grader outside reads that as something it cannot read, and the file fails."""
+    sandbox: it opens none (the host is out of its reach), and the file gets its own verdict."""
     done, _ = run([str(HOSTILE / "01_forges_verdict.py"), "--sandbox", "--format", "json"], tool, tmp_path)
     report = report_of(done)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert report["status"] == "failed" and report["exit_code"] == 1
-    assert "cannot read" in report["problem"], report["problem"]  # the forged line broke the answers' framing
-    assert not all(c["status"] == "pass" for c in report["checks"])
+    assert report["status"] == "failed" and report["exit_code"] == 1 and report["run_problem"] is None
+    assert {c["id"]: c["status"] for c in report["checks"]}["timeout-set"] == "fail"  # its own mistake
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_no_rank_can_speak_as_the_sandboxs_host(tool, tmp_path):
+    """The rank tries every way to the host's pipes (/proc/PID/fd, its memory, ptrace, pidfd_getfd, what it
+    inherited, with the host stopped meanwhile) and writes the host's 'failed' answer through each that
+    opens: none opens, the grader never shows the forged words, and the file fails on the rank's own."""
+    done, _ = run([str(SANDBOXED / "01_speaks_as_the_host.py"), "--sandbox", "--format", "json"], tool, tmp_path)
+    report = report_of(done)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "FORGED_BY_A_RANK" not in done.stdout + done.stderr
+    assert "reached nothing" in report["problem"], report["problem"]
+    assert report["score"]["points"] == 0
+
+
+def _alive(pid: int, started: bytes) -> bool:
+    """Whether the process ``pid`` that started at ``started`` (its /proc stat field) is alive, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == started and fields[0] not in (b"Z", b"X")
+
+
+def _tree(root: int) -> dict[int, bytes]:
+    """{pid: start time} of ``root`` and every process under it."""
+    from grader.processes import descendants
+
+    found = {}
+    for pid in [root, *descendants(root)]:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                found[pid] = f.read().rsplit(b")", 1)[1].split()[19]
+        except OSError:
+            continue
+    return found
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_nothing_of_a_sandbox_outlives_a_killed_grader(tool, tmp_path):
+    """The grader is killed (SIGKILL: nothing of it runs after) while its sandbox runs the ranks and a daemon
+    they left: the sandbox ends with it (its host sees the grader's end of its pipe close, and is the first
+    process of its PID namespace), daemon included."""
+    env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path), "DDP_GRADE_SERVER": "0", sandbox.TOOL_ENV: tool}
+    proc = subprocess.Popen([sys.executable, "-m", "grader", str(SANDBOXED / "01_outlives_the_grader.py"), "--sandbox",
+                             "--timeout", "300", "-q"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tree: dict[int, bytes] = {}
+        while proc.poll() is None and not any(_comm(pid) == "ddp-left-behind" for pid in tree):
+            time.sleep(0.5)
+            tree = _tree(proc.pid)
+        assert proc.poll() is None, "the grading ended before its daemon was seen"
+    finally:
+        proc.kill()
+        proc.wait()
+    waited = 0.0
+    while any(_alive(pid, started) for pid, started in tree.items()) and waited < 120:
+        time.sleep(0.5)
+        waited += 0.5
+    left = [f"{pid} {_comm(pid)}" for pid, started in tree.items() if _alive(pid, started)]
+    for pid in (pid for pid, started in tree.items() if _alive(pid, started)):  # not left to the rest of the suite
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], f"alive {waited:g} s after the grader was killed: {left}"
 
 
 @pytest.mark.parametrize("tool", one_tool(sandbox.UNSHARE))
 def test_a_gigabyte_without_a_newline_keeps_the_grader_small(tool, tmp_path):
+    """The rank looks for every pipe of the grader's processes it can reach, and reaches none in a sandbox
+    (the host and its pool are out of its reach): the gigabyte goes into its own output, of which the grader
+    reads only the end, and the file fails on its own words."""
     done, peak = run([str(HOSTILE / "01_floods_the_grader.py"), "--sandbox", "--timeout", "60", "--format", "json"],
                      tool, tmp_path, watch_memory=True)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "cannot read" in report_of(done)["problem"], report_of(done)["problem"]
+    assert "RuntimeError: flooded" in report_of(done)["problem"], report_of(done)["problem"]
     assert 0 < peak < 2**30, f"the ddp-grade process reached {peak / 2**20:.0f} MiB"
 
 
@@ -208,6 +285,17 @@ def test_a_right_answer_between_hostile_ones_keeps_its_row(jobs, tmp_path):
     right = next(r for r in data["reports"] if r["submission"] == "b_right/01_setup.py")
     assert all(c["status"] in ("pass", "skip") for c in right["checks"])
     assert done.returncode == 1
+
+
+@ANY_TOOL
+def test_a_rank_that_speaks_as_the_host_fails_its_row_and_a_right_answer_beside_it_passes(tmp_path):
+    learners = _class(tmp_path, {"a_speaker": SANDBOXED / "01_speaks_as_the_host.py", "b_right": SOLUTION})
+    data, done = _batch(learners, tmp_path, "--jobs", "1", "--sandbox")
+    status = {r["submission"]: r["status"] for r in data["reports"]}
+    assert status == {"a_speaker/01_setup.py": "failed", "b_right/01_setup.py": "passed"}, status
+    speaker = next(r for r in data["reports"] if r["submission"] == "a_speaker/01_setup.py")
+    assert speaker["score"]["points"] == 0 and "reached nothing" in speaker["problem"]
+    assert "FORGED_BY_A_RANK" not in done.stdout + done.stderr and done.returncode == 1
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

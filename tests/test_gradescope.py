@@ -215,27 +215,44 @@ SUBMISSIONS = {
 }
 
 
+def _run_autograder(tmp_path: Path, bundle: Path, kind: str, source: Path | None) -> dict:
+    """run_autograder of ``bundle`` on ``source`` as 01_setup.py, laid out as Gradescope lays out /autograder:
+    its results.json, checked against Gradescope's schema."""
+    root = tmp_path / kind
+    (root / "submission").mkdir(parents=True)
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    (root / "run_autograder").chmod(0o755)
+    if source is not None:
+        shutil.copy(source, root / "submission" / "01_setup.py")
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "DDP_GRADE_PYTHON": sys.executable,
+           "PYTHONPATH": str(root / "source" / "kit"),  # the kit as packed, not this checkout
+           "DDP_GRADE_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (kind, done.stdout[-2000:], done.stderr[-2000:])
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert schema_errors(results) == [], (kind, schema_errors(results))
+    return results
+
+
+@pytest.mark.slow
+def test_a_rank_that_speaks_as_the_sandboxs_host_scores_nothing(tmp_path):
+    """tests/sandboxed/01_speaks_as_the_host.py writes the host's answer through every way it finds: in the
+    bundle's sandbox it finds none, and scores 0 on its own failure."""
+    bundle = _bundle(tmp_path, "--exercises", "01", "--timeout", "10")
+    results = _run_autograder(tmp_path, bundle, "speaking", ROOT / "tests" / "sandboxed" / "01_speaks_as_the_host.py")
+    assert results["score"] == 0 and "FORGED_BY_A_RANK" not in json.dumps(results)
+    assert "reached nothing" in json.dumps(results)
+
+
 @pytest.mark.slow
 def test_run_autograder_grades_passing_failing_crashing_hanging_and_missing_submissions(tmp_path):
     bundle = _bundle(tmp_path, "--exercises", "01", "--timeout", "10")
     total = sum(c.points for c in catalog.by_id("01").checks)
     got = {}
     for kind, source in SUBMISSIONS.items():
-        root = tmp_path / kind  # laid out as Gradescope lays out /autograder
-        (root / "submission").mkdir(parents=True)
-        with zipfile.ZipFile(bundle) as z:
-            z.extractall(root / "source")
-        shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
-        (root / "run_autograder").chmod(0o755)
-        if source is not None:
-            shutil.copy(source, root / "submission" / "01_setup.py")
-        env = {**os.environ, "AUTOGRADER_ROOT": str(root), "DDP_GRADE_PYTHON": sys.executable,
-               "PYTHONPATH": str(root / "source" / "kit"),  # the kit as packed, not this checkout
-               "DDP_GRADE_STATE_DIR": str(tmp_path / "state")}
-        done = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, (kind, done.stdout[-2000:], done.stderr[-2000:])
-        results = json.loads((root / "results" / "results.json").read_text())
-        assert schema_errors(results) == [], (kind, schema_errors(results))
+        results = _run_autograder(tmp_path, bundle, kind, source)
         assert len(results["tests"]) == len(catalog.by_id("01").checks)
         assert results["score"] == sum(t["score"] for t in results["tests"])
         assert sum(t["max_score"] for t in results["tests"]) == total  # the same scale for every submission

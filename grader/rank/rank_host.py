@@ -2,9 +2,19 @@
 
 It holds the warm pool and starts the ranks (a :class:`grader.rank.harness.Session`), and answers the
 grader outside (:mod:`grader.sandbox.confined`), which decides everything: this process only starts
-runs and workers when asked and sends back what they did. A submission shares the sandbox with
-it and may forge what it sends (a rank can reach its pipes); what it sends is then the
-submission's own claim about its ranks, which the grader outside reads as untrusted data.
+runs and workers when asked and sends back what they did, which holds what the ranks sent about
+themselves: their claim, read by the grader outside as untrusted data.
+
+No rank can speak as this process: the grader's two pipes are descriptors of its own (their numbers
+are its arguments), never its standard input or output; nothing it starts inherits them; and it is not
+dumpable (``PR_SET_DUMPABLE`` 0), so a process of the same user without privileges (every rank: they
+hold no capability) can neither open its descriptors through ``/proc/PID/fd``, nor read or write its
+memory, nor trace it, nor take a descriptor with ``pidfd_getfd``; its pool is not dumpable either
+(:mod:`grader.rank.pool`). It is the first process of the sandbox's PID namespace (bwrap's
+``--as-pid-1``; under unshare the first step inside execs it), which ignores the signals a rank sends
+it, and which takes every process of the sandbox with it when it ends: it ends as soon as the grader's
+end of its requests pipe closes. A rank can forge what its own pipe to this process carries (its own
+claim), nothing else.
 
 Frames both ways are an 8-byte length and a payload: from the grader a pickle (trusted: the
 grader wrote it), to the grader a :mod:`grader.rank.wire` pickle, which the grader reads with its
@@ -23,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import signal
 import sys
 
 from grader.rank.wire import frame, read_frame
@@ -60,11 +71,50 @@ def _set_task_limit(tasks: int) -> None:
         pass
 
 
+PR_SET_DUMPABLE = 4
+POOL_MODULE = "grader.rank.pool"  # imported by the pool as it starts: not dumpable either
+
+
+def out_of_reach() -> None:
+    """Make this process unreachable for the ranks (see the module): not dumpable, and no current folder
+    on the import path (Python 3.10 has no ``-P``: ``/tmp`` is the ranks' to write a module in). Exits when
+    the kernel refuses: the sandbox is then not started rather than started open."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # 3: PR_GET_DUMPABLE
+        raise SystemExit(f"the sandbox's host cannot make itself non-dumpable (errno {ctypes.get_errno()})")
+    if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] == os.getcwd():
+        del sys.path[0]
+
+
+def end_with_the_grader(requests_fd: int) -> None:
+    """End this process as soon as the grader's end of the requests pipe closes, however the grader ended
+    (killed included): as the PID namespace's first process, it takes every process of the sandbox with it."""
+    import select
+    import threading
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(requests_fd, 0)  # the end of the pipe (POLLHUP) is reported whatever is asked
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    os._exit(0)
+
+    threading.Thread(target=watch, name="ddp-grade grader's end", daemon=True).start()
+
+
 def main() -> None:
-    inbox = os.fdopen(os.dup(0), "rb", buffering=0)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    out_fd = os.dup(1)
+    out_of_reach()
+    requests_fd, out_fd = int(sys.argv[1]), int(sys.argv[2])
+    for fd in (requests_fd, out_fd):  # nothing this process starts holds either
+        os.set_inheritable(fd, False)
+    # The first process of its PID namespace ignores every signal sent from inside it that it has no
+    # handler for: with Python's Ctrl-C handler gone, no rank can end it or stop it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    end_with_the_grader(requests_fd)
+    inbox = os.fdopen(requests_fd, "rb", buffering=0)
     os.dup2(2, 1)  # what this process and its pool print goes to stderr, never into the answers
 
     first = read_frame(inbox)
@@ -76,7 +126,7 @@ def main() -> None:
 
     _set_task_limit(config.get("max_tasks", 0))
     # The pool first: it imports torch in its own process while this one imports torch for the wire.
-    harness.warm_up(dynamo=config.get("dynamo", True), modules=config.get("modules") or ())
+    harness.warm_up(dynamo=config.get("dynamo", True), modules=[*(config.get("modules") or ()), POOL_MODULE])
     from grader.rank import wire
 
     def send(message: dict) -> None:

@@ -16,8 +16,10 @@ each submission a sandbox of its own the same way. Inside (``docs/guarantees.md`
 * a network namespace with only the loopback interface, and its own IPC and host name: the
   ranks still meet on 127.0.0.1 (the grader's store is inside too), nothing reaches another
   address, and abstract Unix sockets outside are out of reach;
-* a PID namespace: when the grading ends, the kernel ends every process started in it,
-  double-forked daemons included;
+* a PID namespace whose first process is the grader's one process inside (:mod:`grader.rank.rank_host`, out of
+  the ranks' reach): when it ends, the kernel ends every process started in the namespace,
+  double-forked daemons included, and it ends when the grading does, or when the grader's end of its
+  pipe closes (the grader was killed);
 * no capabilities: the grading runs with none, so it cannot mount, unmount or remount
   anything to look past the folders above;
 * the environment from an allowlist (:func:`environment`): the grader's own variables and
@@ -29,7 +31,7 @@ of Python run first inside the namespaces build the same root and drop every cap
 (``doctor`` says which tool is used).
 
 This package is the whole sandbox: here the tool and the command line that builds one;
-:mod:`.confined` the grader's side, outside, where everything is decided; :mod:`.rank_host` the one
+:mod:`.confined` the grader's side, outside, where everything is decided; :mod:`grader.rank.rank_host` the one
 process of the grader inside; :mod:`.boundary` what crosses between them and how it is checked.
 """
 
@@ -53,6 +55,7 @@ INSIDE_ENV = _limits.SANDBOX_ENV  # set inside: the size of /tmp in bytes (for t
 
 DEFAULT_TMP_MIB = _limits.DEFAULT_TMP_MIB
 HOME_BYTES = 16 * 2**20
+HIDDEN_BYTES = 64 * 2**10  # each empty folder that hides the state folder
 
 # From /etc, only what Python, torch, gloo and the C library read; nothing else of the machine's.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "hosts", "host.conf", "nsswitch.conf", "gai.conf",
@@ -94,6 +97,18 @@ def _works(name: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0 and "'lo'" in done.stdout
+
+
+HOST_MODULE = "grader.rank.rank_host"
+
+
+def host_command(requests_fd: int, answers_fd: int) -> list[str]:
+    """The command of the sandbox's host (:mod:`grader.rank.rank_host`), which reads requests on ``requests_fd`` and
+    answers on ``answers_fd``: ``-s`` (no user site: the home folder inside is the ranks' to write) and,
+    where Python has it, ``-P`` (no current folder on the import path: ``/tmp`` is theirs too), which
+    the pool it starts inherits."""
+    flags = ["-s"] + (["-P"] if sys.version_info >= (3, 11) else [])
+    return [sys.executable, *flags, "-m", HOST_MODULE, str(requests_fd), str(answers_fd)]
 
 
 def visible_paths(extra: list[str]) -> list[str]:
@@ -181,8 +196,10 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
     hide = [h for h in hidden_paths() if any(_under(h, b) for b in binds + writable)]
     gpus = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
     if name == BWRAP:
+        # --as-pid-1: the command is the PID namespace's first process, as under unshare; bwrap's own init
+        # would be a dumpable process of the sandbox that any rank could trace or write into.
         cmd = [BWRAP, "--unshare-user", "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc",
-               "--unshare-uts", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+               "--unshare-uts", "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         for path in SYSTEM:
             if os.path.islink(path):
                 cmd += ["--symlink", os.readlink(path), path]
@@ -195,6 +212,7 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
                 "--size", str(size), "--tmpfs", "/dev/shm", "--size", str(HOME_BYTES), "--tmpfs", home]
         for device in gpus:
             cmd += ["--dev-bind", device, device]
+        cmd += ["--remount-ro", "/dev"]  # bwrap's /dev is a tmpfs of no size: nothing is written there
         if gpus:
             cmd += ["--ro-bind", "/sys", "/sys"]
         for path in binds:
@@ -202,7 +220,7 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
         for path in writable:
             cmd += ["--bind", path, path]
         for path in hide:
-            cmd += ["--tmpfs", path]
+            cmd += ["--perms", "0700", "--size", str(HIDDEN_BYTES), "--tmpfs", path]
         return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *argv]
     if name == UNSHARE:
         boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), *binds, "--writable", *writable,
@@ -285,7 +303,7 @@ for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("st
     os.symlink(target, root + "/dev/" + name)
 for path in hide:
     if os.path.isdir(root + path):
-        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=65536")
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=%(hidden_bytes)d")
 os.makedirs(root + "/proc", exist_ok=True)
 mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -308,4 +326,4 @@ if libc.capset(header, data) != 0:
     raise OSError(ctypes.get_errno(), "capset")
 libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
 os.execv(argv[0], argv)
-""" % {"system": SYSTEM, "etc": ETC_FILES, "devices": DEVICES, "home_bytes": HOME_BYTES}
+""" % {"system": SYSTEM, "etc": ETC_FILES, "devices": DEVICES, "home_bytes": HOME_BYTES, "hidden_bytes": HIDDEN_BYTES}

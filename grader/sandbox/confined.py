@@ -158,13 +158,28 @@ class ConfinedSession:
         self._workers = 0
         self._errors: list[bytes] = []
         size = self.limits["tmp_bytes"]
-        argv = sandbox.wrap([sys.executable, "-m", "grader.rank.rank_host"], [self.submission_dir], tool,
+        # The host's two pipes are descriptors of its own, never its standard input and output: those it
+        # shares with the sandbox's first process under bwrap, whose descriptors any rank could open.
+        requests_in, requests_out = os.pipe()
+        answers_in, answers_out = os.pipe()
+        argv = sandbox.wrap(sandbox.host_command(requests_in, answers_out), [self.submission_dir], tool,
                             tmp_bytes=size, writable=[self.shared])
         sandbox_env = sandbox.environment({"DDP_GRADE_SERVER": "0", "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state",
                                            **(env or {})}, size)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=sandbox_env, start_new_session=True)
-        self._out = self.proc.stdout.fileno()
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, env=sandbox_env, start_new_session=True,
+                                         pass_fds=(requests_in, answers_out))
+        except BaseException:
+            for fd in (requests_out, answers_in):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (requests_in, answers_out):
+                os.close(fd)
+        self._requests = os.fdopen(requests_out, "wb")
+        self._answers = os.fdopen(answers_in, "rb", buffering=0)
+        self._out = answers_in
         os.set_blocking(self._out, False)
         threading.Thread(target=self._pump_errors, daemon=True).start()
         self._started_at = time.monotonic()
@@ -278,8 +293,8 @@ class ConfinedSession:
 
     def _send(self, message: dict) -> None:
         try:
-            self.proc.stdin.write(frame(pickle.dumps(message)))
-            self.proc.stdin.flush()
+            self._requests.write(frame(pickle.dumps(message)))
+            self._requests.flush()
         except (OSError, ValueError):
             self._break(f"the sandbox's host ended{self._exit_words()}")
 
@@ -380,7 +395,7 @@ class ConfinedSession:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self._requests, self._answers):
             try:
                 stream.close()
             except (OSError, ValueError):

@@ -2,6 +2,7 @@
 NaN where the grader's own hold text and numbers (a rendezvous at a bytes address, a set of ports): the
 report is still a report, in text and in JSON, and the file fails."""
 # expect-status: failed
+# expect-problem: waited b'7' s in init_process_group
 # expect-absent: Traceback
 
 import math

@@ -1,6 +1,7 @@
 """Writes 1 GiB without a newline, a MiB at a time, into every pipe but stdin of every grader process
-among its ancestors (python -m grader.worker, grader.rank.rank_host: their output, their answers); with
-none (graded in the command's own process), into its own output, which the output limit stops."""
+among its ancestors that it can open (python -m grader.worker, unsandboxed: its answers; the warm pool,
+which holds the error output of the process that started it: in a sandbox, the one the grader reads;
+the sandbox's host is out of its reach); with none, into its own output, which the output limit stops."""
 # expect-status: failed
 # expect-problem: raised RuntimeError: flooded
 
@@ -22,7 +23,7 @@ def grader_ancestors() -> list[int]:
                 parent = int(f.read().rsplit(b")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-        if b"grader.worker" in command or b"grader.rank.rank_host" in command:
+        if b"grader.worker" in command or b"rank_host" in command or b"multiprocessing.forkserver" in command:
             found.append(pid)
         pid = parent if pid != 1 else 0
     return found

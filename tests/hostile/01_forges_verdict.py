@@ -1,8 +1,8 @@
 """Wrong (no timeout), and forges the grader's answer: it looks up its own ancestors in /proc for a
 process of the grader (python -m grader.worker, grader.rank.rank_host) and writes a well-formed all-pass
 report line into every pipe that process holds. Graded in the command's own process it finds none;
-in a sandbox it finds only the host that starts the ranks, whose answers the grader outside reads
-as untrusted data."""
+in a sandbox it finds only the host that starts the ranks, whose pipes it cannot open (the host is
+not dumpable): it gets the verdict of its own code."""
 # expect-status: failed
 # expect-fail: timeout-set
 # expect-absent: All 8 checks passed
