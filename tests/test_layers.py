@@ -85,7 +85,7 @@ LAYERS = [
               "grader.rank.wire", "grader.kit", "grader.learner", "grader.rank.untrusted", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
               "grader.capacity_layout", "grader.capacity_speed", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
-    ("harness", ["grader.rank.probes", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",
+    ("harness", ["grader.rank.probes", "grader.rank.order", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",
                  "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host", "grader.rank.pool",
                  "grader.sandbox", "grader.sandbox.*"]),
     ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),

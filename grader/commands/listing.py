@@ -19,6 +19,7 @@ TRACKS = {
     2: ("Debugging", "a training job that misbehaves, a colleague's report at its top: fix it"),
     3: ("Production APIs", "FSDP2, DTensor, distributed checkpoints, torch.distributed.pipelining"),
     4: ("Capacity planning", "napkin math: memory, traffic and the plan for a big model"),
+    5: ("Hiding communication", "the next transfer issued before this computation, waited for only when needed"),
 }
 WIDEST = 100  # a wider terminal gets no wider list
 
