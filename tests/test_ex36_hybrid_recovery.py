@@ -7,10 +7,13 @@ from grading_helpers import grading_for
 from grading_helpers import verdicts as decided
 
 from grader.checks.ex36_hybrid_recovery import verdicts
+from grader.checks.shared import mismatch
+from grader.checks.shared.recording import MessageJournal, journal_name
 from grader.checks.ex36_hybrid_recovery.rank import STEPS_BEFORE, layout
 from grader.checks.ex36_hybrid_recovery.reference import (held_limit, local_shape, reference_run, shapes,
                                                           unit_elements)
 from grader.grading import Grading
+from grader.rank.outcomes import RankOutcome, WorldOutcome
 
 REFERENCES = {world_size: reference_run(world_size) for world_size in (4, 2)}
 grading = grading_for("36", 4)
@@ -100,7 +103,8 @@ def right_observations(world_size: int) -> list[dict]:
                                   for n, full in reference["states"][step].items()}}
                       for step in range(STEPS_BEFORE)],
             "before": before, "replay": replay, "after": before, "resumed": replay,
-            "recovery": {"events": messages_of(rank, plan, before), "writes": [], "held": [], "error": None},
+            "recovery": {"events": messages_of(rank, plan, before), "writes": [], "saves": [], "held": [],
+                         "error": None},
         })
     return observations
 
@@ -117,7 +121,7 @@ def grade_all(observations: list[dict], world_size: int) -> Grading:
     verdicts.check_groups(g, observations, world_size, plan)
     verdicts.check_training(g, observations, world_size, plan, REFERENCES[world_size])
     verdicts.check_recovered(g, observations, world_size, plan)
-    verdicts.check_resumed(g, observations, world_size)
+    verdicts.check_resumed(g, observations, world_size, plan)
     if verdicts.check_messages(g, observations, world_size, plan):
         verdicts.check_bytes(g, observations, world_size, plan)
     else:
@@ -274,6 +278,25 @@ def test_training_after_the_recovery_off_the_replay_is_named():
     assert statuses(g)["training-resumes"] == "fail" and "rank 0 (wiped)" in said and "blocks.1.norm.weight" in said
 
 
+def test_a_recovery_that_forgot_a_state_tensor_is_named_in_the_resumed_training():
+    """The steps after a recovery that left exp_avg_sq (or a step count) at zero go elsewhere: the message names
+    what the recovery left, not the parameters' storage."""
+    for key, value in (("exp_avg_sq", None), ("step", torch.tensor(0.0))):
+        observations = right_observations(2)
+        wiped = observations[1]
+        state = {n: dict(e) for n, e in wiped["before"]["state"].items()}
+        state["head.bias"][key] = torch.zeros_like(state["head.bias"][key]) if value is None else value
+        wiped["after"] = {"params": wiped["before"]["params"], "state": state}
+        for obs in observations:  # every replica trains elsewhere: the all-reduce mixes the wiped one in
+            obs["resumed"] = {"params": {n: t + 1e-3 for n, t in obs["replay"]["params"].items()},
+                              "state": obs["replay"]["state"]}
+        g = grade_all(observations, 2)
+        said = messages(g)["training-resumes"]
+        assert statuses(g)["training-resumes"] == "fail" and said.startswith("rank 0: after the steps")
+        assert f"the recovery left rank 1 with a state other than its source's (the optimizer's {key} of " \
+               "'head.bias'" in said and "in place" not in said
+
+
 def test_a_broadcast_fails_the_messages_and_leaves_the_bytes_undecided():
     observations = right_observations(4)
     for rank, obs in enumerate(observations):
@@ -296,14 +319,25 @@ def test_a_collective_seen_only_through_the_python_api_fails_the_messages():
     assert "a gather brings whole tensors" in said
 
 
-def test_a_barrier_and_a_small_header_are_allowed():
+def test_a_small_header_is_allowed():
     observations = right_observations(4)
-    for rank, obs in enumerate(observations):
-        obs["recovery"]["events"].append({"op": "c10d.barrier.default", "bytes": 0, "group": [0, 1, 2, 3]})
-        if rank >= 2:
-            obs["recovery"]["events"].insert(0, {"op": "c10d.send.default", "bytes": 8, "peer": rank - 2})
+    for rank, obs in enumerate(observations[2:], start=2):
+        obs["recovery"]["events"].insert(0, {"op": "c10d.send.default", "bytes": 8, "peer": rank - 2})
     got = statuses(grade_all(observations, 4))
     assert got["peer-messages"] == "pass" and got["recovery-bytes"] == "pass"
+
+
+def test_a_barrier_or_a_collective_of_a_few_bytes_fails_the_messages():
+    """The statement allows no collective: a barrier stops every replica, what recovery from a peer avoids."""
+    for op, size, words in (("c10d.barrier.default", 1, "a barrier is a collective"),
+                            ("c10d.monitored_barrier_.default", 0, "a barrier is a collective"),
+                            ("c10d.allreduce_.default", 4, "a collective makes every rank")):
+        observations = right_observations(4)
+        observations[3]["recovery"]["events"].append({"op": op, "bytes": size, "group": [0, 1, 2, 3]})
+        g = grade_all(observations, 4)
+        said = messages(g)["peer-messages"]
+        assert statuses(g)["peer-messages"] == "fail" and said.startswith(f"rank 3: recover_from_peer ran {op[5:-8]}")
+        assert words in said and statuses(g)["recovery-bytes"] == "not-checked"
 
 
 def test_a_message_to_another_shard_and_a_file_fail_the_messages():
@@ -316,6 +350,15 @@ def test_a_message_to_another_shard_and_a_file_fail_the_messages():
     assert "opened '/tmp/recover-shard1.pt' for writing" in messages(grade_all(observations, 4))["peer-messages"]
 
 
+def test_a_recovery_through_torch_save_is_named_before_what_the_wiped_ranks_missed():
+    observations = right_observations(4)
+    for obs in observations[:2]:
+        obs["recovery"]["events"] = []  # the wiped replica received nothing: it read the file
+    observations[3]["recovery"]["saves"] = ["/tmp/recover-shard1.pt"]
+    said = messages(grade_all(observations, 4))["peer-messages"]
+    assert said.startswith("rank 3: recover_from_peer torch.save wrote '/tmp/recover-shard1.pt'") and "no file" in said
+
+
 def test_a_wiped_rank_that_sends_its_state_fails_the_messages():
     observations = right_observations(2)
     observations[1]["recovery"]["events"] = [dict(e, op="c10d.send.default") for e in
@@ -324,11 +367,27 @@ def test_a_wiped_rank_that_sends_its_state_fails_the_messages():
     assert "rank 1 (wiped) sent" in said and "to rank 0 of the source replica" in said
 
 
+def test_one_step_number_for_every_parameter_passes_the_bytes_and_none_fails():
+    """AdamW steps every parameter together: one number carries every step count (the decision the statement
+    says); the moments and shards without any step count are too few."""
+    observations = right_observations(4)
+    for rank in (2, 3):
+        events = observations[rank]["recovery"]["events"]
+        steps = [e for e in events if e["bytes"] == 4]
+        assert len(steps) == len(shapes())
+        events[:] = [e for e in events if e["bytes"] != 4] + [dict(steps[0], bytes=8, dtype="int64")]
+    assert statuses(grade_all(observations, 4))["recovery-bytes"] == "pass"
+    for rank in (2, 3):
+        observations[rank]["recovery"]["events"].pop()
+    said = messages(grade_all(observations, 4))["recovery-bytes"]
+    assert "rank 2 sent rank 0" in said and "no step count: send each parameter's step, or one step number" in said
+
+
 def test_too_few_and_twice_the_bytes_are_named():
     observations = right_observations(4)
-    observations[2]["recovery"]["events"] = observations[2]["recovery"]["events"][:-1]
+    observations[2]["recovery"]["events"] = observations[2]["recovery"]["events"][1:]  # no shard of embed.weight
     said = messages(grade_all(observations, 4))["recovery-bytes"]
-    assert "rank 2 sent rank 0 243852 bytes" in said and "less than its state" in said
+    assert "rank 2 sent rank 0 240784 bytes" in said and "less than its state" in said
     observations = right_observations(4)
     observations[3]["recovery"]["events"] *= 2
     said = messages(grade_all(observations, 4))["recovery-bytes"]
@@ -346,3 +405,45 @@ def test_unreadable_records_are_refused():
     assert not readable(dict(obs, held=["a lot"]))
     assert not readable(dict(obs, recovery={"events": [{"op": "c10d.send.default", "bytes": 8, "peer": "0"}]}))
     assert not readable(dict(obs, recovery={"events": [], "writes": [3]}))
+
+
+# --- messages that did not match: gloo aborts the receiving rank ---------------------------------------------------
+
+
+GLOO_ABORT = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  [enforce fail at "
+              "gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 48 vs 4. Received data size doesn't "
+              "match expected size. Is there a distributed collective mismatch in your code?")
+
+
+def journal(run_dir, rank: int, notes: list[tuple]) -> None:
+    """Rank ``rank``'s notes, written as its driver writes them: (op, peer, tensor, what) each."""
+    book = MessageJournal(str(run_dir), rank)
+    for op, peer, tensor, what in notes:
+        book.message(op, peer, ([tensor], None, peer, 0), "recover_from_peer", lambda t, what=what: what)
+    book.close()
+
+
+def test_a_receive_that_met_a_message_of_another_size_is_named(tmp_path):
+    """The source sends its state in another order than the wiped rank receives it: the wiped rank is aborted
+    mid-recovery and its record is lost; the notes each rank wrote before each message say which pair differed."""
+    bias_avg, step = torch.zeros(6, dtype=torch.float64), torch.tensor(2.0)
+    journal(tmp_path, 1, [("recv_", 3, torch.zeros(6, dtype=torch.float64), "'head.bias'"),
+                          ("recv_", 3, torch.tensor(0.0), "the step of 'head.bias'")])
+    journal(tmp_path, 3, [("send", 1, torch.zeros(6, dtype=torch.float64), "'head.bias'"),
+                          ("send", 1, bias_avg, "the exp_avg of 'head.bias'"), ("send", 1, step, "the step of 'x'")])
+    ranks = [RankOutcome(0, "killed"), RankOutcome(1, "exited", exitcode=-6, output=GLOO_ABORT),
+             RankOutcome(2, "killed"), RankOutcome(3, "killed")]
+    rank, said = mismatch.explain(WorldOutcome(4, ranks, run_dir=str(tmp_path)))
+    assert rank == 1
+    assert said.startswith("recover_from_peer: rank 1's 2nd receive from rank 3 (4 bytes: float32 [], the step of "
+                           "'head.bias') met rank 3's 2nd send to it (48 bytes: float64 [6], the exp_avg of "
+                           "'head.bias')")
+    assert "Is there a distributed collective mismatch?" in said and "in the same order" in said
+
+
+def test_an_abort_without_readable_notes_still_says_what_gloo_saw(tmp_path):
+    (tmp_path / journal_name(1)).write_text("not json\n{\"op\": 7}\n")
+    ranks = [RankOutcome(0, "ok", result={}), RankOutcome(1, "exited", exitcode=-6, output=GLOO_ABORT)]
+    rank, said = mismatch.explain(WorldOutcome(2, ranks, run_dir=str(tmp_path)))
+    assert rank == 1 and "a message of 48 bytes arrived for a receive of 4" in said
+    assert mismatch.explain(WorldOutcome(2, [RankOutcome(0, "exited", output="Segmentation fault")])) is None

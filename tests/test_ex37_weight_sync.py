@@ -14,7 +14,10 @@ from grading_helpers import verdicts as decided
 
 from grader.checks.ex37_weight_sync import rank as ex_rank
 from grader.checks.ex37_weight_sync import reference, verdicts
+from grader.checks.shared import mismatch
+from grader.checks.shared.recording import MessageJournal
 from grader.grading import Grading
+from grader.rank.outcomes import RankOutcome, WorldOutcome
 
 grading = grading_for("37")
 
@@ -249,11 +252,22 @@ def test_a_message_that_is_not_a_trainers_send_to_an_inference_rank_fails(rank, 
     assert statuses(g)["slice-bytes"] == "pass"  # judged on layout b, whose messages were clean
 
 
-def test_a_barrier_and_a_receive_from_any_source_are_allowed():
+def test_an_empty_receive_from_any_source_is_allowed():
     obs = right(4)
-    push_of(obs, 2, 0, "a")["events"] += [{"op": "barrier", "bytes": 4, "peer": None, "group": [0, 1, 2, 3]},
-                                          send(0, None, "recv_any_source_")]
+    push_of(obs, 2, 0, "a")["events"] += [send(0, None, "recv_any_source_"), send(0, 3)]
     assert statuses(grade_all(obs, 4))["trainer-to-inference-only"] == "pass"
+
+
+def test_a_barrier_fails_whatever_it_carries():
+    """A barrier is a collective (the statement allows none); the grader's own agreement between pushes runs
+    outside the watch, so any barrier recorded is the learner's."""
+    for op, size in (("barrier", 1), ("monitored_barrier_", 0)):
+        obs = right(4)
+        push_of(obs, 1, 0, "a")["events"].append({"op": op, "bytes": size, "peer": None, "group": [0, 1, 2, 3]})
+        g = grade_all(obs, 4)
+        said = messages(g)["trainer-to-inference-only"]
+        assert statuses(g)["trainer-to-inference-only"] == "fail" and "trainer rank 1" in said
+        assert f"it ran a collective, {op} of {size} bytes among ranks [0, 1, 2, 3]: a barrier is a collective" in said
 
 
 def test_bytes_are_judged_per_pair():
@@ -319,3 +333,23 @@ def test_names_the_model_does_not_have_are_not_held_parameters():
     obs = right(4)
     push_of(obs, 1, 0, "a")["held"] = {"x": "after a receive", 2: "y"}
     assert statuses(grade_all(obs, 4))["holds-no-whole"] == "pass"
+
+
+def test_a_push_whose_receive_met_a_message_of_another_size_is_named(tmp_path):
+    """An inference rank receiving a slice of another shape than the trainer sends is aborted by gloo, its record
+    lost: the notes each rank wrote before each message name the pair that differed, and in which push."""
+    pushed = "push_weights: trainers 0, 1, layout a"
+    for rank, notes in ((2, [("recv_", 0, torch.zeros(3, 7), None)]),
+                        (0, [("send", 2, torch.zeros(4, 7), "its rows of blocks.0.up.weight")])):
+        book = MessageJournal(str(tmp_path), rank)
+        for op, peer, tensor, what in notes:
+            book.message(op, peer, ([tensor], None, peer, 0), pushed, lambda t, what=what: what)
+        book.close()
+    gloo = ("what():  [enforce fail at gloo/transport/tcp/pair.cc:456] op.preamble.length <= op.nbytes. 112 vs 84. "
+            "Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?")
+    ranks = [RankOutcome(0, "killed"), RankOutcome(1, "killed"), RankOutcome(2, "exited", exitcode=-6, output=gloo),
+             RankOutcome(3, "killed")]
+    rank, said = mismatch.explain(WorldOutcome(4, ranks, run_dir=str(tmp_path)))
+    assert rank == 2 and said.startswith(f"{pushed}: rank 2's 1st receive from rank 0 (84 bytes: float32 [3, 7]) met "
+                                         "rank 0's 1st send to it (112 bytes: float32 [4, 7], its rows of "
+                                         "blocks.0.up.weight)")

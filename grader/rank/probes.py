@@ -262,7 +262,7 @@ def threads_left_running(grace_s: float) -> list[dict]:
 COLLECTIVES = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single",
-    "barrier", "all_gather_object", "broadcast_object_list",
+    "barrier", "monitored_barrier", "all_gather_object", "broadcast_object_list",
     "all_gather_single", "reduce_scatter_single",  # torch 2.13's names (the *_tensor ones call them)
 )
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")

@@ -32,16 +32,20 @@ training goes on as if nothing happened.
         equal the source replica's, bit for bit, decided as torchft's PGTransport decides:
         - the rank of shard s of a wiped replica receives from the rank of shard s of the source
           replica (the ranks mesh["replicate"] groups together), by point-to-point messages
-          (send/recv or isend/irecv). No collective: a broadcast over the replicas would stop
-          every replica and send each healthy one what it already has. No file. (torchft's
+          (send/recv or isend/irecv). No collective, not even a barrier: a broadcast over the
+          replicas would stop every replica and send each healthy one what it already has, and
+          a barrier stops them all as well. No file. (torchft's
           quorum picks a source for each shard rank, taking the healthy replicas in turn; here
           the grader names one source replica for every shard.)
         - what travels is each DTensor's local tensor (to_local()): every parameter's shard and
-          every AdamW state tensor (exp_avg, exp_avg_sq and the step count), received in place
-          into the wiped rank's own tensors. Nothing is gathered whole, on either side.
+          its AdamW moments (exp_avg, exp_avg_sq), received in place into the wiped rank's own
+          tensors, and the step count: each parameter's step tensor, or one step number for
+          all of them (AdamW steps every parameter together, so their counts are equal; the
+          wiped rank then fills each of its step tensors with it). Nothing is gathered whole,
+          on either side.
         - unlike PGTransport, send no pickled description of the state first: both replicas
           built the same model and optimizer, so the receiver already knows every name, shape
-          and dtype (a step number or a length, at most 1 KiB besides the tensors, is allowed).
+          and dtype (a length or a step number, at most 1 KiB besides the tensors, is allowed).
         On GPUs (NCCL) AdamW keeps its step counts on the CPU: send them through the GPU.
 
 The grader starts the ranks and the process group (gloo on CPU), builds `Model` (below) in

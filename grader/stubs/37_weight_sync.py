@@ -42,8 +42,9 @@ rank exactly the slices it needs, computed from the two layouts, and nothing els
           travels once, from the trainer rank that holds its row; a replicated parameter reaches every
           inference rank, each trainer rank sending its rows to each (every rollout rank gets its own
           copy in verl's and OpenRLHF's syncs too). Nothing else travels: no
-          collective, no sizes or offsets (both sides compute every slice from the shapes, the layout
-          and the two lists), so the bytes sent are exactly the bytes the inference layout holds.
+          collective (not even a barrier), no sizes or offsets (both sides compute every slice from
+          the shapes, the layout and the two lists), so the bytes sent are exactly the bytes the
+          inference layout holds.
         - Memory: no rank ever holds a whole parameter it does not keep: a trainer rank never gathers
           one (no full_tensor(), no redistribute to Replicate), and an inference rank never receives
           one whole to cut its slice out.

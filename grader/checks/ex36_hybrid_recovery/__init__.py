@@ -8,8 +8,10 @@ whole tensors found byte for byte). Two AdamW steps on each rank's own batch, re
 with the global ranks of their group and the local values. At the failure the state is recorded; the two next
 steps run (the replay: the job without the failure), the state is put back, every replica but the source is
 wiped (fresh parameters, AdamW's state zero) and the learner's recover_from_peer runs under a watch: every c10d
-operation dispatched (a ProcessGroup's own send and recv too) with its peer and bytes, files opened for writing,
-memory searched for whole tensors after each message. Then the state, and the same two steps again.
+operation dispatched (a ProcessGroup's own send and recv too) with its peer and bytes, each send and receive
+noted in the run's folder before it goes (a receive that meets a message of another size aborts the rank in
+gloo, its record lost), files opened for writing and paths torch.save writes, memory searched for whole tensors
+after each message. Then the state, and the same two steps again.
 
 Grader side (:mod:`.reference`, :mod:`.verdicts`): one process training on every rank's batch (AdamW written
 out, float64), compared with the steps before the failure and the replay; the recovery bit for bit against the
@@ -24,7 +26,7 @@ from grader.checks.ex36_hybrid_recovery import verdicts
 from grader.checks.ex36_hybrid_recovery.rank import layout, rank_main
 from grader.checks.ex36_hybrid_recovery.reference import reference_run, shapes, unit_elements
 from grader.checks.interface import Grader
-from grader.checks.shared import timelines
+from grader.checks.shared import mismatch, timelines
 
 
 def grade(g: Grader) -> None:
@@ -32,7 +34,10 @@ def grade(g: Grader) -> None:
     recovered = False
     for world_size in g.world_sizes:
         plan = layout(world_size)
-        outcome = g.run(rank_main, world_size)
+        outcome = g.run(rank_main, world_size, expect_ok=False)
+        # A receive that met a message of another size: gloo aborted the rank, and its record is lost.
+        mismatch.stop_on_mismatch(g, outcome, "peer-messages", world_size)
+        g.stop_on_failures(outcome)
         timelines.keep(g, outcome, f"world size {world_size}")
         observations = outcome.results()
         broken = next((rank for rank, obs in enumerate(observations) if not verdicts.readable(obs)), None)
@@ -54,7 +59,7 @@ def grade(g: Grader) -> None:
             verdicts.recovery_failed(g, observations, world_size)
             recovered = True
             verdicts.check_recovered(g, observations, world_size, plan)
-            verdicts.check_resumed(g, observations, world_size)
+            verdicts.check_resumed(g, observations, world_size, plan)
             if verdicts.check_messages(g, observations, world_size, plan):
                 lines = verdicts.check_bytes(g, observations, world_size, plan)
             else:  # bytes that did not travel point to point are not counted

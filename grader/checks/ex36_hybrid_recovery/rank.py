@@ -21,6 +21,7 @@ from grader.rank import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.dtensors import describe
 from grader.checks.shared.learner_errors import learner_error
+from grader.checks.shared.recording import MessageJournal, storage_words
 from grader.checks.shared.stub_models import MLP_IN, MLP_OUT, MLPModel
 from grader.rank.child import describe_exception
 
@@ -92,6 +93,20 @@ def training_state(model: nn.Module, optimizer, names: dict[int, str]) -> dict:
             entry = optimizer.state.get(p, {})
             state[names.get(id(p), "?")] = {str(k): _copy(v) for k, v in entry.items() if isinstance(v, torch.Tensor)}
     return {"params": params, "state": state}
+
+
+def state_words(model: nn.Module, optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
+    """This rank's local state tensors by what they are in words ("'head.weight'", "the exp_avg of 'head.weight'"),
+    for the notes of its messages."""
+    out = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            name = names.get(id(p), "?")
+            out[repr(name)] = _local(p).detach()
+            for key, value in optimizer.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    out[f"the {key} of {name!r}"] = _local(value).detach()
+    return out
 
 
 def _state_tensors(model: nn.Module, optimizer) -> list[torch.Tensor]:
@@ -178,15 +193,19 @@ def _watch_class():
         def _should_skip_dynamo(cls) -> bool:
             return False  # nothing here is compiled: without this the first use imports torch._dynamo
 
-        def __init__(self, events: list, after):
+        def __init__(self, events: list, after, note=None):
             super().__init__()
-            self.events, self.after = events, after
+            self.events, self.after, self.note = events, after, note
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            message = func.namespace in ("c10d", "_c10d_functional", "_c10d_functional_autograd") and \
+                not any(word in str(func) for word in NOT_MESSAGES)
+            event = describe_message(func, args) if message else None
+            if event is not None and self.note is not None:
+                self.note(event, args)  # before it goes: a message that does not match its peer's aborts the rank
             out = func(*args, **(kwargs or {}))
-            if func.namespace in ("c10d", "_c10d_functional", "_c10d_functional_autograd") and \
-                    not any(word in str(func) for word in NOT_MESSAGES):
-                self.events.append(describe_message(func, args))
+            if event is not None:
+                self.events.append(event)
                 self.after(str(func).split(".")[1], [args, out])
             return out
 
@@ -195,6 +214,7 @@ def _watch_class():
 
 _WRITES: list | None = None  # the list the audit hook appends to while a recovery runs
 _AUDIT_ADDED = False
+_FILE_WRITER = torch._C.PyTorchFileWriter  # what torch.save writes a path with, from C++ (no audit event)
 
 
 def _audit(event: str, args: tuple) -> None:
@@ -214,17 +234,28 @@ def _audit(event: str, args: tuple) -> None:
 
 
 @contextlib.contextmanager
-def watched(events: list, writes: list, after):
+def watched(events: list, writes: list, saves: list, after, note=None):
+    """The watch around the recovery: every c10d operation (``note`` called before each goes, ``after`` after),
+    files opened for writing, and the paths torch.save writes (torch.serialization opens an ASCII path in C++,
+    which Python's audit events do not see)."""
     global _WRITES, _AUDIT_ADDED
     if not _AUDIT_ADDED:
         sys.addaudithook(_audit)  # for the rest of this process: audit hooks cannot be removed
         _AUDIT_ADDED = True
+
+    def file_writer(target, *args, **kwargs):
+        if isinstance(target, (str, bytes, os.PathLike)):
+            saves.append(str(os.fspath(target))[:300])
+        return _FILE_WRITER(target, *args, **kwargs)
+
     _WRITES = writes
+    torch._C.PyTorchFileWriter = file_writer
     try:
-        with _watch_class()(events, after):
+        with _watch_class()(events, after, note):
             yield
     finally:
         _WRITES = None
+        torch._C.PyTorchFileWriter = _FILE_WRITER
 
 
 # --- in each rank: the job -------------------------------------------------------------------------
@@ -335,8 +366,16 @@ def rank_main(ctx: RankContext) -> dict:
             _wipe(tensors, ctx.rank)
         del snapshot
         dist.barrier()  # every replica restored (and the failed one wiped) before any recovery starts
-        recovery = {"events": [], "writes": [], "held": [], "error": None, "collectives": []}
+        recovery = {"events": [], "writes": [], "saves": [], "held": [], "error": None, "collectives": []}
         obs["recovery"] = recovery
+        # Opened before the watch, which would take the grader's own file for one the recovery writes.
+        journal = MessageJournal(ctx.run_dir, ctx.rank)
+        name_of = storage_words(state_words(model, optimizer, names))
+
+        def note(event: dict, args) -> None:
+            journal.message(event["op"].split(".")[1] if "." in event["op"] else event["op"], event["peer"], args,
+                            "recover_from_peer", name_of)
+
         first = len(events)  # the Python API's collectives too (one run inside a DTensor operation included)
 
         def look(op: str, extra: list) -> None:
@@ -352,7 +391,8 @@ def rank_main(ctx: RankContext) -> dict:
                 recovery["held"].append(found)
 
         try:
-            with watched(recovery["events"], recovery["writes"], look), rank_timeline.region("recover_from_peer"):
+            with watched(recovery["events"], recovery["writes"], recovery["saves"], look, note), \
+                    rank_timeline.region("recover_from_peer"):
                 recover_from_peer(model, optimizer, mesh, plan["source"])
             recovery["collectives"] = [dict(e) for e in events[first:]]
             look("recover_from_peer returned", [])
@@ -362,6 +402,8 @@ def rank_main(ctx: RankContext) -> dict:
             recovery["error"] = learner_error(exc)
             recovery["error_record"] = describe_exception(exc, ctx.learner_path)
             return obs
+        finally:
+            journal.close()
         obs["after"] = training_state(model, optimizer, names)
         dist.barrier()  # every rank's state read before the next step changes it
         try:

@@ -43,7 +43,7 @@ def shard_ranks(plan: dict, shard: int) -> list[int]:
 
 
 def _kib(n: int) -> str:
-    return f"{n} bytes" if n < 10_240 else f"{n / 1024:.1f} KiB"
+    return f"{n} byte{'' if n == 1 else 's'}" if n < 10_240 else f"{n / 1024:.1f} KiB"
 
 
 # --- the records as sent ----------------------------------------------------------------------------
@@ -89,6 +89,7 @@ def readable(obs) -> bool:
                                      isinstance(recovery.get("collectives", []), list) and
                                      all(_event(e) for e in recovery.get("collectives", [])) and
                                      all(isinstance(w, str) for w in recovery.get("writes", [])) and
+                                     all(isinstance(w, str) for w in recovery.get("saves", [])) and
                                      all(_held(h) for h in recovery.get("held", []))):
         return False
     return isinstance(obs.get("held", []), list) and all(_held(h) for h in obs.get("held", []))
@@ -342,20 +343,41 @@ def check_recovered(g: Grader, observations: list[dict], world_size: int, plan: 
     g.record("recovered-bitwise", True)
 
 
-def check_resumed(g: Grader, observations: list[dict], world_size: int) -> None:
+def left_wrong(observations: list[dict], plan: dict) -> tuple[int, str] | None:
+    """(rank, what differs) for the first rank the recovery left with a state other than its source's (as
+    check_recovered compares them: every replica against the source's state at the failure)."""
+    for rank, obs in enumerate(observations):
+        peer = plan["source"] * plan["shards"] + rank % plan["shards"]
+        difference = _compare_states(obs["after"], observations[peer]["before"])
+        if difference is not None:
+            return rank, difference
+    return None
+
+
+def check_resumed(g: Grader, observations: list[dict], world_size: int, plan: dict) -> None:
+    left = left_wrong(observations, plan)
     for rank, obs in enumerate(observations):
         if obs.get("error"):
             g.record("training-resumes", False, f"rank {rank}: the training step after recover_from_peer raised "
                      f"{obs['error']}", rank=rank, world_size=world_size)
             return
         difference = _compare_states(obs["resumed"], obs["replay"])
-        if difference is not None:
-            g.record("training-resumes", False,
-                     f"rank {rank}{' (wiped)' if obs.get('wiped') else ''}: after the steps that follow the recovery "
-                     f"{difference} from the same steps of the job without the failure: the optimizer and FSDP must "
-                     "train the tensors the recovery filled (receive into the parameters' own shards, in place)",
-                     rank=rank, world_size=world_size)
-            return
+        if difference is None:
+            continue
+        if left is not None:  # the steps start from a state the recovery did not restore
+            wrong, what = left
+            cause = (f"the recovery left rank {wrong} with a state other than its source's ({what}; "
+                     "recovered-bitwise): AdamW's next update reads exp_avg, exp_avg_sq and the step count (its bias "
+                     "correction), so every one of them must come back before training goes on")
+        else:
+            cause = ("the recovery left every rank the source's state, so the steps did not train the tensors it "
+                     "filled: the optimizer and FSDP must keep the parameters and state tensors they hold (receive "
+                     "into the parameters' own shards, in place)")
+        g.record("training-resumes", False,
+                 f"rank {rank}{' (wiped)' if obs.get('wiped') else ''}: after the steps that follow the recovery "
+                 f"{difference} from the same steps of the job without the failure: {cause}",
+                 rank=rank, world_size=world_size)
+        return
     g.record("training-resumes", True)
 
 
@@ -363,14 +385,38 @@ def _is_point_to_point(op: str) -> bool:
     return "c10d.send" in op or "c10d.recv_" in op
 
 
+def _file_written(observations: list[dict]) -> tuple[int, str] | None:
+    """(rank, what) for the first file a recovery wrote: torch.save to a path (written from C++, seen apart), or a
+    file opened for writing."""
+    for rank, obs in enumerate(observations):
+        recovery = obs["recovery"]
+        if recovery.get("saves"):
+            return rank, f"torch.save wrote {recovery['saves'][0]!r}"
+        if recovery.get("writes"):
+            return rank, f"opened {recovery['writes'][0]!r} for writing"
+    return None
+
+
+def _collective_words(op: str) -> str:
+    if "barrier" in op:
+        return ("a barrier is a collective: every rank of its group stops until all have reached it, the very stop "
+                "of every replica a recovery from a peer avoids")
+    if "gather" in op:
+        return "a gather brings whole tensors onto each rank of the group"
+    return ("a collective makes every rank of its group take part (with more replicas, each healthy one receives "
+            "what it already holds)")
+
+
 def check_messages(g: Grader, observations: list[dict], world_size: int, plan: dict) -> bool:
     shards, source = plan["shards"], plan["source"]
+    written = _file_written(observations)
+    if written is not None:
+        rank, what = written
+        return g.record("peer-messages", False, f"rank {rank}: recover_from_peer {what}: a recovery from a live peer "
+                        "sends the state in messages, no file", rank=rank, world_size=world_size)
     for rank, obs in enumerate(observations):
         fail = lambda message: g.record("peer-messages", False, message, rank=rank, world_size=world_size)  # noqa
         recovery = obs["recovery"]
-        if recovery.get("writes"):
-            return fail(f"rank {rank}: recover_from_peer opened {recovery['writes'][0]!r} for writing: a recovery "
-                        "from a live peer sends the state in messages, no file")
         is_source = rank // shards == source
         peers = [r * shards + rank % shards for r in plan["wiped"]] if is_source else [source * shards + rank % shards]
         received = 0
@@ -378,15 +424,11 @@ def check_messages(g: Grader, observations: list[dict], world_size: int, plan: d
         # inside its own dispatch is seen there only).
         for e in recovery.get("events", []) + recovery.get("collectives", []):
             op, size = str(e.get("op")), int(e.get("bytes") or 0)
-            if not _is_point_to_point(op):
-                if size > SMALL_MESSAGE:
-                    why = ("a gather brings whole tensors onto each rank of the group" if "gather" in op else
-                           "a collective makes every rank of its group take part (with more replicas, each healthy "
-                           "one receives what it already holds)")
-                    name = op.split(".")[1] if "." in op else op
-                    return fail(f"rank {rank}: recover_from_peer ran {name} of {_kib(size)} among ranks "
-                                f"{e.get('group')}: {why}; send each local shard point to point")
-                continue
+            if not _is_point_to_point(op):  # whatever its size: the statement allows no collective
+                name = op.split(".")[1] if "." in op else op
+                return fail(f"rank {rank}: recover_from_peer ran {name} of {_kib(size)} among ranks "
+                            f"{e.get('group')}: {_collective_words(op)}; send each local shard point to point, and "
+                            "nothing else")
             sends = "c10d.send" in op
             if e.get("peer") not in peers:
                 return fail(f"rank {rank}: recover_from_peer {'sent' if sends else 'received'} {_kib(size)} "
@@ -410,6 +452,13 @@ def state_bytes(state: dict) -> int:
     return total + sum(t.numel() * t.element_size() for entry in state["state"].values() for t in entry.values())
 
 
+def step_bytes(state: dict) -> int:
+    """The bytes of a rank's step counts, one per parameter (AdamW steps every parameter together: one number
+    carries them all)."""
+    return sum(t.numel() * t.element_size() for entry in state["state"].values() for key, t in entry.items()
+               if key == "step")
+
+
 def check_bytes(g: Grader, observations: list[dict], world_size: int, plan: dict) -> list[str]:
     """Also returns a line per source rank for the report's section."""
     shards, source = plan["shards"], plan["source"]
@@ -417,15 +466,20 @@ def check_bytes(g: Grader, observations: list[dict], world_size: int, plan: dict
     for shard in range(shards):
         rank = source * shards + shard
         expected = state_bytes(observations[rank]["before"])
+        steps = step_bytes(observations[rank]["before"])
         for replica in plan["wiped"]:
             peer = replica * shards + shard
             sent = sum(int(e.get("bytes") or 0) for e in observations[rank]["recovery"].get("events", [])
                        if "c10d.send" in str(e.get("op")) and e.get("peer") == peer)
             lines.append(f"rank {rank} -> rank {peer}: {sent} bytes sent, its local state {expected} bytes")
-            if not expected <= sent <= expected + HEADER_BYTES:
-                if sent < expected:
-                    seen = "less than its state: some tensors were not sent (every parameter shard, exp_avg, " \
-                           "exp_avg_sq and each step count)"
+            # Every step count, or one number for them all (a few bytes, within the header's allowance).
+            if not expected - steps < sent <= expected + HEADER_BYTES:
+                if steps and sent == expected - steps:
+                    seen = "its parameter shards and AdamW's moments, and no step count: send each parameter's " \
+                           "step, or one step number for all (AdamW steps them together)"
+                elif sent < expected - steps:
+                    seen = "less than its state: some tensors were not sent (every parameter shard, exp_avg and " \
+                           "exp_avg_sq, and the step count)"
                 elif sent >= 2 * expected - HEADER_BYTES:
                     seen = f"{sent / expected:.2g} times its state: whole tensors, a wider dtype or a copy sent twice"
                 else:
@@ -433,7 +487,7 @@ def check_bytes(g: Grader, observations: list[dict], world_size: int, plan: dict
                            "the tensors: send each local tensor as it is, no pickled description)"
                 g.record("recovery-bytes", False,
                          f"rank {rank} sent rank {peer} {sent} bytes; its local state (the shards of every parameter "
-                         f"and of AdamW's state, and the step counts) is {expected} bytes: {seen}",
+                         f"and of AdamW's state, and the step counts, {steps} bytes of it) is {expected} bytes: {seen}",
                          rank=rank, world_size=world_size)
                 return lines
     g.record("recovery-bytes", True)

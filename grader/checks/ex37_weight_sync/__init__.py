@@ -7,9 +7,10 @@ for each split, two pushes: the usual layout (column-parallel up projections and
 projections) in float32, and another engine's layout in float64. The trainer ranks shard the model with
 fully_shard and fill their rows with the push's weights; the inference ranks build it on the meta device. Every
 rank calls the learner's push_weights under a watch: every c10d operation (a ProcessGroup's own send and recv,
-DTensor's functional collectives) with its peer and bytes, and after each of them, after each Work.wait() and
-when push_weights returns, the whole parameters found byte for byte in what the rank can reach. It records
-what push_weights returned.
+DTensor's functional collectives) with its peer and bytes, each send and receive noted in the run's folder before
+it goes (a receive that meets a message of another size aborts the rank in gloo, its record lost), and after
+each of them, after each Work.wait() and when push_weights returns, the whole parameters found byte for byte in
+what the rank can reach. It records what push_weights returned.
 
 Grader side (:mod:`.reference`, :mod:`.verdicts`): each inference rank's slices against the push's weights cut
 as the layout says, bit for bit; every message against a trainer rank's send to an inference rank; the bytes
@@ -22,7 +23,7 @@ from __future__ import annotations
 from grader.checks.ex37_weight_sync import verdicts
 from grader.checks.ex37_weight_sync.rank import rank_main, splits
 from grader.checks.interface import Grader
-from grader.checks.shared import timelines
+from grader.checks.shared import mismatch, timelines
 
 CHECKS = ("returns-shards", "shards-match", "layout-honoured", "rank-lists", "slice-bytes",
           "trainer-to-inference-only", "holds-no-whole")
@@ -41,7 +42,10 @@ def grade(g: Grader) -> None:
         return
     lines = []
     for world_size in sizes:
-        outcome = g.run(rank_main, world_size)
+        outcome = g.run(rank_main, world_size, expect_ok=False)
+        # A receive that met a message of another size: gloo aborted the rank, and its record is lost.
+        mismatch.stop_on_mismatch(g, outcome, "trainer-to-inference-only", world_size)
+        g.stop_on_failures(outcome)
         timelines.keep(g, outcome, f"world size {world_size}")
         observations = outcome.results()
         broken = next((rank for rank, obs in enumerate(observations) if not readable(obs)), None)

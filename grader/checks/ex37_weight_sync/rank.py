@@ -23,7 +23,7 @@ from torch import nn
 from grader.rank import memory, probes, rank_timeline
 from grader.checks.interface import RankContext
 from grader.checks.shared.learner_errors import learner_error
-from grader.checks.shared.recording import all_ok
+from grader.checks.shared.recording import MessageJournal, all_ok, storage_words
 
 DIM, BLOCKS = 7, 2  # DIM odd: FSDP2's Shard(0) over two trainers holds 4 rows and 3 of it
 SEED = 3700
@@ -208,16 +208,20 @@ def _watch_class():
         def _should_skip_dynamo(cls) -> bool:
             return False  # nothing here is compiled: without this the first use imports torch._dynamo
 
-        def __init__(self, events: list, after):
+        def __init__(self, events: list, after, note=None):
             super().__init__()
-            self.events, self.after = events, after
+            self.events, self.after, self.note = events, after, note
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            event = describe_message(func, args) if func.namespace in NAMESPACES and \
+                not any(word in name for word in NOT_MESSAGES) else None
+            if event is not None and self.note is not None:
+                self.note(event, args)  # before it goes: a message that does not match its peer's aborts the rank
             out = func(*args, **(kwargs or {}))
             if func.namespace in NAMESPACES:
-                name = str(func)
-                if not any(word in name for word in NOT_MESSAGES) and len(self.events) < MAX_EVENTS:
-                    self.events.append(describe_message(func, args))
+                if event is not None and len(self.events) < MAX_EVENTS:
+                    self.events.append(event)
                 op = name.split(".")[1]
                 self.after(f"after {OP_WORDS.get(op, op)}", [args, out])
             return out
@@ -226,8 +230,9 @@ def _watch_class():
 
 
 @contextlib.contextmanager
-def watched(events: list, after):
-    """The watch around one push: every c10d operation, and a look at memory after each Work.wait()."""
+def watched(events: list, after, note=None):
+    """The watch around one push: every c10d operation (``note`` called before each goes), and a look at memory
+    after each Work.wait()."""
     work = torch._C._distributed_c10d.Work
     real_wait = work.wait
 
@@ -240,7 +245,7 @@ def watched(events: list, after):
 
     work.wait = wait
     try:
-        with _watch_class()(events, after):
+        with _watch_class()(events, after, note):
             yield
     finally:
         work.wait = real_wait
@@ -318,7 +323,8 @@ def _trainer_model(ctx: RankContext, inference: int, dtype: str, mesh, local_row
     return model
 
 
-def _push(ctx: RankContext, learner, push_weights, split_index: int, split: dict, scenario: str, mesh) -> dict:
+def _push(ctx: RankContext, learner, push_weights, split_index: int, split: dict, scenario: str, mesh,
+          journal: MessageJournal) -> dict:
     trainers, inference = split["trainers"], split["inference"]
     role = "trainer" if ctx.rank in trainers else "inference"
     record = {"split": split_index, "scenario": scenario, "role": role, "events": [], "held": {}, "looks": 0,
@@ -343,9 +349,15 @@ def _push(ctx: RankContext, learner, push_weights, split_index: int, split: dict
     del full
     held = Held(learner, model, prints)
     layout = {key: value for key, value in LAYOUTS[scenario].items()}
+    pushed = f"push_weights: trainers {', '.join(map(str, trainers))}, layout {scenario}"
+    name_of = storage_words({f"its rows of {name}": p.to_local().detach() for name, p in model.named_parameters()}
+                            if role == "trainer" else {})
+
+    def note(event: dict, args) -> None:
+        journal.message(event["op"], event["peer"], args, pushed, name_of)
+
     try:
-        pushed = f"push_weights: trainers {', '.join(map(str, trainers))}, layout {scenario}"
-        with watched(record["events"], held.look), rank_timeline.region(pushed):
+        with watched(record["events"], held.look, note), rank_timeline.region(pushed):
             value = push_weights(model, layout, list(trainers), list(inference))
         held.look("when push_weights returned", [value])
     except NotImplementedError:
@@ -376,10 +388,15 @@ def rank_main(ctx: RankContext) -> dict:
         for group in [None] + [mesh.get_group() for mesh in meshes if ctx.rank in mesh.mesh.tolist()]:
             dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S), group)
         obs = {"pushes": []}
-        for split_index, split in enumerate(plan):
-            for scenario in SCENARIOS:
-                record = _push(ctx, learner, push_weights, split_index, split, scenario, meshes[split_index])
-                obs["pushes"].append(record)
-                if not all_ok(record["error"] is None, ctx.device, control):
-                    return obs  # a peer failed: the next push would meet it mid-exchange
+        journal = MessageJournal(ctx.run_dir, ctx.rank)
+        try:
+            for split_index, split in enumerate(plan):
+                for scenario in SCENARIOS:
+                    record = _push(ctx, learner, push_weights, split_index, split, scenario, meshes[split_index],
+                                   journal)
+                    obs["pushes"].append(record)
+                    if not all_ok(record["error"] is None, ctx.device, control):
+                        return obs  # a peer failed: the next push would meet it mid-exchange
+        finally:
+            journal.close()
         return obs

@@ -11,7 +11,6 @@ from grader.checks.ex37_weight_sync.reference import (expected, kept_names, layo
                                                       placement_words)
 from grader.compare import tensor_difference
 
-NOT_DATA = ("barrier", "monitored_barrier")  # c10d operations that carry no weights
 SENDS, RECEIVES = ("send",), ("recv_", "recv_any_source_")
 
 
@@ -56,7 +55,9 @@ def clean_events(events) -> list[dict] | None:
 
 
 def data_events(events: list[dict]) -> list[dict]:
-    return [e for e in events if e["bytes"] > 0 and e["op"] not in NOT_DATA]
+    """The messages that carried bytes: every collective (a barrier too, whatever it carries), and the sends and
+    receives of more than nothing (a trainer rank holding no rows of a slice may post an empty one)."""
+    return [e for e in events if e["bytes"] > 0 or e["op"] not in SENDS + RECEIVES]
 
 
 # --- words ----------------------------------------------------------------------------------------
@@ -275,7 +276,11 @@ def message_problem(events: list[dict], world_size: int, split_index: int, rank:
                 return f"it received {e['bytes']} bytes from {rank_words(world_size, split_index, peer)}"
         else:
             group = f" among ranks {e['group']}" if e["group"] is not None else ""
-            return f"it ran a collective, {e['op']} of {e['bytes']} bytes{group}"
+            said = f"it ran a collective, {e['op']} of {e['bytes']} bytes{group}"
+            if "barrier" in e["op"]:
+                said += (": a barrier is a collective too, every rank of its group waiting for all the others, where "
+                         "the statement allows none")
+            return said
     return None
 
 
