@@ -60,7 +60,7 @@ def test_a_five_minute_interview_scripted_through_stdin(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     out = result.output
     assert "You have 5 minutes" in out and "hint 1/3" in out
-    assert out.count("checks passed.") == 2  # graded on demand, then at the end
+    assert out.count("checks passed;") == 2  # graded on demand, then at the end
     assert "Question 1/2" in out and "Question 2/2" in out
     assert "Interview summary" in out and "of 5 min" in out and "verdict:     Passed." in out
     assert "quiz:        " in out

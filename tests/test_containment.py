@@ -122,7 +122,7 @@ def _alive(pid: int, started: bytes) -> bool:
 
 def _tree(root: int) -> dict[int, bytes]:
     """{pid: start time} of ``root`` and every process under it."""
-    from grader.processes import descendants
+    from grader.rank.processes import descendants
 
     found = {}
     for pid in [root, *descendants(root)]:

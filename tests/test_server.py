@@ -90,7 +90,7 @@ def test_the_server_reports_a_failure_as_the_command_would(server_env):
     start_server(server_env)
     broken = ddp_grade(server_env, str(ROOT / "tests" / "variants" / "01_hardcoded_port.py"), "--format", "json")
     assert broken.returncode == 1
-    assert '"port-from-env"' in broken.stdout and '"schema": 3' in broken.stdout
+    assert '"port-from-env"' in broken.stdout and '"schema": 4' in broken.stdout
     assert server.status()["gradings"] == 1
 
 
