@@ -88,6 +88,7 @@ TOPICS: dict[str, str] = {
     "resilience": "Resilience at scale: failure rates, goodput, checkpoint intervals, asynchronous saves, restarts",
     "rl-weight-sync": "RL weight sync: a sharded trainer's weights to an inference engine's tensor-parallel layout",
     "debug-jobs": "Debugging broken DDP jobs: hangs, unused parameters, drift, data order, syncs, resumes",
+    "overlap": "Hiding communication: prefetching, reduce-scatter under backward, streams, async TP, zero-bubble pipelines",
 }
 DIFFICULTIES = ("easy", "medium", "hard")
 MIN_CHOICES, MAX_CHOICES = 3, 5
