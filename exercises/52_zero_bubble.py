@@ -3,7 +3,8 @@
 In 13's 1F1B a rank's backward of a micro-batch does two jobs at once: the gradient of the stage's input, which
 the rank before is waiting for, and the gradients of the stage's weights, which nobody waits for until the
 optimizer step. Split them, send the first upstream at once, and run the second later, in the time 1F1B leaves
-idle: that is ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 3.1 and Figure 3).
+idle: that is ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2.1 and
+Figure 3).
 
     zero_bubble_step(stage, batch, target, num_microbatches, loss_fn) -> float | None
         One forward and backward of a batch through the pipeline under ZB-H1, over the default process group of
@@ -54,13 +55,13 @@ backward queue its weight products (WeightGradStore). Call the stage as stage(x)
 backward enter it (B) and autograd produce each parameter's gradient (W), however you ask for them.
 
 Where this sits: torch.distributed.pipelining's ScheduleInterleavedZeroBubble is the paper's ZB1P (its actions
-F, I for this B, W; B there is a whole backward); with one stage per rank its order is this one. Its
-ScheduleZBVZeroBubble is the paper's ZB-V: two stages per rank in a V (rank r holds stages r and 2W - 1 - r),
-zero bubble when F, B and W take equal time, at 1F1B's peak memory. DeepSeek-V3's DualPipe (arXiv 2412.19437,
-section 3.2.1) feeds micro-batches from both ends of the pipeline, each rank holding two mirrored stages
-(parameters twice), splits B and W as here, and runs one micro-batch's forward chunk beside another's backward
-chunk so that the expert-parallel all-to-alls and the pipeline's own messages hide under computation;
-torch 2.13 has its V-shaped form as ScheduleDualPipeV.
+F, I for this B, W; B there is a whole backward); with one stage per rank its order is this one.
+ScheduleZBVZeroBubble is the paper's ZB-V (its section 6): two stages per rank in a V (rank r holds stages r
+and 2W - 1 - r), zero bubble when F, B and W take equal time, at 1F1B's peak memory. DeepSeek-V3's DualPipe
+(arXiv 2412.19437, section 3.2.1) feeds micro-batches from both ends of the pipeline, each rank holding two
+mirrored stages (parameters twice), splits B and W as here, and runs one micro-batch's forward chunk beside
+another's backward chunk so that the expert-parallel all-to-alls and the pipeline's own messages hide under
+computation; torch 2.13 has its V-shaped form as ScheduleDualPipeV.
 
 The grader compares the gradients and the loss with the whole model on one process (float64), and reads from
 each rank's own record the order of its F, B and W passes and messages, the idle slots that order leaves in unit
