@@ -330,9 +330,9 @@ def _why_order_differs(ran: list[str], rank: int, world_size: int, m: int) -> st
     if not weights:
         return ""
     if all(i + 1 < len(ran) and ran[i + 1] == "W" + x[1:] for i, x in enumerate(ran) if x[0] == "B"):
-        return (f"every W right after its own B, as 1F1B's one backward; ZB-H1 leaves the W's of rank {rank}'s first "
-                f"{rank} rounds for the end, where the rank would otherwise wait"
-                if rank else "every W right after its own B")
+        deferred = f"the W of rank {rank}'s first round" if rank == 1 else f"the W's of rank {rank}'s first {rank} rounds"
+        return (f"every W right after its own B, as 1F1B's one backward; ZB-H1 leaves {deferred} for the end, where "
+                "the rank would otherwise wait" if rank else "every W right after its own B")
     last_b = max(i for i, x in enumerate(ran) if x[0] == "B") if backwards else -1
     if all(i > last_b for i, x in enumerate(ran) if x[0] == "W"):
         return ("every W after the last B (past the flush): the graphs of all micro-batches stay alive to the end; "
