@@ -87,8 +87,8 @@ def zero_bubble_step(stage, batch, target, num_microbatches, loss_fn):
             sends.append(dist.isend(x.grad, rank - 1))  # rank - 1 is waiting for it: send it now
 
     def backward_weight(i):  # W
-        x, y = saved.pop(i)  # dropping them frees micro-batch i's activations
-        y.backward(output_grads.pop(i), inputs=params)
+        x, y = saved.pop(i)
+        y.backward(output_grads.pop(i), inputs=params)  # without retain_graph: frees micro-batch i's graph
 
     waiting = []  # micro-batches whose B has run and whose W has not
     for kind, i in zb_h1_order(rank, world_size, num_microbatches):
