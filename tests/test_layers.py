@@ -88,7 +88,7 @@ LAYERS = [
     ("harness", ["grader.rank.probes", "grader.rank.order", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",
                  "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host", "grader.rank.pool",
                  "grader.sandbox", "grader.sandbox.*"]),
-    ("grading", ["grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
+    ("grading", ["grader.rank.drivers", "grader.rank.drivers.*", "grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",
                 "grader.timeline_view"]),
     ("flows", ["grader.server", "grader.batch", "grader.shards", "grader.protocol", "grader.worker", "grader.flow", "grader.gradescope", "grader.commands", "grader.commands.*",
