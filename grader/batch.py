@@ -46,7 +46,7 @@ from pathlib import Path
 from grader import protocol
 from grader.batch_output import Outcome, Submission
 from grader.options import GradeOptions
-from grader.results import GRADER_ERROR, TIMEOUT, UNUSABLE, UNUSABLE_FILE, Report, RunProblem
+from grader.results import FAILED, GRADER_ERROR, TIMEOUT, UNREADABLE, UNUSABLE, UNUSABLE_FILE, Report, RunProblem
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
 
@@ -236,14 +236,24 @@ class WorkerProcess:
         except queue.Empty:
             self.stop()
             return None
-        except Exception as exc:  # the worker's failure on this file, or an answer it cannot read: this row's
-            died = self.proc.poll()
-            self.stop()
-            if died is not None:  # it ended by itself: the grader's own failure, said as such
-                why = f"the grading worker ended with exit code {died} while grading this file"
-            else:
-                why = f"the grading worker failed on this file: {type(exc).__name__}: {exc}"
-            return _unusable(submission.path, f"{why}; try `ddp-grade grade {submission.path}`")
+        except protocol.Unreadable as exc:  # not the worker's: unsandboxed, a rank can write into its output
+            if self.proc.poll() is None:
+                self.stop()
+                return _unusable(submission.path, f"the answer for this file cannot be read ({exc}): the "
+                                 "submission's ranks wrote into the grading worker's output", status=FAILED,
+                                 kind=UNREADABLE)
+            return self._failed(submission, exc)
+        except Exception as exc:  # the worker's failure on this file: this row's
+            return self._failed(submission, exc)
+
+    def _failed(self, submission: Submission, exc: Exception) -> dict:
+        died = self.proc.poll()
+        self.stop()
+        if died is not None:  # it ended by itself: the grader's own failure, said as such
+            why = f"the grading worker ended with exit code {died} while grading this file"
+        else:
+            why = f"the grading worker failed on this file: {type(exc).__name__}: {exc}"
+        return _unusable(submission.path, f"{why}; try `ddp-grade grade {submission.path}`")
 
     def stop(self) -> None:
         """End the worker and everything it started (its ranks and sandboxes carry its marker)."""

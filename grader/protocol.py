@@ -43,6 +43,10 @@ class Failed(Exception):
     """The other side could not answer: it ended, sent something unreadable, or the grader failed."""
 
 
+class Unreadable(Failed):
+    """A line that is no answer of the other side's: what a submission's rank wrote into its pipe."""
+
+
 def request(path: str, exercise_id: str | None, options: GradeOptions, shown_as: str | None = None,
             sandbox: str | None = None) -> dict:
     """The request to grade ``path`` (sent with its absolute path: the worker may start elsewhere);
@@ -92,13 +96,15 @@ def answer(req: dict, session, send: Callable[[dict], None]) -> Report | None:
 def read_answer(lines: Iterable[bytes | str], on_event=None, request_id: str | None = None) -> Report:
     """The report from an answer's lines, calling ``on_event(kind, **info)`` for each event; Failed when
     the lines end first, cannot be read, say the grader failed, or (``request_id``) answer another request."""
+    from grader.rank import wire
+
     try:
         for line in lines:
-            message = json.loads(line)
+            message = wire.parse_json(line.encode() if isinstance(line, str) else line)  # its nesting bounded first
             if not isinstance(message, dict):
                 raise ValueError("a line that is not an object")
             if request_id is not None and message.get("id") != request_id:
-                raise Failed("a line that answers no request of this client (forged, or left from another one)")
+                raise Unreadable("a line that answers no request of this client (forged, or left from another one)")
             kind = message.get("type")
             if kind == "event":
                 if on_event is not None:
@@ -108,7 +114,7 @@ def read_answer(lines: Iterable[bytes | str], on_event=None, request_id: str | N
             elif kind in ("error", "stale", "refused"):
                 raise Failed(str(message.get("why", kind))[:2000])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise Failed(f"an answer that cannot be read: {exc}") from None
+        raise Unreadable(f"an answer that cannot be read: {exc}") from None
     raise Failed("the answer ended before the report")
 
 

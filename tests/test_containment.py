@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -301,13 +302,16 @@ def test_a_rank_that_speaks_as_the_host_fails_its_row_and_a_right_answer_beside_
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_without_a_sandbox_a_forged_line_costs_only_its_own_row(jobs, tmp_path):
     """Unsandboxed, a rank can reach its worker's pipe: the forged line names no request of the batch,
-    so that row cannot be graded, and a fresh worker grades the next submission."""
+    so that row fails (the submission's doing: exit 1, not 2), and a fresh worker grades the next one."""
     learners = _class(tmp_path, {"a_forger": HOSTILE / "01_forges_verdict.py", "b_right": SOLUTION,
                                  "c_right": SOLUTION})
     data, done = _batch(learners, tmp_path, "--jobs", jobs, "--no-sandbox")
     status = {r["submission"]: r["status"] for r in data["reports"]}
     assert status["b_right/01_setup.py"] == status["c_right/01_setup.py"] == "passed", status
-    assert status["a_forger/01_setup.py"] in ("failed", "unusable"), status
+    assert status["a_forger/01_setup.py"] == "failed", status
+    assert "wrote into the grading worker's output" in next(
+        r["problem"] for r in data["reports"] if r["submission"] == "a_forger/01_setup.py")
+    assert done.returncode == 1
 
 
 def test_links_among_submissions_are_refused_without_a_byte_of_their_target(tmp_path):
@@ -342,3 +346,131 @@ def test_a_name_with_control_characters_stays_one_row(tmp_path):
     assert CONTROL.findall(done.stdout + done.stderr) == []
     rows = [line for line in done.stdout.splitlines() if "evil name" in line]
     assert len(rows) == 1 and "passed" in rows[0], done.stdout
+
+
+# --- what crosses is data: no frame or file a rank writes crashes the grader or grows it -----------------
+
+# Each forges, in its ranks, what the grader reads: its ranks' reports (01), its worker's reply (02), the
+# records its killed job leaves in a file (33), its checkpoint's pickle (03). Each file says at its top what
+# the grader must answer; tests/test_hostile.py grades them plain in the tests' own process too.
+DATA_ATTACKS = ["01_deep_key_report.py", "01_bytes_bomb_report.py", "02_lying_tensor_reply.py",
+                "33_lying_observations.py", "03_checkpoint_bomb.py"]
+DECIDER_MEMORY = 2**30  # the deciding process never grows past this because of what a submission sent
+
+
+def _problems(name: str) -> list[str]:
+    text = (HOSTILE / name).read_text()
+    return re.findall(r"^# expect-problem: *(.+)$", text, re.M)
+
+
+def _deciders(root: int) -> list[int]:
+    """``root`` and the grader's own processes under it that decide (batch workers, a Gradescope run), not
+    the ranks, nor the sandbox's host."""
+    parents, commands = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parents[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    commands[int(entry)] = f.read()
+            except (OSError, ValueError, IndexError):
+                continue
+    found = [root]
+    for pid, command in commands.items():
+        if pid == root or b"grader" not in command or b"rank_host" in command:
+            continue
+        ancestor = parents.get(pid)
+        while ancestor and ancestor != root:
+            ancestor = parents.get(ancestor)
+        if ancestor == root and (b"grader.worker" in command or b"-m\x00grader\x00" in command):
+            found.append(pid)
+    return found
+
+
+def run_deciding(argv: list[str], tool: str | None, state: Path, *, env: dict | None = None
+                 ) -> tuple[subprocess.CompletedProcess, int]:
+    """``argv`` run to its end (a ddp-grade command, or a Gradescope bundle's run_autograder), and the
+    peak resident memory (VmHWM) of the most grown of its deciding processes."""
+    full_env = {**os.environ, "DDP_GRADE_STATE_DIR": str(state), "DDP_GRADE_SERVER": "0", **(env or {})}
+    if tool:
+        full_env[sandbox.TOOL_ENV] = tool
+    proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peaks: dict[int, int] = {}
+
+    def watch() -> None:
+        while proc.poll() is None:
+            for pid in _deciders(proc.pid):
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        for line in f:
+                            if line.startswith("VmHWM:"):
+                                peaks[pid] = max(peaks.get(pid, 0), int(line.split()[1]) * 1024)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out, err = proc.communicate(timeout=1200)
+    watcher.join()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err), max(peaks.values(), default=0)
+
+
+@pytest.mark.parametrize("tool", [pytest.param(None, id="plain")] + TOOLS)
+def test_forged_data_fails_beside_a_right_answer_and_keeps_the_grader_small(tool, tmp_path):
+    """Each attack one learner's row of a batch, plain and under each tool, beside a right answer: each
+    fails with what it must answer, the right answer passes, the batch exits 1 (not 2: no row is the
+    grader's failure), and no deciding process grows past DECIDER_MEMORY."""
+    learners = tmp_path / "class"
+    for k, name in enumerate(DATA_ATTACKS + ["01_setup.py"]):
+        folder = learners / f"learner{k}"
+        folder.mkdir(parents=True)
+        shutil.copy(SOLUTION if name == "01_setup.py" else HOSTILE / name, folder / name)
+    done, peak = run_deciding([sys.executable, "-m", "grader", "batch", str(learners), "--format", "json", "-q",
+                               "--sandbox" if tool else "--no-sandbox"], tool, tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    rows = {r["submission"].split("/")[0]: r for r in json.loads(done.stdout)["reports"]}
+    assert rows[f"learner{len(DATA_ATTACKS)}"]["status"] == "passed", rows
+    for k, name in enumerate(DATA_ATTACKS):
+        row = rows[f"learner{k}"]
+        assert row["status"] == "failed", (name, row)
+        shown = json.dumps(row)
+        for text in _problems(name):
+            assert text in shown, (name, text, shown[-2000:])
+    assert 0 < peak < DECIDER_MEMORY, f"a deciding process of the batch reached {peak / 2**20:.0f} MiB"
+
+
+@ANY_TOOL
+def test_forged_data_scores_nothing_through_the_gradescope_bundle(tmp_path):
+    from click.testing import CliRunner
+
+    from grader import catalog
+    from grader.cli import main
+
+    bundle = tmp_path / "autograder.zip"
+    built = CliRunner().invoke(main, ["gradescope", "build", "-o", str(bundle), "--exercises", "01,02,03,33"])
+    assert built.exit_code == 0, built.output
+    root = tmp_path / "autograder"  # laid out as Gradescope lays out /autograder
+    (root / "submission").mkdir(parents=True)
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    (root / "run_autograder").chmod(0o755)
+    for name, as_name in (("01_deep_key_report.py", "01_setup.py"), ("02_lying_tensor_reply.py", "02_shard.py"),
+                          ("03_checkpoint_bomb.py", "03_train.py"), ("33_lying_observations.py", "33_dcp.py")):
+        shutil.copy(HOSTILE / name, root / "submission" / as_name)
+    env = {"AUTOGRADER_ROOT": str(root), "DDP_GRADE_PYTHON": sys.executable,
+           "PYTHONPATH": str(root / "source" / "kit")}  # the kit as packed, not this checkout
+    done, peak = run_deciding([str(root / "run_autograder")], None, tmp_path / "state", env=env)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    tests = json.loads((root / "results" / "results.json").read_text())["tests"]
+    scored = {}
+    for test in tests:
+        exercise = test["name"][:2]
+        scored[exercise] = scored.get(exercise, 0) + test["score"]
+    assert scored["01"] == scored["02"] == scored["33"] == 0, scored
+    checkpoint = [t for t in tests if t["name"].startswith(("03 checkpoint-loads", "03 checkpoint-no-module"))]
+    assert len(checkpoint) == 2 and all(t["score"] == 0 for t in checkpoint), checkpoint
+    assert scored["03"] < sum(c.points for c in catalog.by_id("03").checks)
+    assert 0 < peak < DECIDER_MEMORY, f"a deciding process of the bundle's run reached {peak / 2**20:.0f} MiB"

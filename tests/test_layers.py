@@ -82,7 +82,7 @@ def test_exit_codes_are_defined_once():
 # imports inside functions included; and no two modules import each other, however indirectly.
 LAYERS = [
     ("base", ["grader", "grader.rank", "grader.exits", "grader.rank.limits", "grader.state", "grader.catalog", "grader.compare",
-              "grader.rank.wire", "grader.kit", "grader.learner", "grader.rank.untrusted", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
+              "grader.rank.wire", "grader.kit", "grader.learner", "grader.rank.untrusted", "grader.rank.checkpoints", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
               "grader.capacity_layout", "grader.capacity_speed", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.rank.probes", "grader.rank.order", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",

@@ -41,6 +41,17 @@ def test_an_answer_without_a_report_is_a_failure_that_says_why(lines, why):
         protocol.read_answer(lines)
 
 
+@pytest.mark.parametrize("line, why", [
+    (b"[" * 10**6 + b"]" * 10**6 + b"\n", "nested 1,000,000 deep"),  # the parser would recurse in C
+    (b"[" + b"[]," * 2_000_000 + b"[]]\n", "values"),
+    (b'{"type": "report", "id": "someone else"}\n', "answers no request"),
+])
+def test_a_line_no_worker_wrote_is_unreadable_before_it_is_parsed(line, why):
+    """What an unsandboxed rank can write into its worker's output: the batch makes it that row's failure."""
+    with pytest.raises(protocol.Unreadable, match=why):
+        protocol.read_answer([line], request_id="mine")
+
+
 def test_a_request_carries_the_options_whole_and_the_absolute_path():
     options = GradeOptions(world_size=3, timeout_s=12.0, limits={"memory_bytes": 5, "cpu_seconds": 6,
                                                                   "output_bytes": 7, "tmp_bytes": 8})

@@ -93,8 +93,74 @@ def test_a_checkpoint_is_loaded_with_weights_only(folder):
             return (print, ("ran",))
 
     torch.save({"w": Run()}, folder / "bad.pt")
-    with pytest.raises(untrusted.Unreadable, match="weights_only=True"):
+    with pytest.raises(untrusted.Unreadable, match="bad.pt .*names builtins.print"):
         untrusted.load_tensors(str(folder / "bad.pt"))
+
+
+def test_a_training_checkpoint_loads_as_torch_load_gives_it(folder):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3, "seed": 2**40,
+             "scale": torch.nn.Parameter(torch.ones(2)), "f8": torch.zeros(2, dtype=torch.float8_e4m3fn),
+             "view": torch.arange(10)[2:5], "dtype": torch.bfloat16, "shape": torch.Size([2]), 7: b"raw"}
+    torch.save(saved, folder / "ckpt.pt")
+    got = untrusted.load_tensors(str(folder / "ckpt.pt"))
+    expected = torch.load(folder / "ckpt.pt", weights_only=True)
+    assert list(got) == list(expected) and type(got["model"]) is type(expected["model"])
+    assert all(torch.equal(got["model"][k], v) for k, v in expected["model"].items())
+    assert got["optimizer"]["param_groups"] == expected["optimizer"]["param_groups"]
+    assert type(got["scale"]) is torch.nn.Parameter and torch.equal(got["view"], torch.tensor([2, 3, 4]))
+    assert (got["epoch"], got["seed"], got["dtype"], got["shape"], got[7]) == (3, 2**40, torch.bfloat16,
+                                                                               torch.Size([2]), b"raw")
+
+
+def _with_pickle(folder, name: str, pickle: bytes) -> str:
+    """A checkpoint torch.save wrote, its data.pkl replaced by ``pickle``."""
+    import zipfile
+
+    torch.save({"w": torch.ones(2)}, folder / "base.pt")
+    with zipfile.ZipFile(folder / "base.pt") as src, zipfile.ZipFile(folder / name, "w") as out:
+        for record in src.infolist():
+            out.writestr(record.filename, pickle if record.filename.endswith("/data.pkl") else src.read(record))
+    return str(folder / name)
+
+
+def test_a_checkpoint_that_asks_for_gigabytes_or_nests_without_end_is_refused_before_it_is_loaded(folder):
+    """150 bytes of pickle that weights_only=True alone would turn into 3.38 GB (bytearray is on its
+    allowlist), and a dict key nested a million deep (its hash() recurses in C)."""
+    bomb = b"\x80\x02c__builtin__\nbytearray\nq\x00J\x00\x00\x78\xc9\x85q\x01Rq\x02."  # bytearray(3380000000)
+    deep = b"\x80\x02}(K\x01" + b"\x85" * 1_000_000 + b"K\x02u."
+    for name, pickle, why in (("bomb.pt", bomb, "builtins.bytearray"), ("deep.pt", deep, "nested more than 64")):
+        with pytest.raises(untrusted.Unreadable, match=why):
+            untrusted.load_tensors(_with_pickle(folder, name, pickle))
+
+
+def test_a_checkpoint_whose_tensors_claim_more_than_the_file_is_refused(folder):
+    import zipfile
+
+    torch.save({"w": torch.zeros(1).expand(10**8)}, folder / "stride0.pt")  # eight bytes, 10^8 elements
+    with pytest.raises(untrusted.Unreadable, match="strides repeat elements"):
+        untrusted.load_tensors(str(folder / "stride0.pt"))
+    torch.save({"w": torch.zeros(1000)}, folder / "plain.pt")
+    with zipfile.ZipFile(folder / "plain.pt") as src, \
+            zipfile.ZipFile(folder / "deflated.pt", "w", zipfile.ZIP_DEFLATED) as out:
+        for record in src.infolist():
+            out.writestr(record.filename, src.read(record))
+    with pytest.raises(untrusted.Unreadable, match="compressed record"):
+        untrusted.load_tensors(str(folder / "deflated.pt"))
+
+
+def test_json_lines_are_read_with_their_nesting_and_values_bounded(folder):
+    from grader.rank import wire
+
+    (folder / "log.jsonl").write_text('{"a": 1}\n' + "[" * 5000 + "]" * 5000 + '\n{"cut": \n[2]\n')
+    assert untrusted.read_json_lines(str(folder / "log.jsonl")) == [{"a": 1}, [2]]  # too deep or cut: left out
+    (folder / "many.jsonl").write_bytes(b"[" + b"0," * 600_000 + b"0]\n" + b"\n" * 1_000_000)
+    assert len(untrusted.read_json_lines(str(folder / "many.jsonl"))[0]) == 600_001
+    with pytest.raises(untrusted.Unreadable, match="values"):
+        untrusted.read_json_lines(str(folder / "many.jsonl"), wire.Budget(values=100_000))
 
 
 def test_a_submission_that_is_a_link_or_too_large_is_refused(tmp_path):
@@ -162,18 +228,6 @@ def test_a_well_formed_outcome_is_read_and_its_start_measured_by_the_grader():
 def test_an_outcome_that_is_not_one_is_unreadable(data, why):
     with pytest.raises(boundary.Unreadable, match=why):
         boundary.world_from(data, 2)
-
-
-def test_a_result_nested_too_deep_or_too_wide_is_refused():
-    deep: list = []
-    for _ in range(boundary.MAX_DEPTH + 2):
-        deep = [deep]
-    with pytest.raises(boundary.Unreadable, match="nested"):
-        boundary.world_from(_world(_rank(0, result=deep), _rank(1)), 2)
-    shared = [0] * 2000
-    wide = [shared] * 2000  # four million values reached, in a few kilobytes of pickle
-    with pytest.raises(boundary.Unreadable, match="values"):
-        boundary.world_from(_world(_rank(0, result=wide), _rank(1)), 2)
 
 
 def test_long_text_is_cut_and_unknown_error_fields_kept_only_when_plain():

@@ -41,7 +41,7 @@ from grader.rank.outcomes import PEER_LOST, RankOutcome, WorldOutcome, _blame  #
 from grader.rank.processes import (MAX_MESSAGE_BYTES, OUTPUT_TAIL_CHARS, REAP_PASSES, RESOLVER_OPTIONS,  # noqa: F401
                               RUN_MARKER, _context, _hidden_main, _kill, _load, _platform_env, _read, _receive,
                               _recv, _rendezvous_env, _tail, bound_name_lookups, descendants, marked_processes,
-                              reap_strays, remove_folder, resident_bytes, stop_pool, warm_up)
+                              reap_strays, remove_folder, resident_bytes, stop_pool, unreadable, warm_up)
 
 TREE_POLL_EVERY = 2  # every second memory reading also reads the processes a rank started
 GRACE_AFTER_FAILURE_S = 3.0  # how long other ranks may run on after one failed
@@ -361,11 +361,13 @@ class Worker:
             ready = multiprocessing.connection.wait([conn, r.process.sentinel], timeout=step)
             if conn in ready:
                 try:
-                    return _load(_recv(conn, deadline))
+                    return _load(_recv(conn, deadline))  # within a budget of its own
                 except TimeoutError:
                     raise WorkerTimeout(self._finish(kill=True)) from None
                 except (EOFError, OSError):
                     raise WorkerDied(self._finish()) from None
+                except ValueError as exc:  # too large, not data, over the budget: that process's error
+                    return unreadable(exc)
             if ready:
                 raise WorkerDied(self._finish())
             if memory and _over_memory(r, memory):
@@ -416,8 +418,11 @@ def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
     that is done is stopped at once, so what is left of it uses no CPU or memory while the
     others run. Returns, per group, True if the deadline hit first.
     """
+    from grader.rank import wire
+
     last_read = last_read_on_failure or [False] * len(groups)
     memory = (limits or {}).get("memory_bytes") or 0
+    budget = wire.Budget()  # what the ranks of all these groups may send together
     grace_until: list[float | None] = [None] * len(groups)  # per group, set once a rank has failed
     timed_out = [False] * len(groups)
     done = [False] * len(groups)
@@ -463,11 +468,11 @@ def _wait_all(groups: list[list[_Rank]], deadline: float, grace_s: float,
         for handle in ready:
             r = waitables[handle]
             if handle is r.conn:
-                r.payload = _receive(r.conn, deadline)
+                r.payload = _receive(r.conn, deadline, budget=budget)
                 r.conn_closed = r.payload is None  # closed without a message
             else:
                 if r.payload is None and not r.conn_closed:  # it may have arrived with the exit
-                    r.payload = _receive(r.conn, min(deadline, time.monotonic() + 5), block=False)
+                    r.payload = _receive(r.conn, min(deadline, time.monotonic() + 5), block=False, budget=budget)
                 r.ended = True
                 r.ended_at = time.monotonic()
         for k, ranks in enumerate(groups):

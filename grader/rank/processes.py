@@ -17,7 +17,7 @@ import time
 import types
 
 OUTPUT_TAIL_CHARS = 3000
-MAX_MESSAGE_BYTES = 256 * 2**20
+MAX_MESSAGE_BYTES = 64 * 2**20  # one rank's message (grader.rank.wire.MAX_BYTES: what a whole run's may hold)
 RUN_MARKER = "DDP_GRADE_RUN"  # environment variable carried by every process of a run
 REAP_PASSES = 5  # a process forking in a loop is caught within a few passes
 # c10d names the peer of every store connection with a reverse DNS lookup (its log text), and for
@@ -127,25 +127,37 @@ def _read_exactly(fd: int, n: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def _receive(conn, deadline: float, block: bool = True) -> dict | None:
+def _receive(conn, deadline: float, block: bool = True, budget=None) -> dict | None:
+    """One rank's message, read within ``budget`` (a :class:`grader.rank.wire.Budget`, shared by the ranks of
+    a run); None when the pipe closed without one, an error of that rank when it cannot be read."""
     try:
         if not block and not conn.poll(0.2):
             return None
-        return _load(_recv(conn, deadline))
+        return _load(_recv(conn, deadline, _most(budget)), budget)
     except (EOFError, OSError):
         return None
     except Exception as exc:  # an unreadable message counts as an error of that rank
-        return {"status": "error", "error": {"type": type(exc).__name__, "message":
-                f"the grader could not read this rank's report: {exc}", "traceback": "", "where": None,
-                "phase": "run"}}
+        return unreadable(exc)
 
 
-def _load(data: bytes) -> dict:
+def unreadable(exc: Exception) -> dict:
+    """A rank's report that could not be read, as the report of that rank's error."""
+    return {"status": "error", "error": {"type": type(exc).__name__, "message":
+            f"the grader could not read this rank's report: {exc}", "traceback": "", "where": None, "phase": "run"}}
+
+
+def _most(budget) -> int:
+    return MAX_MESSAGE_BYTES if budget is None else min(MAX_MESSAGE_BYTES, budget.bytes)
+
+
+def _load(data: bytes, budget=None) -> dict:
+    """A rank's message as data (:func:`grader.rank.wire.loads`, within ``budget``); ValueError when it is not
+    a mapping."""
     from grader.rank import wire
 
-    payload = wire.loads(data)
+    payload = wire.loads(data, budget)
     if not isinstance(payload, dict):
-        raise ValueError("malformed report")
+        raise ValueError("a report that is not a mapping")
     return payload
 
 

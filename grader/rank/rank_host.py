@@ -16,9 +16,8 @@ it, and which takes every process of the sandbox with it when it ends: it ends a
 end of its requests pipe closes. A rank can forge what its own pipe to this process carries (its own
 claim), nothing else.
 
-Frames both ways are an 8-byte length and a payload: from the grader a pickle (trusted: the
-grader wrote it), to the grader a :mod:`grader.rank.wire` pickle, which the grader reads with its
-allowlist and a size limit. The first frame from the grader is the configuration; the host
+Frames both ways are an 8-byte length and a message of :mod:`grader.rank.wire` (data, never a
+pickle, either way). The first frame from the grader is the configuration; the host
 answers ``ready`` once its pool has started, then one answer per request:
 
 * ``run_many`` -> ``starting`` (before the first rank gets its spec), ``started`` (every rank has
@@ -32,10 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import signal
 import sys
 
+from grader.rank import wire
 from grader.rank.wire import frame, read_frame
 
 def _outcome_fields(outcome) -> dict:
@@ -120,14 +119,17 @@ def main() -> None:
     first = read_frame(inbox)
     if first is None:
         return
-    config = pickle.loads(first)
+    try:
+        config = wire.loads(first)
+    except wire.Unreadable:
+        return
 
     from grader.rank import harness
 
     _set_task_limit(config.get("max_tasks", 0))
-    # The pool first: it imports torch in its own process while this one imports torch for the wire.
+    # The pool first: it imports torch in its own process while this one imports torch (the ranks' tensors).
     harness.warm_up(dynamo=config.get("dynamo", True), modules=[*(config.get("modules") or ()), POOL_MODULE])
-    from grader.rank import wire
+    import torch  # noqa: F401
 
     def send(message: dict) -> None:
         _write_all(out_fd, frame(wire.dumps(message)))
@@ -141,7 +143,7 @@ def main() -> None:
             if data is None:
                 return
             try:
-                request = pickle.loads(data)
+                request = wire.loads(data)
                 op = request.get("op")
             except Exception:  # written into this process's input by something else: nothing more is read
                 send({"type": "failed", "why": "a request that cannot be read"})

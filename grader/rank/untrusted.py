@@ -12,7 +12,9 @@ them:
 * :func:`read_bytes` opens a file a rank left without following a symbolic link anywhere below
   the grading's own folder, only if it is a regular file (a FIFO or a device is refused without
   blocking), and reads at most a given number of bytes; :func:`load_tensors` reads a checkpoint
-  that way and unpickles it with ``torch.load(weights_only=True)``; :func:`list_files` lists a
+  that way and loads it with :mod:`grader.rank.checkpoints` (``torch.load(weights_only=True)``, with what
+  that alone lets a file do checked before and after), :func:`read_json_lines` a file of JSON lines
+  (nesting and values bounded by :mod:`grader.rank.wire`); :func:`list_files` lists a
   folder without following links. Each raises :class:`Unreadable`, whose message says what was
   wrong, in words a report can show.
 * :func:`read_submission` reads the submission file once (no link, a regular file, at most
@@ -32,7 +34,7 @@ import re
 import stat
 import threading
 
-MAX_FILE_BYTES = 256 * 2**20  # the most a check reads of one file a rank left
+MAX_FILE_BYTES = 64 * 2**20  # the most a check reads of one file a rank left (the default --output-limit)
 MAX_SUBMISSION_BYTES = 4 * 2**20  # a submission file larger than this is refused
 MAX_LISTED = 20_000  # entries a listing walks before it gives up
 
@@ -185,16 +187,37 @@ def read_text(path: str, limit: int = MAX_FILE_BYTES) -> str:
 
 
 def load_tensors(path: str, limit: int = MAX_FILE_BYTES):
-    """A checkpoint a rank saved, read as :func:`read_bytes` does and loaded with ``weights_only=True``
-    on the CPU; Unreadable when it cannot be read or unpickled."""
-    import torch
+    """A checkpoint a rank saved, read as :func:`read_bytes` does and loaded on the CPU by
+    :func:`grader.rank.checkpoints.load` (checked before and after ``torch.load(weights_only=True)``);
+    Unreadable when it cannot be read or loaded."""
+    from grader.rank import checkpoints
 
     data = read_bytes(path, limit)
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # a torn file, a pickle that names a function: the file's fault
-        raise Unreadable(f"{os.path.basename(path)} cannot be loaded with torch.load(weights_only=True): "
-                         f"{type(exc).__name__}: {str(exc)[:300]}") from None
+        return checkpoints.load(data)
+    except checkpoints.Refused as exc:  # a torn file, a pickle that names a function: the file's fault
+        raise Unreadable(f"{os.path.basename(path)} cannot be loaded as a checkpoint: {exc}") from None
+
+
+def read_json_lines(path: str, budget=None) -> list:
+    """The values of the JSON lines of a file a rank wrote, read as :func:`read_bytes` does; each line
+    parsed by :func:`grader.rank.wire.parse_json` (its nesting bounded before it is parsed) and charged to
+    ``budget`` (a :class:`grader.rank.wire.Budget`). A line that is not JSON, or nests too deep, is left out (a
+    line cut short by a kill); Unreadable when the file cannot be read or holds more than the budget."""
+    from grader.rank import wire
+
+    budget = budget if budget is not None else wire.Budget()
+    values = []
+    for line in io.BytesIO(read_bytes(path, budget.bytes)):  # a line at a time: a file of newlines is no list
+        if line.isspace():
+            continue
+        try:
+            values.append(wire.parse_json(line, budget))
+        except wire.OverBudget as exc:
+            raise Unreadable(f"{os.path.basename(path)}: {exc}") from None
+        except wire.Unreadable:
+            continue
+    return values
 
 
 def exists(path: str) -> bool:

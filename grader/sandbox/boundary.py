@@ -1,13 +1,13 @@
 """What crosses the sandbox's boundary, and how the grader checks it before anything reads it.
 
-Both sides of :mod:`grader.sandbox.confined` and :mod:`grader.rank.rank_host` frame their messages the same
-way (:func:`grader.rank.wire.frame`): an 8-byte length, then the payload. What comes out of the sandbox is the submission's to
-forge (a rank can reach the host's pipes), so the grader outside reads at most
-:data:`MAX_ANSWER_BYTES` of it, unpickles it with :mod:`grader.rank.wire`'s allowlist, and then takes
-each outcome apart field by field here: a status it knows, rank numbers 0 to n - 1, integers
-where integers go, text cut to :data:`MAX_TEXT` characters, results at most :data:`MAX_DEPTH`
-deep and :data:`MAX_NODES` values in all. Anything else is :class:`Unreadable`, which the grader
-reports as the submission's failure.
+Both sides of :mod:`grader.sandbox.confined` and :mod:`grader.rank.rank_host` frame their messages the
+same way (:func:`grader.rank.wire.frame`): an 8-byte length, then a message of :mod:`grader.rank.wire`.
+What comes out of the sandbox is the submission's to forge (a rank can reach the host's pipes), so the
+grader outside reads at most :data:`MAX_ANSWER_BYTES` of it, decodes it as data within the wire's limits
+(nesting, values and tensor elements, counted before anything is built), and then takes each outcome
+apart field by field here: a status it knows, rank numbers 0 to n - 1, integers where integers go, text
+cut to :data:`MAX_TEXT` characters. Anything else is :class:`Unreadable`, which the grader reports as the
+submission's failure.
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ import math
 from grader.rank import limits as _limits
 from grader.rank.outcomes import RankOutcome, WorldOutcome
 
-MAX_ANSWER_BYTES = 128 * 2**20  # one answer from the sandbox (a run's outcomes, tensors included)
+MAX_ANSWER_BYTES = 80 * 2**20  # one answer from the sandbox: what a run's ranks may send (wire.MAX_BYTES), their text
 MAX_TEXT = 20_000  # characters of any one text field of an outcome (stacks, output, tracebacks)
-MAX_NODES = 2_000_000  # values in one answer (a result that nests deeper or wider is refused)
-MAX_DEPTH = 64
 STATUSES = ("ok", "error", "exited", "killed")
 
 
@@ -62,9 +60,7 @@ def rank_from(data) -> RankOutcome:
     exitcode = data.get("exitcode")
     if exitcode is not None and type(exitcode) is not int:
         raise Unreadable("an exit code that is not an integer")
-    result = data.get("result")
-    bounded(result)
-    return RankOutcome(rank=rank, status=status, result=result if status == "ok" else None,
+    return RankOutcome(rank=rank, status=status, result=data.get("result") if status == "ok" else None,
                        error=error_from(data.get("error")) if status == "error" else None,
                        exitcode=exitcode, stack=text(data.get("stack")), output=text(data.get("output")),
                        seconds=_number(data.get("seconds")), limit=_choice(data.get("limit"),
@@ -94,7 +90,6 @@ def error_from(data) -> dict:
         out["at"] = at
     for key, value in data.items():  # kind-specific evidence (the rendezvous address, collectives)
         if key not in out and key not in ("at", "where") and isinstance(key, str) and len(key) < 64:
-            bounded(value)
             out[key] = value
     return out
 
@@ -128,21 +123,3 @@ def _choice(value, allowed: tuple) -> str:
     if value not in allowed:
         raise Unreadable(f"an unknown value {str(value)[:40]!r}")
     return value
-
-
-def bounded(value, budget: list | None = None, depth: int = 0) -> None:
-    """Refuse a value that nests deeper than MAX_DEPTH or holds more than MAX_NODES values in all
-    (shared parts counted each time they are reached: a check walks them that way too)."""
-    budget = budget if budget is not None else [MAX_NODES]
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise Unreadable(f"a result with more than {MAX_NODES:,} values")
-    if depth > MAX_DEPTH:
-        raise Unreadable(f"a result nested more than {MAX_DEPTH} deep")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            bounded(k, budget, depth + 1)
-            bounded(v, budget, depth + 1)
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        for v in value:
-            bounded(v, budget, depth + 1)

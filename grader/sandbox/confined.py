@@ -12,8 +12,10 @@ send, never write a verdict.
 What crosses is bounded and checked:
 
 * every answer is one frame of at most :data:`grader.sandbox.boundary.MAX_ANSWER_BYTES`, read under a
-  deadline and unpickled with :mod:`grader.rank.wire`'s allowlist; then each outcome is checked field by
-  field (types, sizes, the ranks it names) before any check sees it (:mod:`grader.sandbox.boundary`);
+  deadline and decoded as data by :func:`grader.rank.wire.loads` (its nesting, values and tensor elements
+  bounded before anything is built); then each outcome is checked field by field (types, sizes, the
+  ranks it names) before any check sees it (:mod:`grader.sandbox.boundary`); requests go in the same
+  form, never a pickle;
 * a run gets its deadline plus :data:`STOP_MARGIN_S` to be answered, however the host was
   treated (stopped, killed, flooded): past it the sandbox is ended and the run is a timeout;
 * while the grader waits it reads, every :data:`POLL_S`, every process of the sandbox: each one's
@@ -32,7 +34,6 @@ code needs is visible inside.
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import signal
 import subprocess
@@ -42,8 +43,8 @@ import threading
 import time
 
 from grader.rank import limits as _limits
-from grader.rank import untrusted
-from grader.sandbox.boundary import MAX_ANSWER_BYTES, Unreadable, bounded, error_from, rank_from, text, world_from
+from grader.rank import untrusted, wire
+from grader.sandbox.boundary import MAX_ANSWER_BYTES, Unreadable, error_from, rank_from, text, world_from
 from grader.rank.outcomes import RankOutcome, SessionBroken, WorldOutcome
 from grader.rank.wire import HEADER, frame
 
@@ -293,7 +294,7 @@ class ConfinedSession:
 
     def _send(self, message: dict) -> None:
         try:
-            self._requests.write(frame(pickle.dumps(message)))
+            self._requests.write(frame(wire.dumps(message)))
             self._requests.flush()
         except (OSError, ValueError):
             self._break(f"the sandbox's host ended{self._exit_words()}")
@@ -301,8 +302,6 @@ class ConfinedSession:
     def _answer(self, until: float, waiting_for: str) -> dict:
         """The next answer, read under ``until`` while the sandbox's limits are watched. _Late past
         ``until`` (the sandbox is ended then); Broken when the host ends, or sends what cannot be read."""
-        from grader.rank import wire
-
         try:
             header = self._read(HEADER.size, until)
             (size,) = HEADER.unpack(header)
@@ -316,7 +315,7 @@ class ConfinedSession:
         except EOFError:
             self._break(f"the sandbox's host ended while the grader waited for {waiting_for}{self._exit_words()}")
         try:
-            message = wire.loads(data)
+            message = wire.loads(data, wire.Budget(bytes=MAX_ANSWER_BYTES))
         except Exception as exc:
             self._break(f"the submission's ranks sent something the grader cannot read: {type(exc).__name__}: "
                         f"{str(exc)[:200]}")
@@ -484,7 +483,6 @@ class ConfinedWorker:
             if not isinstance(reply, dict) or reply.get("status") not in ("ok", "error"):
                 session._break("the submission's process sent a reply the grader cannot read")
             try:
-                bounded(reply.get("result"))
                 if reply.get("status") == "error":
                     reply = {"status": "error", "error": error_from(reply.get("error"))}
             except Unreadable as exc:

@@ -39,10 +39,9 @@ each worker; ``reference.py``: the uninterrupted run; ``verdicts.py``: the ``che
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 
-from grader.rank import untrusted
+from grader.rank import untrusted, wire
 from grader.checks.ex15_elastic.rank import ALONE, ALONE_KILL, JOBS, KILL_EPOCH, WORLD_SIZE, alone_main, jobs_main
 from grader.checks.ex15_elastic.reference import uninterrupted
 from grader.checks.ex15_elastic.verdicts import (exit_text, short_error, snapshot_at, snapshot_words, who,
@@ -109,32 +108,25 @@ def _timeout_message(jobs: dict, timed_out: list, timeout_s: float) -> str:
     return "\n".join(lines)
 
 
-def _read_lines(path: str) -> list[dict]:
+def _read_lines(path: str, budget: wire.Budget) -> list[dict]:
     """The events of one worker; a line cut short by a kill is skipped."""
-    out = []
     try:
-        lines = untrusted.read_text(path).splitlines()
+        events = untrusted.read_json_lines(path, budget)
     except untrusted.Unreadable:
-        return out
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and isinstance(event.get("e"), str):
-            out.append(event)
-    return out
+        return []
+    return [event for event in events if isinstance(event, dict) and isinstance(event.get("e"), str)]
 
 
 def read_workers(folder: str) -> list[dict]:
     """Every worker start of one job, from its event file, summed up."""
     workers = []
+    budget = wire.Budget()  # what the event files of one job may hold together
     try:
         found = untrusted.list_files(os.path.join(folder, "events"))
     except untrusted.Unreadable:
         found = []
     for path in (p for p in found if fnmatch.fnmatch(os.path.basename(p), "events-*.jsonl")):
-        events = _read_lines(path)
+        events = _read_lines(path, budget)
         start = next((e for e in events if e["e"] == "start"), None)
         if start is None:
             continue

@@ -31,21 +31,31 @@ from grader.rank.memory import tensor_bytes
 
 
 def read_records(run_dir: str, world_size: int) -> list[dict] | None:
-    """Every rank's observations of the save job (written to files: the job ends killed), or None."""
+    """Every rank's observations of the save job (written to files: the job ends killed), or None;
+    read as the ranks' messages are, within one budget for all of them (wire.Unreadable otherwise)."""
     records = []
+    budget = wire.Budget()
     for rank in range(world_size):
         path = os.path.join(run_dir, OBSERVATIONS.format(rank=rank))
         if not os.path.lexists(path):
             return None
-        records.append(wire.loads(untrusted.read_bytes(path)))
+        try:
+            records.append(wire.loads(untrusted.read_bytes(path, budget.bytes), budget))
+        except untrusted.Unreadable as exc:
+            raise wire.Unreadable(str(exc)) from None
     return records
 
 
-def read_folder(folder: str) -> dict[str, bytes]:
-    """Every regular file under ``folder`` (links and FIFOs left out, never followed), by absolute path."""
+def read_folder(folder: str, limit: int = wire.MAX_BYTES) -> dict[str, bytes]:
+    """Every regular file under ``folder`` (links and FIFOs left out, never followed), by absolute path;
+    untrusted.Unreadable when they hold more than ``limit`` bytes together."""
     if not os.path.lexists(folder):
         return {}
-    return {os.path.abspath(path): untrusted.read_bytes(path) for path in untrusted.list_files(folder, recursive=True)}
+    files, left = {}, limit
+    for path in untrusted.list_files(folder, recursive=True):
+        files[os.path.abspath(path)] = data = untrusted.read_bytes(path, left)
+        left -= len(data)
+    return files
 
 
 def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
@@ -63,7 +73,10 @@ def grade(g: Grader) -> None:
     load_sizes = list(g.world_sizes[1:]) or [save_size + 1 if g.backend == "gloo" else save_size]
     started = timelines.clock()
     saved = g.run(save_main, save_size, expect_ok=False)
-    records = read_records(saved.run_dir, save_size)
+    try:
+        records = read_records(saved.run_dir, save_size)
+    except wire.Unreadable as exc:  # each rank wrote its file itself: the submission's failure, whatever it says
+        g.stop(f"the save job's records cannot be read: {exc}", world_size=save_size)
     if records is None:
         g.stop_on_failures(saved)
         g.stop("the save job ended before it could report what it saw", world_size=save_size)
@@ -79,8 +92,11 @@ def grade(g: Grader) -> None:
                rank=rank, world_size=save_size)
     verdicts.check_async(g, records, save_size)
     verdicts.check_waits(g, records, save_size)
-    verdicts.check_own_shards(g, records, read_folder(os.path.join(saved.run_dir, RESUME)), save_size,
-                              large_parameters())
+    try:
+        files = read_folder(os.path.join(saved.run_dir, RESUME))
+    except untrusted.Unreadable as exc:
+        g.stop(f"the resume folder cannot be read: {exc}", world_size=save_size)
+    verdicts.check_own_shards(g, records, files, save_size, large_parameters())
     sizes = shapes()
     expected = verdicts.expected_states(records, sizes)
     initial = {name: p.detach() for name, p in build_model().named_parameters()}
