@@ -5,11 +5,10 @@ notes this says which receive of which rank met which send of its peer, and what
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from grader.rank import untrusted
+from grader.rank import untrusted, wire
 from grader.checks.shared.recording import JOURNAL_LIMIT, journal_name
 
 MARKS = ("distributed collective mismatch", "op.preamble.length <= op.nbytes")
@@ -40,16 +39,13 @@ def read_journal(run_dir: str | None, rank: int) -> list[dict]:
     if not run_dir:
         return []
     path = os.path.join(run_dir, journal_name(rank))
-    try:
-        text = untrusted.read_text(path, 400 * JOURNAL_LIMIT)
+    try:  # each line's nesting bounded before it is parsed, all of them within one budget
+        values = untrusted.read_json_lines(path, wire.Budget(bytes=400 * JOURNAL_LIMIT))
     except (OSError, untrusted.Unreadable):  # none written (the rank never reached a message), or not the driver's
         return []
     out = []
-    for line in text.splitlines()[:JOURNAL_LIMIT]:
-        try:
-            entry = _entry(json.loads(line))
-        except ValueError:
-            continue
+    for value in values[:JOURNAL_LIMIT]:
+        entry = _entry(value)
         if entry is not None:
             out.append(entry)
     return out
