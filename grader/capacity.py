@@ -91,6 +91,9 @@ class Plan:
     dp_overlap: bool = True        # data-parallel traffic overlaps compute (False: after the last backward)
     tp_overlap: bool = True        # backward's tensor-parallel collectives overlap the weight gradients' products
     grad_fp32: bool = False        # gradients accumulated and reduced over dp in float32 (Llama 3, section 3.3.2)
+    tp_comm_overlap: bool = False  # every tensor-parallel collective in chunks under the layer's products (TE's
+                                   # userbuffers, NeMo's ub_tp_comm_overlap)
+    pp_overlap: bool = False       # pipeline sends and receives beside the compute (overlap_p2p_comm)
 
     @property
     def world_size(self) -> int:

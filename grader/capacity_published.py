@@ -30,6 +30,7 @@ KORTHIKANTI = "Korthikanti et al. 2022, Table 2"
 KORTHIKANTI_MFU = "Korthikanti et al. 2022, their Table 3 models' MFU (Megatron-LM's README)"
 MPT = "MosaicML llm-foundry, MPT training benchmarks (2023)"
 NEMO = "NVIDIA NeMo 24.07 performance summary, DGX-H100, FP8"
+MT_NLG = "MT-NLG 530B (Smith et al., arXiv 2201.11990), section 2.4"
 
 
 @dataclass(frozen=True)
@@ -226,19 +227,42 @@ def _nemo(name: str, model: ModelSpec, gpus: int, batch: int, mbs: int, tp: int,
           tokens: float) -> Row:
     dp = gpus // (tp * pp * cp)
     plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero=1, micro_batch=mbs, micro_batches=batch // (dp * mbs), vpp=vp,
-                sp=tp > 1, vocab_parallel=tp > 1, attention="flash", precision="fp8-mixed")
+                sp=tp > 1, vocab_parallel=tp > 1, attention="flash", precision="fp8-mixed", tp_comm_overlap=tp > 1,
+                pp_overlap=vp > 1)
     return Row(NEMO, f"{name}, {gpus} GPUs, TP {tp}, PP {pp}, CP {cp}, VP {vp}, batch {batch}", model, plan, "H100",
                "tokens_per_s_per_gpu", tokens, "tokens/s per GPU", "held-out")
 
 
 NEMO_ROWS = [_nemo(*run) for run in NEMO_RUNS]
 
+# --- MT-NLG 530B, section 2.4 (held out) ------------------------------------------------------------------------
+# Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B" (arXiv 2201.11990), section 2.4:
+# global batch 1,920 sequences of 2,048 tokens on 280, 350 and 420 DGX A100 nodes, 60.1, 50.2 and 44.4 s an
+# iteration, "126, 121, and 113 teraFLOP/s per GPU"; 8-way tensor slicing inside a node, 35-way pipeline
+# parallelism across nodes (so DP 8, 10, 12); the model as Megatron-LM 2021's 530B (105 layers, hidden 20,480,
+# 128 heads). Their TFLOP/s are Megatron-LM's equation (3), with the recomputed forward: 126 is 1920 sequences'
+# FLOPs over 60.1 s and 2,240 GPUs.
+MT_NLG_RUNS = ((280, 60.1, 126), (350, 50.2, 121), (420, 44.4, 113))
+
+
+def _mt_nlg(nodes: int, seconds: float, tflops: float) -> Row:
+    dp = nodes * 8 // (8 * 35)
+    plan = Plan(dp=dp, tp=8, pp=35, zero=1, micro_batch=1, micro_batches=1920 // dp, recompute="full",
+                vocab_parallel=True, dp_overlap=False, tp_overlap=False)
+    model = ModelSpec(layers=105, hidden=20480, heads=128, vocab=51200, seq_len=2048)
+    return Row(MT_NLG, f"{nodes} nodes ({nodes * 8:,} GPUs), TP 8, PP 35, DP {dp}, batch 1,920, {seconds:g} s an "
+               f"iteration", model, plan, "A100", "tflops_per_gpu", tflops, "TFLOP/s per GPU", "held-out")
+
+
+MT_NLG_ROWS = [_mt_nlg(*run) for run in MT_NLG_RUNS]
+
 FIT_ROWS = LLAMA_ROWS + [row for row in MEGATRON_ROWS if row.group == "fit"]
 FORMULA_ROWS = ZERO_ROWS + KORTHIKANTI_ROWS
-HELD_OUT_ROWS = [row for row in MEGATRON_ROWS if row.group == "held-out"] + KORTHIKANTI_MFU_ROWS + MPT_ROWS + NEMO_ROWS
+HELD_OUT_ROWS = [row for row in MEGATRON_ROWS if row.group == "held-out"] + KORTHIKANTI_MFU_ROWS + MPT_ROWS + NEMO_ROWS \
+    + MT_NLG_ROWS
 ROWS = FIT_ROWS + FORMULA_ROWS + HELD_OUT_ROWS
 GROUPS = {"fit": "fitted on", "formula": "a formula's figure", "held-out": "held out"}
-SOURCES = (LLAMA, MEGATRON, ZERO, KORTHIKANTI, KORTHIKANTI_MFU, MPT, NEMO)
+SOURCES = (LLAMA, MEGATRON, ZERO, KORTHIKANTI, KORTHIKANTI_MFU, MPT, NEMO, MT_NLG)
 READINGS = {  # what the rows of a source share that the source leaves unsaid, and how the kit reads it
     LLAMA: "micro-batch 1 (batch size/DP micro-batches); sequence parallelism with TP, the embeddings and head split "
            "over TP and flash attention (unpublished, as Megatron-LM and torchtitan run TP); gradients reduced in "
@@ -250,11 +274,20 @@ READINGS = {  # what the rows of a source share that the source leaves unsaid, a
           "7,499,997,184 parameters; the figure's GB are 1e9 bytes, rounded to 0.1 GB",
     KORTHIKANTI: "one layer: the table's formula at each model of their Table 3 (t = 8, s = 2048); no GPU",
     KORTHIKANTI_MFU: "DP 1 as the README says; their Table 3's sizes; no interleaving (none is given)",
-    MPT: "FSDP as ZeRO 3 with traffic behind compute; flash attention (triton's); the micro-batch and "
-         "accumulation of each row; H100 rows on 2023's kernels (FlashAttention-2 at 35 % of peak, as the kit "
-         "assumes; the rows show early software lower still)",
+    MPT: "FSDP as ZeRO 3 with traffic behind compute; flash attention (triton's); the micro-batch, accumulation "
+         "and 2,048-token sequences of each row; their MFU is the kit's (each row's Model TFLOP over its MFU is "
+         "the dense bf16 peak, 989 TFLOP/s on the H100, 312 on the A100; FLOPs 6 N plus attention over the whole "
+         "square); the tables predate torch 2.0 (the README's TODO): the H100 rows ran its first software, "
+         "slower than the kernels the kit assumes",
+    MT_NLG: "DeepSpeed's pipeline engine with Megatron-LM's layers: 1F1B without interleaving or scatter/gather, "
+            "micro-batch 1, full recomputation (their TFLOP/s count it), ZeRO 1, gradients reduced after the last "
+            "micro-batch, tensor-parallel traffic not overlapped (2021); the vocabulary padded as Megatron-LM pads "
+            "GPT-2's for TP 8 (51,200)",
     NEMO: "ZeRO 1 (the distributed optimizer), sequence parallelism with TP, flash attention, no recomputation; "
-          "the layers' linear maps in float8, the rest in bf16",
+          "the layers' linear maps in float8, the rest in bf16; the overlaps NeMo's performance recipes turn on "
+          "(NeMo-Framework-Launcher conf/training/gpt3/175b_fp8_performance.yaml: ub_tp_comm_overlap, "
+          "overlap_p2p_comm): every tensor-parallel collective under the products with TP, pipeline sends "
+          "beside the compute with virtual stages",
 }
 
 

@@ -24,15 +24,20 @@ data-parallel traffic behind the whole step and has every rank finish together. 
   and ceiling (35's recipe: the input and the weight forward, the output's gradient backward, each scaled
   and cast), each cast reading its bf16 operand and writing the byte in both layouts the products need;
   attention, the head and everything else stay bf16.
-* **The cost of scale.** Collectives move data at LINK_EFFICIENCY of their links' bandwidth, plus a
-  latency per message in sequence, which grows with the ranks (42's ring). Backward's tensor-parallel
-  collectives that need not wait (the input's gradient reduced, with sequence parallelism the input
-  gathered again) run under the weight gradients' products (``tp_overlap``). Data-parallel traffic hides
-  only behind the compute it can overlap in the schedule (a gradient reduction behind the backwards after
-  its chunk's last one, a parameter gather behind the forwards before its chunk's first), the rest adds
-  to the step. And every step waits for the slowest of its ranks: with the ranks' speeds spread by JITTER
-  (a fraction), the slowest of N is on average sqrt(2 ln N) spreads behind (the expected maximum of N
-  normal variables).
+* **The cost of scale.** Collectives move data at LINK_EFFICIENCY of the bandwidth their rings run at,
+  plus a latency per message in sequence, which grows with the ranks (42's ring). Across nodes every GPU
+  has a network card of its own, so a ring whose group has g members in each node runs as g rings at once,
+  one through each card (NCCL's channels): g cards' bandwidth, at most NVLink's (``ring_bandwidth``).
+  Backward's tensor-parallel collectives that need not wait (the input's gradient reduced, with sequence
+  parallelism the input gathered again) run under the weight gradients' products (``tp_overlap``); with
+  ``tp_comm_overlap`` every tensor-parallel collective runs under the layer's products (Transformer
+  Engine's userbuffers), with ``pp_overlap`` the pipeline's sends beside the compute. Data-parallel traffic
+  hides only behind the compute it can overlap in the schedule (a gradient reduction behind the backwards
+  after its chunk's last one, a parameter gather behind the forwards before its chunk's first), the rest
+  adds to the step. The pipeline runs at the pace of its busiest rank, the last one's head and loss
+  included. And every step waits for the slowest of its ranks: with the ranks' speeds spread by JITTER (a
+  fraction), the slowest of N is on average ``slowest_of(N)`` spreads behind (the expected maximum of N
+  normal variables: 1.42 at 8, 3.96 at 16,384).
 
 Measured or published: ``DEVICES`` (data sheets, MAMF, FlashAttention-2), SUSTAINED and JITTER (MAMF
 finder runs on 8-GPU nodes). Fitted: K0 and LINK_EFFICIENCY, once, to the rows of
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 from dataclasses import dataclass
 
 from grader import capacity
@@ -82,8 +88,8 @@ TILE = (256, 128)  # a tile's outputs: cuBLAS's largest for bf16 on the A100 and
 SUSTAINED = 0.85
 JITTER = 0.023
 # Fitted to FIT_ROWS (capacity_published.fit): see the module's docstring.
-K0 = 199.0
-LINK_EFFICIENCY = 0.88
+K0 = 201.0
+LINK_EFFICIENCY = 0.87
 
 
 @dataclass(frozen=True)
@@ -271,15 +277,34 @@ class Breakdown:
     matmul_s: float                # the linear maps (the head's too)
     attention_s: float
     memory_s: float                # work bound by memory, float8's casts, the optimizer's update
-    hidden_tp_s: float             # tensor-parallel traffic under the weight gradients' products (not in tp_s)
+    hidden_tp_s: float             # tensor-parallel traffic under the layers' products (not in tp_s)
     straggler_s: float             # waiting for the slowest rank
+    hidden_pp_s: float = 0.0       # pipeline sends beside the compute (pp_overlap; not in pp_s)
+
+
+def ring_bandwidth(plan: Plan, cluster: Cluster, dimension: str, name: str) -> float:
+    """The bandwidth a rank's ring runs at. Inside a node, NVLink's. Across nodes, each GPU has a network
+    card of its own: a ring over the group's g members in each node is g rings at once (NCCL's channels),
+    each carrying 1/g of the buffer through another card, so a rank moves data at g cards' bandwidth, no
+    more than NVLink's (the hops inside the node carry all of it). A send or an all-to-all crosses on the
+    rank's own card."""
+    return _ring_bandwidth(plan, cluster, dimension, name, capacity.link(cluster, plan, dimension)[0])
+
+
+def _ring_bandwidth(plan: Plan, cluster: Cluster, dimension: str, name: str, bandwidth: float) -> float:
+    if bandwidth == cluster.intra_node_bandwidth or name not in ("all-reduce", "reduce-scatter", "all-gather"):
+        return bandwidth
+    stride = capacity.group_span(plan, dimension) // capacity.group_size(plan, dimension)
+    members = max(1, cluster.gpus_per_node // stride)
+    return min(members * bandwidth, cluster.intra_node_bandwidth)
 
 
 def collective_seconds(plan: Plan, cluster: Cluster, constants: Constants, dimension: str, name: str, calls: int,
                        size: float) -> float:
-    """42's ring, at LINK_EFFICIENCY of the link's bandwidth."""
+    """42's ring, at LINK_EFFICIENCY of the bandwidth its rings run at (``ring_bandwidth``)."""
     n = capacity.group_size(plan, dimension)
     bandwidth, latency = capacity.link(cluster, plan, dimension)
+    bandwidth = _ring_bandwidth(plan, cluster, dimension, name, bandwidth)
     return calls * (size * capacity.ring_factor(name, n) / (bandwidth * constants.link_efficiency)
                     + capacity.latency_steps(name, n) * latency)
 
@@ -304,9 +329,13 @@ def _layers(model: ModelSpec, plan: Plan, cluster: Cluster, kind: str, constants
     out = {}
     for moe, i in {capacity.is_moe(model, i): i for i in range(model.layers)}.items():
         cost = layer_cost(model, plan, device, peak, constants, i)
-        comm = sum(collective_seconds(plan, cluster, constants, *entry)
-                   for entry in capacity.layer_collectives(model, plan, i))
-        hidden = min(overlapped_tp(model, plan, cluster, constants), cost.weight_grad_s)
+        entries = capacity.layer_collectives(model, plan, i)
+        comm = sum(collective_seconds(plan, cluster, constants, *entry) for entry in entries)
+        if plan.tp_comm_overlap:  # every tensor-parallel collective beside the product it feeds or follows
+            hidden = min(sum(collective_seconds(plan, cluster, constants, *entry) for entry in entries
+                             if entry[0] == "tp"), cost.matmul_s)
+        else:
+            hidden = min(overlapped_tp(model, plan, cluster, constants), cost.weight_grad_s)
         out[moe] = (cost, comm - hidden, hidden)
     return out
 
@@ -316,7 +345,7 @@ def _layer_plan(plan: Plan) -> Plan:
     return Plan(dp=plan.ep, tp=plan.tp, micro_batch=plan.micro_batch, precision=plan.precision,
                 recompute=plan.recompute, sp=plan.sp, cp=plan.cp, vocab_parallel=plan.vocab_parallel,
                 attention=plan.attention, ep=plan.ep, capacity_factor=plan.capacity_factor, cp_comm=plan.cp_comm,
-                tp_overlap=plan.tp_overlap)
+                tp_overlap=plan.tp_overlap, tp_comm_overlap=plan.tp_comm_overlap)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -330,6 +359,20 @@ def _rank_kinds(model: ModelSpec, layout: tuple, pp: int) -> list[dict]:
             out[j % pp][moe] = out[j % pp].get(moe, 0) + 1
         start += n
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _head(model: ModelSpec, plan: Plan, cluster: Cluster, kind: str, constants: Constants) -> float:
+    return head_seconds(model, plan, device_of(kind), _peak(plan, cluster), constants)
+
+
+@functools.lru_cache(maxsize=1024)
+def slowest_of(n: int) -> float:
+    """How many spreads the slowest of ``n`` normal variables is, on average, behind their mean: Blom's
+    approximation of the largest of n, the normal quantile at (n - 0.375) / (n + 0.25): 1.434 at 8 (exact
+    1.4236, the figure JITTER was measured with), 3.03 at 512, 3.96 at 16,384, within 1 % from 8 ranks up;
+    sqrt(2 ln n), its limit, says 2.04, 3.53 and 4.41)."""
+    return statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25)) if n > 1 else 0.0
 
 
 def _peak(plan: Plan, cluster: Cluster) -> float:
@@ -349,7 +392,8 @@ def breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, kind: str, constan
     if plan.precision == "fp8-mixed" and not device.fp8_flops:
         raise PlanError(f"fp8-mixed needs float8 tensor cores: the {kind} has none")
     m = plan.micro_batches
-    layers = _layers(model, _layer_plan(plan), cluster, kind, constants)
+    per_layer = _layer_plan(plan)
+    layers = _layers(model, per_layer, cluster, kind, constants)
     counts = _rank_kinds(model, capacity.layout(model, plan), plan.pp)
     mine = counts[0]
     head = head_seconds(model, plan, device, _peak(plan, cluster), constants) if plan.pp == 1 else 0.0
@@ -362,14 +406,17 @@ def breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, kind: str, constan
         seconds[entry[0]] += collective_seconds(plan, cluster, constants, *entry)
         if entry[0] in ("dp", "edp"):
             data.append(entry)
-    busy = compute_s + seconds["tp"] - hidden_tp + seconds["pp"] + seconds["cp"] + seconds["ep"]
+    hidden_pp = seconds["pp"] if plan.pp_overlap else 0.0
+    busy = compute_s + seconds["tp"] - hidden_tp + seconds["pp"] - hidden_pp + seconds["cp"] + seconds["ep"]
     paces = [sum(n * (layers[moe][0].total() + layers[moe][1]) for moe, n in rank.items()) for rank in counts]
-    extra = max(0.0, max(paces) - paces[0])  # per micro-batch: the busiest rank's layers set the pace
+    if plan.pp > 1:  # the last rank also runs the head and the loss for every micro-batch
+        paces[-1] += _head(model, per_layer, cluster, kind, constants)
+    extra = max(0.0, max(paces) - paces[0])  # per micro-batch: the busiest rank's work sets the pace
     bubble_s = (busy + m * extra) * (plan.pp - 1) / (m * plan.vpp) + m * extra
     exposed = exposed_data_parallel(plan, cluster, constants, data, compute_s - optimizer)
-    straggler = (busy + bubble_s) * constants.jitter * math.sqrt(2 * math.log(plan.world_size))
+    straggler = (busy + bubble_s) * constants.jitter * slowest_of(plan.world_size)
     step = StepTime(float(capacity.flops(model, plan)), compute_s, seconds["dp"] + seconds["edp"],
-                    seconds["tp"] - hidden_tp, seconds["pp"], bubble_s, exposed,
+                    seconds["tp"] - hidden_tp, seconds["pp"] - hidden_pp, bubble_s, exposed,
                     busy + bubble_s + exposed + straggler, seconds["cp"], seconds["ep"])
     def part(name: str) -> float:
         return m * sum(n * getattr(layers[moe][0], name) for moe, n in mine.items())
@@ -377,7 +424,7 @@ def breakdown(model: ModelSpec, plan: Plan, cluster: Cluster, kind: str, constan
     loss = 16.0 * capacity.tokens(model, plan) * (model.vocab // plan.tp if plan.vocab_parallel else model.vocab) \
         / device.memory_bytes_per_s if plan.pp == 1 else 0.0
     return Breakdown(step, part("matmul_s") + m * (head - loss), part("attention_s"),
-                     part("memory_s") + m * loss + optimizer, hidden_tp, straggler)
+                     part("memory_s") + m * loss + optimizer, hidden_tp, straggler, hidden_pp)
 
 
 def exposed_data_parallel(plan: Plan, cluster: Cluster, constants: Constants, data: list, compute_s: float) -> float:

@@ -70,6 +70,11 @@ def _fail(message: str, code: int = EXIT_UNUSABLE):
                    "(Megatron-LM before 2022).")
 @click.option("--grad-fp32", is_flag=True, default=None,
               help="Gradients accumulated and reduced over dp in float32 (Llama 3).")
+@click.option("--tp-comm-overlap", is_flag=True, default=None,
+              help="Every tensor-parallel collective in chunks under the layer's products, forward too "
+                   "(Transformer Engine's userbuffers, as NeMo's performance recipes run).")
+@click.option("--pp-overlap", is_flag=True, default=None,
+              help="Pipeline sends and receives beside the compute (Megatron-core's overlap_p2p_comm).")
 @click.option("--scenario", metavar="NAME",
               help="A scenario: " + "; ".join(f'"{k}"' for k in [*plans.SCENARIOS, *plans.FRONTIER])
               + ". Its best plan, or the plan given.")
