@@ -55,6 +55,11 @@ def grade_and_record(path: str, exercise_id: str | None, progress: prog.Progress
     """Grade with ``grade(on_event)`` under a live line on ``stream`` (stderr); remember the result when
     ``path`` is the kit's own exercise file."""
     stream = stream or sys.stderr
+    try:  # what is graded, as progress remembers a pass of it (restore after reset brings that pass back)
+        with open(path, encoding="utf-8", newline=None) as f:
+            graded_digest = prog.digest(f.read())
+    except (OSError, UnicodeDecodeError, ValueError):
+        graded_digest = None
     line = live.LiveLine(label(path, exercise_id), live.mode_for(stream, quiet), stream)
     try:
         report = grade(line.event)
@@ -63,17 +68,30 @@ def grade_and_record(path: str, exercise_id: str | None, progress: prog.Progress
     ex = exercise_of(path, exercise_id)
     graded = Graded(report)
     if ex is not None and report.exercise == ex.id and prog.is_kit_file(path, ex):
-        progress.record_grading(ex.id, report.status)
+        progress.record_grading(ex.id, report.status, graded_digest)
         if progress.unsaved:
             graded.notes.append(f"ddp-grade: progress was not saved ({progress.unsaved}); this grading is not "
                                 "remembered. Set DDP_GRADE_STATE_DIR to a folder you can write.")
     elif ex is not None and report.status == PASSED and not quiet:
         try:
-            where = f" ({kit.exercise_path(ex)})"
+            where = f" ({kit_relative(kit.exercise_path(ex))})"
         except kit.KitError:
             where = ""
         graded.notes.append(f"Not recorded as progress: {path} is not the kit's own file{where}.")
     return graded
+
+
+def kit_relative(path) -> str:
+    """``path`` as a learner finds it: from the current folder when it lies below it (exercises/01_setup.py),
+    else from the kit's folder ("exercises/01_setup.py in the kit"), else as it is."""
+    for base, suffix in ((os.getcwd, ""), (kit.root, " in the kit")):
+        try:
+            relative = os.path.relpath(path, str(base()))
+        except (ValueError, OSError, kit.KitError):
+            continue
+        if not relative.startswith(".."):
+            return relative + suffix
+    return str(path)
 
 
 def grade(path: str, options, exercise_id: str | None, progress: prog.Progress, *, quiet: bool = False,

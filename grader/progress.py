@@ -114,8 +114,9 @@ class Progress:
 
         self._change(edit)
 
-    def record_grading(self, exercise_id: str, status: str) -> None:
-        """Remember a grading of the kit's file; a pass is kept until ``reset``."""
+    def record_grading(self, exercise_id: str, status: str, digest: str | None = None) -> None:
+        """Remember a grading of the kit's file; a pass is kept until ``reset``. ``digest``: the graded file's
+        :func:`digest`, kept with a pass so that ``restore`` of that very file brings the pass back."""
         now = _now()
 
         def edit(data: dict) -> None:
@@ -124,6 +125,8 @@ class Progress:
             e["last_graded"] = now
             if status == "passed" and not e.get("passed"):
                 e["passed"] = now
+            if status == "passed" and digest:
+                e["passed_digest"] = digest
 
         self._change(edit)
 
@@ -157,6 +160,29 @@ class Progress:
             e.pop("last_status", None)
 
         self._change(edit)
+
+
+    def restored(self, exercise_id: str, text: str) -> bool:
+        """After ``restore`` put ``text`` back: when it is the file that passed before ``reset``, the pass is
+        back (True). A file that differs in any byte of code starts as it would have."""
+        back = []
+
+        def edit(data: dict) -> None:
+            e = self._entry(data, exercise_id)
+            if not e.get("passed") and e.get("passed_before") and e.get("passed_digest") == digest(text):
+                e["passed"] = e.pop("passed_before")
+                e["last_status"] = "passed"
+                back.append(True)
+
+        self._change(edit)
+        return bool(back)
+
+
+def digest(text: str) -> str:
+    """A file's content as progress remembers it: SHA-256 of its text, line ends made plain."""
+    import hashlib
+
+    return hashlib.sha256(text.replace("\r\n", "\n").encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def shape_ok(data: dict) -> bool:

@@ -130,6 +130,51 @@ def test_reset_saves_the_learners_file_then_restore_puts_it_back(kit_copy, tmp_p
     assert len(list((tmp_path / "state" / "backups").iterdir())) == 2  # the stub was kept too
 
 
+def test_restore_after_reset_brings_back_the_pass_of_the_file_that_passed_and_only_of_it(kit_copy, tmp_path):
+    from grader import flow
+    from grader.results import Report
+
+    path = kit_copy / "exercises" / "01_setup.py"
+    work = path.read_text().replace("raise NotImplementedError", "return None  # my attempt", 1)
+    path.write_text(work)
+    passed = Report("01", "Join and leave a process group", str(path), "passed")
+    flow.grade_and_record(str(path), None, Progress(), lambda on_event: passed, quiet=True)
+    assert Progress().passed("01")
+
+    assert invoke("reset", "01").exit_code == 0 and not Progress().passed("01")
+    assert "in progress" not in _row(invoke("list").output, "01")
+    back = invoke("restore", "01")
+    assert back.exit_code == 0 and path.read_text() == work
+    assert "Exercise 01 is passed again" in back.output
+    assert Progress().passed("01") and _row(invoke("list").output, "01").endswith("passed")
+
+    # A file that differs from the one that passed gets no pass back: it was never graded.
+    path.write_text(work + "\nX = 1\n")
+    assert invoke("reset", "01").exit_code == 0 and not Progress().passed("01")
+    assert invoke("restore", "01").exit_code == 0 and path.read_text() == work + "\nX = 1\n"
+    assert not Progress().passed("01") and _row(invoke("list").output, "01").endswith("in progress")
+    # ... and the copy that passed, restored by name, brings it back.
+    first = kit.backups_of(catalog.by_id("01"))[0]
+    assert first.read_text() == work
+    assert "passed again" in invoke("restore", "01", "--from", str(first)).output and Progress().passed("01")
+
+
+def test_list_titles_tell_every_exercise_apart_at_80_columns(kit_copy, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    output = invoke("list").output
+    shown = {ex.id: _row(output, ex.id)[7:].split("  ")[0] for ex in catalog.exercises()}
+
+    def whole_words(title: str) -> set:
+        words = title.removesuffix("...").split()
+        words = words[:-1] if title.endswith("...") else words  # the word the cut went through says nothing
+        return {w.strip(",.:;()\"'").lower() for w in words}
+
+    alike = [(a, b) for a in shown for b in shown if a < b and
+             (whole_words(shown[a]) <= whole_words(shown[b]) or whole_words(shown[b]) <= whole_words(shown[a]))]
+    assert alike == []  # each title shows a word the other lacks
+    assert shown["16"].startswith("Ring attention") and shown["20"].startswith("Ulysses attention")
+
+
 def test_reset_of_an_untouched_file_makes_no_copy_and_restore_without_copies_says_so(kit_copy, tmp_path):
     assert invoke("reset", "02").exit_code == 0
     assert not (tmp_path / "state" / "backups").exists()

@@ -141,6 +141,32 @@ def test_watch_command_grades_the_file_in_one_warm_session(tmp_path, monkeypatch
     assert "checks passed" in result.output and "save the file to grade again" in result.output
 
 
+def test_watch_moves_on_by_itself_to_the_next_exercise_after_a_pass_of_the_kits_file(tmp_path, monkeypatch):
+    from grader import catalog, kit
+    from grader.progress import Progress
+
+    root = tmp_path / "kit"
+    (root / "exercises").mkdir(parents=True)
+    for ex in catalog.exercises()[:3]:
+        (root / "exercises" / ex.filename).write_text(kit.stub_text(ex), encoding="utf-8")
+    shutil.copy(ROOT / "solutions" / "01_setup.py", root / "exercises" / "01_setup.py")
+    monkeypatch.setenv("DDP_GRADE_ROOT", str(root))
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("DDP_GRADE_SERVER", "0")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["watch", "01", "--max-grades", "2", "--world-size", "2"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    said = [out.index(words) for words in ("Watching kit/exercises/01_setup.py: grading it now", "checks passed",
+                                           "Passed! Moving on to 02", "press Enter", "Watching kit/exercises/02_",
+                                           "grading 2 of")]
+    assert said == sorted(said), out
+    assert "02_shard.py" in out[said[-1]:].splitlines()[0]
+    assert "not implemented" in out[said[4]:said[5]].lower(), out
+    assert Progress().passed("01") and not Progress().passed("02")
+
+
 def test_watch_of_an_unknown_exercise_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
     result = CliRunner().invoke(main, ["watch", "99"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from grader import kit
-from grader.cli.common import kit_call
+from grader.cli.common import kit_call, load_progress, say_unsaved
 
 
 @click.command()
@@ -24,7 +24,12 @@ def restore(exercise_id, source, list_copies):
         copies = kit.backups_of(ex)
         click.echo("\n".join(str(p) for p in copies) if copies else f"No saved copies of exercise {ex.id}.")
         return
-    written, used = kit_call(lambda: files.restore(ex, Path(source) if source else None))
+    progress = load_progress()
+    was_passed = progress.passed(ex.id)
+    written, used = kit_call(lambda: files.restore(ex, Path(source) if source else None, progress))
     if written.saved_as:
         click.echo(f"Your current file was saved as {written.saved_as}")
     click.echo(f"Restored {written.path} from {used} (the kit at {kit.root()})")
+    if progress.passed(ex.id) and not was_passed:
+        say_unsaved(progress, "that the exercise passed")
+        click.echo(f"Exercise {ex.id} is passed again: this is the file that passed before `ddp-grade reset {ex.id}`.")

@@ -55,8 +55,10 @@ def reset(ex: catalog.Exercise, progress: Progress) -> Written:
     return Written(path, saved)
 
 
-def restore(ex: catalog.Exercise, source: Path | None = None) -> tuple[Written, Path]:
-    """Put back a saved copy (the newest, or ``source``); the current file is copied aside first."""
+def restore(ex: catalog.Exercise, source: Path | None = None, progress: Progress | None = None) -> tuple[Written, Path]:
+    """Put back a saved copy (the newest, or ``source``); the current file is copied aside first. With
+    ``progress``: when the copy is the file that passed before ``reset``, the pass is back
+    (:meth:`Progress.restored`)."""
     if source is None:
         copies = kit.backups_of(ex)
         if not copies:
@@ -69,6 +71,8 @@ def restore(ex: catalog.Exercise, source: Path | None = None) -> tuple[Written, 
     path = kit.exercise_path(ex)
     saved = _save_current(path, unless_equal_to=text)
     kit.write_atomically(path, text)
+    if progress is not None:
+        progress.restored(ex.id, text)
     return Written(path, saved), Path(source)
 
 

@@ -355,9 +355,20 @@ def _bytes_right(g, events: list[dict], scenario: str, phase: str, world_size: i
                  f"{where}: its all-to-alls sent {sent} bytes off the rank; ({world_size} - 1) / {world_size} of q, "
                  f"{kv}k, {kv}v and the output ({heads}, {kv_heads}, {kv_heads} and {heads} heads of {CHUNK} positions, "
                  f"float64{'; gradients' if phase == 'backward' else ''}) is {want} bytes"
-                 + (f" ({sent / want:.2f} times that)" if want else ""), rank=rank, world_size=world_size)
+                 + (f" ({sent / want:.2f} times that)" if want else "") + "; " + _bytes_direction(sent, want),
+                 rank=rank, world_size=world_size)
         return False
     return True
+
+
+def _bytes_direction(sent: int, want: int) -> str:
+    """What sends too many bytes, or too few, said for the direction the count is off in."""
+    if sent > want:
+        return ("too many bytes: sending the whole local tensor to every rank (and slicing there) sends W - 1 times "
+                "too much; expanding k and v to every query head sends heads / kv_heads times too much")
+    return ("too few bytes: some tensor (q, k, v, the output, or in backward their gradients) did not go through an "
+            "all-to-all, went in a smaller dtype than float64, or k and v were not copied up to W heads where there "
+            "are fewer key/value heads than ranks")
 
 
 # --- memory -------------------------------------------------------------------------------------
