@@ -190,7 +190,9 @@ class Grading:
 
     def _stop_on_problems(self, outcome: WorldOutcome, expect_ok: bool) -> None:
         if outcome.timed_out:
-            raise Abort(diagnose.timeout_problem(outcome, self.timeout_s, self.path))
+            problem = diagnose.timeout_problem(outcome, self.timeout_s, self.path)
+            self._keep_stopped_timeline(outcome, "timed out")
+            raise Abort(problem)
         if expect_ok:
             self.stop_on_failures(outcome)
 
@@ -229,7 +231,27 @@ class Grading:
         """Stop the grading when any rank raised or ended early; the problem names the first cause."""
         problem = diagnose.failure_problem(outcome, self.path, single=single)
         if problem is not None:
+            if not single:
+                self._keep_stopped_timeline(outcome, "stopped: a rank failed")
             raise Abort(problem)
+
+    def _keep_stopped_timeline(self, outcome: WorldOutcome, why: str) -> None:
+        """The lanes of a run the grader stopped (a timeout, a crash), from what its ranks flushed as they went
+        (grader.timeline.stopped_run), as a timeline section: drawn in the page and under -v, each rank's
+        blocking call still under way marked. Nothing when the run's driver recorded none."""
+        from grader import timeline
+
+        if not outcome.run_dir:
+            return
+        now = time.monotonic()
+        started = now - float(outcome.seconds or 0.0) - float(outcome.start_s or 0.0)
+        try:
+            run = timeline.stopped_run(outcome.run_dir, outcome.world_size, window=(started, now),
+                                       label=f"world size {outcome.world_size}, {why}", problem=why)
+        except Exception:  # what the ranks wrote must never stop the report of why they stopped
+            run = None
+        if run is not None:
+            self.section(f"what each rank did over time: {run['label']}", timeline.summary(run), {timeline.KEY: run})
 
     def stop(self, message: str, *, status: str = FAILED, world_size: int | None = None,
              rank: int | None = None) -> None:

@@ -9,8 +9,9 @@ is not is left out and counted, never raised. The result is one *run*:
 ``{"version", "label", "world_size", "origin", "span", "shown", "draw", "ranks": [{"rank", "events",
 "dropped", "problem"}]}``: ``origin`` the run's earliest time on the machine's monotonic clock (to lay
 runs on one axis), ``span`` seconds from it to the last event's end, each event
-``{"kind", "op", "t0", "t1", "label", "bytes", "peer", "async", "thread"}`` with ``t0``/``t1`` in
-seconds from ``origin`` (fields that are empty are left out), ``shown`` whether the text report
+``{"kind", "op", "t0", "t1", "label", "bytes", "peer", "async", "thread", "by", "open"}`` with ``t0``/``t1`` in
+seconds from ``origin`` (fields that are empty are left out; ``by`` is "grader" for the grader's own calls,
+``open`` marks a call still under way when the run stopped), ``shown`` whether the text report
 draws the run without -v, ``draw`` the regions it draws (empty: all).
 
 A check module adds a run to the report as a section (:mod:`grader.checks.shared.timelines`); the
@@ -37,6 +38,7 @@ MAX_TEXT = 48  # characters of a label or an op
 MAX_BYTES = 2**50
 SLACK_S = 1.0  # a rank's clock reading may lie this far outside the grader's view of the run
 KEY = "timeline"  # the key of a run in a section's data, and of the snapshot in a driver's result
+GRADER = "grader"  # an event's "by": the grader's own call (grader.rank.rank_timeline.by_grader), not the learner's
 
 
 def clean_name(value, limit: int = MAX_TEXT) -> str:
@@ -89,6 +91,10 @@ def _event(raw, window: tuple[float, float] | None) -> dict | None:
     thread = _count(raw.get("thread"), MAX_THREADS)
     if thread:
         event["thread"] = thread
+    if raw.get("by") == GRADER:
+        event["by"] = GRADER
+    if raw.get("open") is True:
+        event["open"] = True
     return event
 
 
@@ -152,9 +158,13 @@ def _read_run(data) -> dict | None:
                       "problem": clean_name(r.get("problem"), 200)})
     span = max((e["t1"] for r in ranks for e in r["events"]), default=0.0)
     draw = data.get("draw") if isinstance(data.get("draw"), list) else []
-    return {"version": VERSION, "label": clean_name(data.get("label"), 120), "world_size": world_size or len(ranks),
-            "origin": origin, "span": span, "shown": data.get("shown") is True,
-            "draw": [clean_name(d) for d in draw[:32] if clean_name(d)], "ranks": ranks}
+    run = {"version": VERSION, "label": clean_name(data.get("label"), 120), "world_size": world_size or len(ranks),
+           "origin": origin, "span": span, "shown": data.get("shown") is True,
+           "draw": [clean_name(d) for d in draw[:32] if clean_name(d)], "ranks": ranks}
+    if data.get("stopped") is True:
+        run["stopped"] = True
+        run["problem"] = clean_name(data.get("problem"), 300)
+    return run
 
 
 def runs_in(sections) -> list[dict]:
@@ -210,12 +220,136 @@ def region_of(run: dict, r: dict, name: str) -> tuple[float, float]:
 
 
 def summary(run: dict) -> str:
-    """One line: what the run's ranks did, counted (the text under a timeline section's title)."""
+    """One line: what the run's ranks did, counted (the text under a timeline section's title); the grader's own
+    calls are not counted."""
     phases, messages, collectives = 0, 0, 0
     for r in run["ranks"]:
         for e in r["events"]:
+            if e.get("by") == GRADER:
+                continue
             phases += e["kind"] in PHASES
             messages += e["kind"] in ("send", "recv")
             collectives += e["kind"] == "collective"
     return (f"{len(run['ranks'])} ranks over {run['span'] * 1000:.1f} ms: {phases} forwards, backwards, steps and "
             f"saves; {messages} sends and receives; {collectives} collectives")
+
+
+# --- slot views: a schedule in unit time, as the checks measured it -------------------------------------------
+
+SLOT_KEY = "slot_view"  # the key of a slot view in a section's data
+MAX_SLOTS = 256  # cells a row shows
+MAX_CELL = 12  # characters of a cell
+
+
+def slot_view(orders: list[list[str]], slots: list[list[int]] | None = None, *, notes: list[str] | None = None,
+              caption: str = "") -> dict:
+    """A schedule as a table of time slots, for the page: one row per rank, cell ``slots[rank][i]`` holding
+    ``orders[rank][i]`` (e.g. "F3"), "" where the rank waits. Without ``slots`` (an order that does not fit unit
+    time) each rank's calls follow one another. ``notes[rank]``: what was measured on that rank (its peak).
+    A check puts it in a section's data under :data:`SLOT_KEY`; the page draws every one it finds."""
+    rows = []
+    for rank, order in enumerate(orders):
+        places = slots[rank] if slots is not None and rank < len(slots) else list(range(len(order)))
+        span = 1 + max(places, default=-1)
+        cells = [""] * min(span, MAX_SLOTS)
+        for label, place in zip(order, places):
+            if 0 <= place < len(cells):
+                cells[place] = str(label)
+        rows.append({"name": f"rank {rank}", "cells": cells,
+                     "note": str(notes[rank]) if notes is not None and rank < len(notes) else ""})
+    width = max((len(r["cells"]) for r in rows), default=0)
+    for r in rows:
+        r["cells"] += [""] * (width - len(r["cells"]))
+    return {"caption": caption, "rows": rows}
+
+
+def read_slot_view(data) -> dict | None:
+    """A slot view as a report holds it, checked (sizes bounded, text made safe); None when it is not one."""
+    try:
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            return None
+        rows = []
+        for r in data["rows"][:MAX_RANKS]:
+            if not isinstance(r, dict) or not isinstance(r.get("cells"), list):
+                continue
+            rows.append({"name": clean_name(r.get("name")), "note": clean_name(r.get("note"), 200),
+                         "cells": [clean_name(c, MAX_CELL) for c in r["cells"][:MAX_SLOTS]]})
+        return {"caption": clean_name(data.get("caption"), 300), "rows": rows} if rows else None
+    except Exception:  # anything at all: a renderer must not fail on a report
+        return None
+
+
+# --- a run the grader had to stop: what the ranks flushed as they went ------------------------------------------
+
+MAX_FLUSHED_BYTES = 4 << 20  # of one rank's file: the rest is not read
+MAX_LINE = 4096
+
+
+def read_flushed(path: str, stopped_at: float) -> dict | None:
+    """What a rank wrote to its flush file (grader.rank.rank_timeline.flush_name) before it was stopped, as a
+    record for :func:`from_ranks`: each event that ended, and each blocking call that had started and not ended,
+    as an event ``open`` until ``stopped_at``. The file is the submission's: read without following a link or
+    waiting on a pipe, at most MAX_FLUSHED_BYTES, each line parsed alone (a bad one is counted, never raised).
+    None when there is no such regular file."""
+    import json
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_FLUSHED_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    events, opened, dropped = [], {}, 0
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line[:MAX_LINE]) if len(line) <= MAX_LINE else None
+        except Exception:  # anything at all: a line is the submission's
+            item = None
+        if not isinstance(item, dict):
+            dropped += 1
+            continue
+        call = _count(item.get("call"), 1 << 40)
+        if item.get("open") is True:
+            if call is not None and len(opened) < MAX_EVENTS:
+                opened[call] = item
+            continue
+        if call is not None:
+            opened.pop(call, None)
+        if len(events) < MAX_EVENTS:
+            events.append({k: v for k, v in item.items() if k != "open"})
+        else:
+            dropped += 1
+    for item in opened.values():
+        t0 = _number(item.get("t0"))
+        if t0 is not None and t0 <= stopped_at:
+            events.append({**item, "t1": stopped_at, "open": True})
+    return {"events": events, "dropped": dropped}
+
+
+def stopped_run(run_dir: str, world_size: int, *, label: str, window: tuple[float, float],
+                problem: str = "") -> dict | None:
+    """The run of a world the grader stopped (a timeout, a crash), from the files its ranks flushed in ``run_dir``:
+    lanes up to the moment it stopped (``window[1]``), each rank's blocking calls still under way marked
+    ``open``; None when no rank flushed anything (a driver not recorded)."""
+    import os
+
+    records = [read_flushed(os.path.join(run_dir, f"rank{rank}.timeline"), window[1])
+               for rank in range(min(world_size, MAX_RANKS))]
+    if not any(isinstance(r, dict) and r["events"] for r in records):
+        return None
+    run = from_ranks(records, label=label, world_size=world_size, window=window, shown=False)
+    run["stopped"] = True
+    if problem:
+        run["problem"] = clean_name(problem, 300)
+    return run

@@ -17,7 +17,7 @@ from grader import timeline as T
 WIDTH = 80
 SYMBOLS = {"forward": "F", "backward": "B", "step": "O", "save": "S",
            "collective": "C", "send": ">", "recv": "<", "wait": "w"}
-LEGEND = "F forward B backward O step S save | C collective > send < recv w wait"
+LEGEND = "F forward B backward O step S save | C collective > send < recv w wait g grader"
 LANE_PREFIX = 9  # "  rank 0 "
 NUDGE = 2  # columns a phase may move right to stay apart from the one before it
 _IDLE = {0: ".", 1: " "}  # compute row, communication row
@@ -80,7 +80,7 @@ def _drawing(run: dict, part: dict, width: int) -> list[str]:
         for e in sorted((e for e in inside if e["kind"] not in T.PHASES), key=lambda e: e["t0"] - e["t1"]):
             first, last = place(e)
             for c in range(first, last + 1):
-                rows[1][c] = SYMBOLS[e["kind"]]
+                rows[1][c] = "g" if e.get("by") == T.GRADER else SYMBOLS[e["kind"]]
         lane = f"  rank {r['rank']}"[:LANE_PREFIX].ljust(LANE_PREFIX)
         lines.append(_fit(lane + "|" + "".join(rows[0]) + "|", width))
         lines.append(_fit(" " * LANE_PREFIX + "|" + "".join(rows[1]) + "|", width))
@@ -90,6 +90,8 @@ def _drawing(run: dict, part: dict, width: int) -> list[str]:
 
 def _counted(events: list[dict], dropped: int = 0, problem: str = "") -> str:
     """"4 forwards, 4 backwards | to 1: 4 x 1.0 KiB | from 1: 4 x 1.0 KiB | all_reduce x3 3.1 KiB | 4 waits"."""
+    graders = [e for e in events if e.get("by") == T.GRADER]
+    events = [e for e in events if e.get("by") != T.GRADER]  # the learner's counts are the learner's calls
     counts: dict[str, int] = {}
     for e in events:
         counts[e["kind"]] = counts.get(e["kind"], 0) + 1
@@ -111,6 +113,15 @@ def _counted(events: list[dict], dropped: int = 0, problem: str = "") -> str:
     parts += [f"{op} x{n} {_size(size)}" for op, (n, size) in ops.items()]
     if counts.get("wait"):
         parts.append(f"{counts['wait']} wait{'' if counts['wait'] == 1 else 's'}")
+    for e in events:
+        if e.get("open"):
+            toward = "" if "peer" not in e else f" {'from' if e['kind'] == 'recv' else 'to'} {e['peer']}"
+            parts.append(f"still in {e['op']}{toward} when the run stopped")
+    if graders:
+        own: dict[str, int] = {}
+        for e in graders:
+            own[e["op"]] = own.get(e["op"], 0) + 1
+        parts.append("the grader's own, not counted: " + ", ".join(f"{op} x{n}" for op, n in own.items()))
     if dropped:
         parts.append(f"{dropped} event{'' if dropped == 1 else 's'} not shown")
     if problem:
@@ -161,7 +172,8 @@ def section_text(section: dict, verbose: bool = False, width: int = WIDTH) -> st
 
 # --- Chrome trace event format ------------------------------------------------------------------------------
 
-_TRACK_ORDER = ("regions", "compute", "point-to-point", "collectives", "waits", "saves")
+GRADER_TRACK = "the grader's own calls"  # its checks' agreement between ranks, its barriers: not the learner's
+_TRACK_ORDER = ("regions", "compute", "point-to-point", "collectives", "waits", "saves", GRADER_TRACK)
 
 
 def chrome_trace(runs: list[dict], report: dict | None = None) -> dict:
@@ -181,12 +193,13 @@ def chrome_trace(runs: list[dict], report: dict | None = None) -> dict:
             out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
             tracks = {}
             for e in r["events"]:
-                track = T.TRACKS[e["kind"]]
+                track = GRADER_TRACK if e.get("by") == T.GRADER else T.TRACKS[e["kind"]]
                 tid = (_TRACK_ORDER.index(track) + 1) * 100 + e.get("thread", 0)
                 if tid not in tracks:
                     tracks[tid] = track + (f" (thread {e['thread']})" if e.get("thread") else "")
-                args = {k: e[k] for k in ("op", "label", "bytes", "peer", "async") if k in e}
-                out.append({"ph": "X", "name": _event_name(e), "cat": e["kind"], "pid": pid, "tid": tid,
+                args = {k: e[k] for k in ("op", "label", "bytes", "peer", "async", "by", "open") if k in e}
+                category = T.GRADER if e.get("by") == T.GRADER else e["kind"]
+                out.append({"ph": "X", "name": _event_name(e), "cat": category, "pid": pid, "tid": tid,
                             "ts": round(offset + e["t0"] * 1e6, 3), "dur": round((e["t1"] - e["t0"]) * 1e6, 3),
                             "args": args})
             for tid, name in sorted(tracks.items()):
@@ -196,6 +209,8 @@ def chrome_trace(runs: list[dict], report: dict | None = None) -> dict:
     other = {"generator": "ddp-grade"}
     if isinstance(report, dict):
         other.update({k: report.get(k) for k in ("exercise", "title", "path", "status")})
+        if isinstance(report.get("problem"), str) and report["problem"]:
+            other["problem"] = report["problem"]
         other["checks"] = [{"id": c.get("id"), "status": c.get("status")} for c in report.get("checks") or []
                            if isinstance(c, dict)]
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": other}
@@ -208,7 +223,7 @@ def _event_name(e: dict) -> str:
         peer = "any" if "peer" not in e else str(e["peer"])
         return f"{e['op']} {_size(e.get('bytes', 0))} {arrow} {peer}"
     if e["kind"] == "collective":
-        return f"{e['op']} {_size(e.get('bytes', 0))}"
+        return f"{'grader: ' if e.get('by') == T.GRADER else ''}{e['op']} {_size(e.get('bytes', 0))}"
     if e["kind"] == "wait":
         return f"wait {e['label']}" if e.get("label") else "wait"
     return e.get("label") or e["op"]
@@ -225,103 +240,281 @@ _STATUS = {"pass": "PASS", "fail": "FAIL", "error": "----", "skip": "SKIP", "not
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#fff}
 header{padding:12px 20px;border-bottom:1px solid #ddd}h1{font-size:18px;margin:0 0 4px}
+#problem{margin:8px 0;padding:8px 12px;border-left:4px solid #cf222e;background:#fff5f5}
+#problem pre{margin:0;white-space:pre-wrap;font:13px/1.4 monospace}
 main{display:flex;gap:20px;padding:12px 20px;align-items:flex-start}
 #timelines{flex:1 1 auto;min-width:0}#checks{flex:0 0 360px}
-.run h2,#checks h2{font-size:15px;margin:14px 0 6px}svg{display:block;width:100%;height:auto}
-.axis{font-size:10px;fill:#666}.lane-name{font-size:12px;fill:#222}.ev-text{font-size:9px;fill:#000;pointer-events:none}
+.run h2,.slots h2,#checks h2{font-size:15px;margin:18px 0 6px}svg{display:block}
+.axis{font-size:11px;fill:#666}.lane-name{font-size:12px;fill:#222}.ev-text{font-size:10px;fill:#000;pointer-events:none}
 .ev.forward{fill:#6baed6}.ev.backward{fill:#fd8d3c}.ev.step{fill:#74c476}.ev.save{fill:#9e9ac8}
 .ev.collective{fill:#e7298a}.ev.send{fill:#66a61e}.ev.recv{fill:#1b9e77}.ev.wait{fill:#bbb}
-.region{fill:#f3f3f3;stroke:#ccc}.region-name{font-size:10px;fill:#555}
+.ev.grader{fill:#ddd;stroke:#999;stroke-dasharray:2 2}.grader-text{font-size:10px;fill:#777;pointer-events:none}
+.ev.open{stroke:#cf222e;stroke-width:2}.stopped{stroke:#cf222e;stroke-dasharray:4 3}
+.hung-text{font-size:11px;fill:#cf222e;font-weight:bold}
+.region{fill:#f3f3f3;stroke:#ccc}.region-band{fill:#eef3fb;stroke:#9ab}.region-name{font-size:11px;fill:#234}
+.controls{font-size:12px;margin:2px 0 4px}.controls button{font-size:12px;margin:0 4px 4px 0}
+.counts{font:12px/1.35 monospace;white-space:pre-wrap;color:#333;margin:4px 0 0}
+table.slot-table{border-collapse:collapse;font:12px monospace;margin:4px 0}
+.slot-table th{text-align:left;padding:1px 8px 1px 0;font-weight:normal;white-space:nowrap}
+.slot-table td{border:1px solid #ddd;min-width:2.4em;text-align:center;padding:1px 2px}
+.slot-table td.idle{color:#bbb;background:#fafafa}.slot-table td.F{background:#deebf7}
+.slot-table td.B{background:#fdd0a2}.slot-table td.note{border:none;text-align:left;color:#555;white-space:nowrap}
+.slots pre{font:12px/1.35 monospace;white-space:pre-wrap;color:#333}.slot-wrap{overflow-x:auto}
 #checks ul{list-style:none;padding:0;margin:0}#checks li{padding:4px 0;border-bottom:1px solid #eee}
 .verdict{font:bold 12px monospace;margin-right:6px}.pass .verdict{color:#1a7f37}.fail .verdict{color:#cf222e}
 .skip .verdict{color:#0969da}.msg{white-space:pre-wrap;font-size:12px;color:#555;margin:2px 0 0 44px}
 .legend span{display:inline-block;margin-right:10px;font-size:12px}.legend i{display:inline-block;width:10px;
-height:10px;margin-right:3px;vertical-align:middle}
+height:10px;margin-right:3px;vertical-align:middle}.keys{font-size:12px;color:#555}
 """
 
-# Draws every run of the data as SVG lanes: one <g class="lane" data-run data-rank> per rank, one <rect class="ev
-# KIND" data-kind data-op data-label data-t0 data-t1 ...> per event. Text goes in with textContent only.
+# Draws every part of the data in order: a run as SVG lanes, one <g class="lane" data-run data-rank> per rank, one
+# <rect class="ev KIND" data-kind data-op data-label ...> per event (a region: a band), the regions' names in a row
+# above (<text class="region-name" data-region>); a slot view as a table, one <tr class="slot-row" data-rank> per
+# rank. Zoom and pan redraw at the same font size: the wheel or + and - over a run, the arrows, 0 for the whole
+# run; a button per region; "compute only" hides what was sent, received and waited for. Text goes in with
+# textContent only.
 _SCRIPT = r"""
 (function () {
   var NS = "http://www.w3.org/2000/svg";
   var ROWS = {forward: 0, backward: 0, step: 0, save: 0, collective: 1, send: 1, recv: 1, wait: 1};
   var data = JSON.parse(document.getElementById("timeline-data").textContent);
   var root = document.getElementById("timelines");
+  var views = [], active = null;
   function el(tag, attrs, parent) {
     var node = document.createElementNS(NS, tag);
     for (var k in attrs) node.setAttribute(k, String(attrs[k]));
     if (parent) parent.appendChild(node);
     return node;
   }
+  function html(tag, cls, parent, text) {
+    var node = document.createElement(tag);
+    if (cls) node.className = cls;
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
   function words(e) {
-    var s = e.kind + " " + e.op + (e.label ? " " + e.label : "");
+    var s = (e.by === "grader" ? "the grader's own " : "") + e.kind + " " + e.op + (e.label ? " " + e.label : "");
     if (e.bytes !== undefined) s += ", " + e.bytes + " bytes";
     if (e.peer !== undefined) s += (e.kind === "recv" ? " from rank " : " to rank ") + e.peer;
+    if (e.open) s += ", still waiting when the run stopped";
     return s + ", " + (e.t0 * 1000).toFixed(3) + "-" + (e.t1 * 1000).toFixed(3) + " ms";
   }
-  data.runs.forEach(function (run, index) {
-    var box = document.createElement("div");
-    box.className = "run";
-    box.setAttribute("data-run", index);
-    var title = document.createElement("h2");
-    title.textContent = run.label + " (" + (run.span * 1000).toFixed(1) + " ms)";
-    box.appendChild(title);
-    root.appendChild(box);
-    var W = 1000, left = 70, laneH = 34, top = 22, span = run.span > 0 ? run.span : 1e-6;
-    var height = top + run.ranks.length * laneH + 8;
-    var svg = el("svg", {viewBox: "0 0 " + W + " " + height, "class": "run-svg"}, box);
-    function x(t) { return left + (W - left - 10) * t / span; }
+  function ms(t) { return (t * 1000).toFixed(t < 0.01 ? 3 : 2) + " ms"; }
+  function draw(view) {
+    var run = view.run, svg = view.svg, span = run.span > 0 ? run.span : 1e-6;
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    var W = Math.max(view.box.clientWidth || 1000, 400), left = 64, right = 10, laneH = view.computeOnly ? 24 : 40;
+    var regionsRow = view.regions.length ? 18 : 0, top = 18 + regionsRow;
+    var height = top + run.ranks.length * laneH + 6;
+    svg.setAttribute("width", W); svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", "0 0 " + W + " " + height);
+    var a = view.a, b = view.b, plot = W - left - right;
+    function x(t) { return left + plot * (t - a) / (b - a); }
+    var clip = el("clipPath", {id: "clip-" + view.index}, el("defs", {}, svg));
+    el("rect", {x: left, y: 0, width: plot, height: height}, clip);
     for (var i = 0; i <= 4; i++) {
-      var t = span * i / 4;
-      var anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
-      var tick = el("text", {x: x(t), y: 12, "class": "axis", "text-anchor": anchor}, svg);
-      tick.textContent = (t * 1000).toFixed(2) + " ms";
+      var t = a + (b - a) * i / 4;
+      var tick = el("text", {x: left + plot * i / 4, y: 12, "class": "axis",
+                             "text-anchor": i === 0 ? "start" : i === 4 ? "end" : "middle"}, svg);
+      tick.textContent = ms(t);
     }
+    var body = el("g", {"clip-path": "url(#clip-" + view.index + ")"}, svg);
+    view.regions.forEach(function (p) {
+      var x0 = x(p.t0), w = Math.max(x(p.t1) - x0, 1);
+      el("rect", {x: x0, y: 16, width: w, height: regionsRow - 2, "class": "region-band"}, body);
+      var name = el("text", {x: Math.max(x0, left) + 3, y: 16 + regionsRow - 6, "class": "region-name",
+                             "data-region": p.label}, body);
+      var room = Math.max(0, Math.floor((Math.min(x0 + w, left + plot) - Math.max(x0, left) - 6) / 6.5));
+      name.textContent = p.label.length <= room ? p.label : room > 3 ? p.label.slice(0, room - 1) + "\u2026" : "";
+      el("title", {}, name).textContent = "region " + p.label;
+    });
     run.ranks.forEach(function (rank, row) {
       var y = top + row * laneH;
-      var lane = el("g", {"class": "lane", "data-run": index, "data-rank": rank.rank}, svg);
-      var name = el("text", {x: 4, y: y + 18, "class": "lane-name"}, lane);
+      var lane = el("g", {"class": "lane", "data-run": view.index, "data-rank": rank.rank}, svg);
+      var name = el("text", {x: 4, y: y + 16, "class": "lane-name"}, lane);
       name.textContent = "rank " + rank.rank;
+      var inner = el("g", {"clip-path": "url(#clip-" + view.index + ")"}, lane);
       rank.events.forEach(function (e) {
         var x0 = x(e.t0), w = Math.max(x(e.t1) - x0, 1);
         if (e.kind === "region") {
           var band = el("rect", {x: x0, y: y, width: w, height: laneH - 4, "class": "region", "data-kind": "region",
-                                 "data-label": e.label || ""}, lane);
+                                 "data-label": e.label || ""}, inner);
           el("title", {}, band).textContent = "region " + (e.label || "");
           return;
         }
         var r = ROWS[e.kind] || 0;
-        var attrs = {x: x0, y: y + 2 + r * 15, width: w, height: 13, "class": "ev " + e.kind, "data-kind": e.kind,
+        var hidden = view.computeOnly && r === 1;
+        var cls = "ev " + e.kind + (e.by === "grader" ? " grader" : "") + (e.open ? " open" : "");
+        var attrs = {x: x0, y: y + 2 + r * 17, width: w, height: hidden ? 0 : 14, "class": cls, "data-kind": e.kind,
                      "data-op": e.op, "data-label": e.label || "", "data-t0": e.t0, "data-t1": e.t1};
         if (e.bytes !== undefined) attrs["data-bytes"] = e.bytes;
         if (e.peer !== undefined) attrs["data-peer"] = e.peer;
-        var rect = el("rect", attrs, lane);
+        if (e.by) attrs["data-by"] = e.by;
+        if (e.open) attrs["data-open"] = "true";
+        var rect = el("rect", attrs, inner);
         el("title", {}, rect).textContent = words(e);
-        if (e.label && w > 14) {
-          var tag = el("text", {x: x0 + 2, y: y + 12 + r * 15, "class": "ev-text"}, lane);
-          tag.textContent = e.label;
+        if (hidden) return;
+        var text = e.by === "grader" ? "grader: " + e.op : e.open ? "" : e.label;
+        if (text && w > 6.5 * Math.min(text.length, 3)) {
+          var tag = el("text", {x: x0 + 2, y: y + 13 + r * 17, "class": e.by === "grader" ? "grader-text" : "ev-text"},
+                       inner);
+          tag.textContent = text.length * 6.5 <= w ? text : text.slice(0, Math.max(1, Math.floor(w / 6.5) - 1)) + "\u2026";
+        }
+        if (e.open) {
+          var note = el("text", {x: Math.min(x0 + 2, left + plot - 4), y: y + 13 + r * 17, "class": "hung-text",
+                                 "data-hung": rank.rank}, inner);
+          note.textContent = "last call: " + e.op + (e.peer !== undefined ? (e.kind === "recv" ? " from " : " to ") +
+                             e.peer : "") + ", still waiting";
         }
       });
+      if (rank.stopped !== undefined) {
+        var sx = x(rank.stopped);
+        el("line", {x1: sx, x2: sx, y1: y, y2: y + laneH - 4, "class": "stopped"}, inner);
+      }
     });
+  }
+  function zoom(view, factor, at) {
+    var a = view.a, b = view.b, t = at === undefined ? (a + b) / 2 : at;
+    var span = view.run.span > 0 ? view.run.span : 1e-6;
+    var width = Math.min(span, Math.max(span * 1e-4, (b - a) * factor));
+    var na = t - (t - a) * width / (b - a);
+    view.a = Math.max(0, Math.min(na, span - width)); view.b = view.a + width;
+    draw(view);
+  }
+  function pan(view, share) {
+    var span = view.run.span > 0 ? view.run.span : 1e-6, width = view.b - view.a;
+    view.a = Math.max(0, Math.min(view.a + width * share, span - width)); view.b = view.a + width;
+    draw(view);
+  }
+  function show(view, a, b) { view.a = a; view.b = b; draw(view); }
+  var runIndex = 0;
+  data.parts.forEach(function (part) {
+    if (part.kind === "slots") {
+      var box = html("div", "slots", root);
+      html("h2", "", box, part.title);
+      if (part.view.caption) html("p", "caption", box, part.view.caption);
+      var wrap = html("div", "slot-wrap", box);
+      var table = html("table", "slot-table", wrap);
+      part.view.rows.forEach(function (row) {
+        var tr = html("tr", "slot-row", table);
+        tr.setAttribute("data-rank", row.name);
+        html("th", "", tr, row.name);
+        row.cells.forEach(function (cell) {
+          html("td", cell ? cell.charAt(0) : "idle", tr, cell || ".");
+        });
+        if (row.note) html("td", "note", tr, row.note);
+      });
+      if (part.text) html("pre", "summary", box, part.text);
+      return;
+    }
+    var run = part.run, index = runIndex++;
+    var box = html("div", "run", root);
+    box.setAttribute("data-run", index);
+    box.tabIndex = 0;
+    html("h2", "", box, (part.title || run.label) + " (" + (run.span * 1000).toFixed(1) + " ms)");
+    var controls = html("div", "controls", box);
+    var view = {index: index, run: run, box: box, a: 0, b: run.span > 0 ? run.span : 1e-6, computeOnly: false,
+                regions: part.regions || []};
+    var whole = html("button", "", controls, "whole run");
+    whole.onclick = function () { show(view, 0, view.run.span > 0 ? view.run.span : 1e-6); };
+    view.regions.forEach(function (p) {
+      var button = html("button", "", controls, p.label);
+      button.setAttribute("data-region", p.label);
+      button.onclick = function () {
+        var pad = (p.t1 - p.t0) * 0.02;
+        show(view, Math.max(0, p.t0 - pad), Math.min(view.run.span, p.t1 + pad) || 1e-6);
+      };
+    });
+    var label = html("label", "", controls);
+    var tick = html("input", "", label);
+    tick.type = "checkbox";
+    label.appendChild(document.createTextNode(" compute only"));
+    tick.onchange = function () { view.computeOnly = tick.checked; draw(view); };
+    view.svg = el("svg", {"class": "run-svg"}, box);
+    if (part.counts && part.counts.length) html("pre", "counts", box, part.counts.join("\n"));
+    box.addEventListener("mouseenter", function () { active = view; });
+    box.addEventListener("focus", function () { active = view; });
+    view.svg.addEventListener("wheel", function (ev) {
+      ev.preventDefault();
+      var rect = view.svg.getBoundingClientRect(), left = 64, plot = rect.width - left - 10;
+      var at = view.a + (view.b - view.a) * Math.min(1, Math.max(0, (ev.clientX - rect.left - left) / plot));
+      zoom(view, ev.deltaY < 0 ? 0.8 : 1.25, at);
+    }, {passive: false});
+    views.push(view);
+    draw(view);
   });
-  document.body.setAttribute("data-drawn", String(data.runs.length));
+  document.addEventListener("keydown", function (ev) {
+    var view = active || views[0];
+    if (!view) return;
+    if (ev.key === "+" || ev.key === "=") zoom(view, 0.8);
+    else if (ev.key === "-" || ev.key === "_") zoom(view, 1.25);
+    else if (ev.key === "ArrowLeft") pan(view, -0.2);
+    else if (ev.key === "ArrowRight") pan(view, 0.2);
+    else if (ev.key === "0") show(view, 0, view.run.span > 0 ? view.run.span : 1e-6);
+    else return;
+    ev.preventDefault();
+  });
+  window.addEventListener("resize", function () { views.forEach(draw); });
+  document.body.setAttribute("data-drawn", String(views.length));
 })();
 """
 
 
+def _text(value, limit: int = 6000) -> str:
+    """A section's text (several lines) made safe: printable ASCII and newlines, at most ``limit`` characters."""
+    if not isinstance(value, str):
+        return ""
+    return "\n".join(T.clean_name(line, 400) for line in value[:limit].splitlines())
+
+
+def page_parts(runs: list[dict], report: dict) -> list[dict]:
+    """What the page draws, in the report's order: each run (its lanes, its regions, each rank's counts) under
+    its section's title, and each slot view a check measured (:data:`grader.timeline.SLOT_KEY`) with the
+    section's text. Runs handed in that no section holds come first."""
+    parts = []
+    sections = report.get("sections") if isinstance(report.get("sections"), list) else []
+    in_sections = []
+    for section in sections:
+        if not isinstance(section, dict) or not isinstance(section.get("data"), dict):
+            continue
+        data, title = section["data"], T.clean_name(section.get("title"), 200)
+        if T.KEY in data:
+            run = T.read_run(data[T.KEY])
+            if run is not None:
+                in_sections.append(run)
+                parts.append(_run_part(run, title))
+        view = T.read_slot_view(data.get(T.SLOT_KEY))
+        if view is not None:
+            parts.append({"kind": "slots", "title": title, "view": view, "text": _text(section.get("text"))})
+    alone = [run for run in runs if not any(run is r or run == r for r in in_sections)]
+    return [_run_part(run, run["label"]) for run in alone] + parts
+
+
+def _run_part(run: dict, title: str) -> dict:
+    counts = []
+    for r in run["ranks"]:
+        counts += _wrap(f"rank {r['rank']}: " + _counted(r["events"], r["dropped"], r["problem"]), 110)
+    return {"kind": "run", "title": title, "run": run, "regions": T.regions(run), "counts": counts}
+
+
 def html_page(runs: list[dict], report: dict | None = None) -> str:
     """One page, nothing fetched (no network, no CDN: a Content-Security-Policy forbids it): the runs drawn
-    as lanes by the page's own script, the check verdicts beside them. ``report``: ``Report.to_dict()``."""
+    as lanes by the page's own script, the slot views the checks measured, the check verdicts beside them and
+    the report's problem (``report["problem"]``, as the terminal says it) at the top. ``report``:
+    ``Report.to_dict()``, with ``problem`` added."""
     runs = [r for r in (T.read_run(run) for run in runs) if r is not None]
     report = report if isinstance(report, dict) else {}
     title = f"Exercise {report.get('exercise')}: {report.get('title')}" if report.get("exercise") else "ddp-grade"
-    payload = json.dumps({"runs": runs}).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") \
-        .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    parts = page_parts(runs, report)
+    payload = json.dumps({"parts": parts}).replace("<", "\\u003c").replace(">", "\\u003e") \
+        .replace("&", "\\u0026").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     legend = "".join(f'<span><i class="ev {k}" style="background:{c}"></i>{html.escape(w)}</span>'
                      for k, c, w in (("forward", "#6baed6", "forward"), ("backward", "#fd8d3c", "backward"),
                                      ("step", "#74c476", "optimizer step"), ("save", "#9e9ac8", "save"),
                                      ("collective", "#e7298a", "collective"), ("send", "#66a61e", "send"),
-                                     ("recv", "#1b9e77", "receive"), ("wait", "#bbb", "wait")))
+                                     ("recv", "#1b9e77", "receive"), ("wait", "#bbb", "wait"),
+                                     ("grader", "#ddd", "the grader's own calls (not yours)")))
     checks = []
     for c in report.get("checks") or []:
         if not isinstance(c, dict):
@@ -335,13 +528,16 @@ def html_page(runs: list[dict], report: dict | None = None) -> str:
     counts = report.get("counts") if isinstance(report.get("counts"), dict) else {}
     head = " &middot; ".join(html.escape(str(x)) for x in (report.get("path", ""), report.get("status", ""),
                                                             f"{counts.get('pass', 0)} checks passed") if x)
-    empty = "" if runs else "<p>No rank recorded a timeline in this grading.</p>"
+    problem = report.get("problem") if isinstance(report.get("problem"), str) else ""
+    problem_html = f'<div id="problem"><pre>{html.escape(problem)}</pre></div>' if problem else ""
+    empty = "" if parts else "<p>No rank recorded a timeline in this grading.</p>"
     return (
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "script-src 'unsafe-inline'\">"
         f"<title>{html.escape(title)}: what each rank did</title><style>{_STYLE}</style></head><body>"
-        f"<header><h1>{html.escape(title)}</h1><p>{head}</p><p class=\"legend\">{legend}</p></header>"
+        f"<header><h1>{html.escape(title)}</h1><p>{head}</p>{problem_html}<p class=\"legend\">{legend}</p>"
+        "<p class=\"keys\">Over a run: the wheel or + and - zoom, the arrows pan, 0 shows the whole run.</p></header>"
         f"<main><section id=\"timelines\">{empty}</section>"
         f"<aside id=\"checks\"><h2>Checks</h2><ul>{''.join(checks)}</ul></aside></main>"
         f"<script type=\"application/json\" id=\"timeline-data\">{payload}</script>"
@@ -350,11 +546,29 @@ def html_page(runs: list[dict], report: dict | None = None) -> str:
         "</body></html>\n")
 
 
+def where_written(path: str, runs: int) -> str:
+    """The one line --trace says: the file, what it holds and how to open it."""
+    import os
+
+    shown = os.path.abspath(path)
+    lanes = f"{runs} run{'' if runs == 1 else 's'}"
+    if _is_page(path):
+        from pathlib import Path
+
+        return f"ddp-grade: wrote {shown} ({lanes}): open it in a browser ({Path(shown).as_uri()})."
+    return (f"ddp-grade: wrote {shown} ({lanes}), a Chrome trace: open it in Perfetto (https://ui.perfetto.dev, "
+            "Open trace file) or chrome://tracing.")
+
+
+def _is_page(path) -> bool:
+    return str(path).lower().endswith((".html", ".htm"))
+
+
 def write(path: str, report: dict) -> int:
     """The timelines of ``report`` (``Report.to_dict()``) into ``path``: a page when it ends in .html, else the
     Chrome trace JSON. Returns how many runs it holds; OSError when the file cannot be written."""
     runs = T.runs_in(report.get("sections") if isinstance(report, dict) else None)
-    body = html_page(runs, report) if str(path).lower().endswith((".html", ".htm")) else trace_json(runs, report)
+    body = html_page(runs, report) if _is_page(path) else trace_json(runs, report)
     with open(path, "w", encoding="utf-8") as f:
         f.write(body)
     return len(runs)

@@ -164,13 +164,89 @@ def test_grade_with_trace_writes_the_json_or_the_page_and_exit_2_when_it_cannot(
     def grade(*args):
         return run(cli.main, [str(ROOT / "solutions" / "13_pipeline.py"), "--no-server", *args], catch_exceptions=False)
 
-    assert grade("--trace", str(tmp_path / "t.json")).exit_code == 0
+    result = grade("--trace", str(tmp_path / "t.json"))
+    assert result.exit_code == 0
     trace = json.loads((tmp_path / "t.json").read_text())
     assert {e["pid"] for e in trace["traceEvents"]} == {0, 1}
-    assert grade("--trace", str(tmp_path / "t.html")).exit_code == 0
+    said = [ln for ln in result.output.splitlines() if str(tmp_path / "t.json") in ln]
+    assert len(said) == 1 and "Perfetto" in said[0] and "1 run" in said[0]
+    result = grade("--trace", str(tmp_path / "t.html"))
+    assert result.exit_code == 0
     assert (tmp_path / "t.html").read_text().startswith("<!doctype html>")
+    said = [ln for ln in result.output.splitlines() if str(tmp_path / "t.html") in ln]
+    assert len(said) == 1 and "browser" in said[0] and (tmp_path / "t.html").as_uri() in said[0]
     result = grade("--trace", str(tmp_path / "missing" / "t.json"))
     assert result.exit_code == 2 and "cannot write" in result.output and "Traceback" not in result.output
+
+
+def test_the_graders_own_calls_are_marked_apart_in_the_text_the_trace_and_the_page_and_not_counted():
+    records = hand_made(2)["ranks"]
+    raw = []
+    for r in records:
+        events = [dict(e, t0=e["t0"] + 100.0, t1=e["t1"] + 100.0) for e in r["events"]]
+        events.append(_event("collective", 100.046, 100.047, op="all_reduce", bytes=4, by="grader"))
+        events.append(_event("collective", 100.047, 100.048, op="barrier", by="someone else"))  # only "grader" marks
+        raw.append({"events": events})
+    run = T.from_ranks(raw, label="with the grader's", world_size=2, window=(99.0, 101.0), shown=True)
+    mine = [e for e in run["ranks"][0]["events"] if e.get("by") == "grader"]
+    assert [e["op"] for e in mine] == ["all_reduce"]
+    drawing = V.text(run)
+    assert "all_reduce x1 4.0 KiB" in drawing and "all_reduce x2" not in drawing  # the learner's one, alone
+    assert "the grader's own, not counted: all_reduce x1" in drawing and "barrier x1" in drawing
+    lines = drawing.splitlines()
+    communication = lines[lines.index(next(ln for ln in lines if ln.startswith("  rank 0 |"))) + 1]
+    assert "g" in communication and "C" in communication
+    assert "4 collectives" in T.summary(run)  # 2 ranks x (the learner's all_reduce and the unmarked barrier)
+    trace = V.chrome_trace([run])
+    graders = [e for e in trace["traceEvents"] if e.get("cat") == "grader"]
+    assert len(graders) == 2 and all(e["args"]["by"] == "grader" and e["name"].startswith("grader: ") for e in graders)
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert {tracks[(e["pid"], e["tid"])] for e in graders} == {V.GRADER_TRACK}
+    page = V.html_page([run], {})
+    assert '"by": "grader"' in page and "the grader&#x27;s own calls (not yours)" in page
+
+
+def test_a_stopped_run_is_read_from_what_the_ranks_flushed_bounded_and_its_open_calls_marked(tmp_path):
+    rank0 = [{"kind": "forward", "op": "forward", "t0": 100.0, "t1": 100.01, "label": "F0"},
+             {"kind": "send", "op": "send", "t0": 100.01, "t1": 100.01, "peer": 1, "bytes": 64, "open": True, "call": 1},
+             {"kind": "send", "op": "send", "t0": 100.01, "t1": 100.02, "peer": 1, "bytes": 64, "call": 1},
+             {"kind": "recv", "op": "recv", "t0": 100.02, "t1": 100.02, "peer": 1, "bytes": 64, "open": True, "call": 2}]
+    (tmp_path / "rank0.timeline").write_bytes(
+        b"\n".join(json.dumps(e).encode() for e in rank0) + b"\nnot json\n[1, 2]\n" + b"{" * 5000 + b"\n")
+    (tmp_path / "rank1.timeline").symlink_to("/dev/zero")  # a link is not followed
+    os.mkfifo(tmp_path / "rank2.timeline")  # nor is a pipe waited on
+    run = T.stopped_run(str(tmp_path), 4, label="world size 4, timed out", window=(99.0, 100.5), problem="timed out")
+    assert run["stopped"] is True and run["problem"] == "timed out"
+    first = run["ranks"][0]
+    assert [(e["kind"], e.get("open", False)) for e in first["events"]] == [
+        ("forward", False), ("send", False), ("recv", True)]
+    assert first["events"][-1]["t1"] == pytest.approx(0.5) and first["dropped"] == 3
+    assert [r["problem"] for r in run["ranks"][1:]] == ["no timeline came back from this rank"] * 3
+    assert T.read_run(run)["stopped"] is True
+    drawing = V.text(run)
+    assert "still in recv from 1 when the run stopped" in drawing
+    page = V.html_page([run], {"problem": "Timed out: rank 0 waits in recv from rank 1", "sections": []})
+    assert '<div id="problem"><pre>Timed out: rank 0 waits in recv from rank 1</pre></div>' in page
+    assert V.chrome_trace([run], {"problem": "Timed out"})["otherData"]["problem"] == "Timed out"
+    assert T.stopped_run(str(tmp_path / "none"), 2, label="x", window=(0.0, 1.0)) is None
+
+
+def test_a_slot_view_is_read_bounded_and_the_page_holds_it_with_its_section_text():
+    view = T.slot_view([["F0", "F1", "B0", "B1"], ["F0", "B0", "F1", "B1"]], [[0, 1, 3, 5], [1, 2, 3, 4]],
+                       notes=["peak: 2", "peak: 1"], caption="unit slots")
+    assert view["rows"][0]["cells"] == ["F0", "F1", "", "B0", "", "B1"]
+    assert view["rows"][1]["cells"] == ["", "F0", "B0", "F1", "B1", ""]
+    assert T.read_slot_view(view) == view
+    hostile = {"rows": [{"name": "<b>", "cells": ["x" * 100] * (T.MAX_SLOTS + 5), "note": 3}, "x"], "caption": None}
+    read = T.read_slot_view(hostile)
+    assert len(read["rows"]) == 1 and len(read["rows"][0]["cells"]) == T.MAX_SLOTS
+    assert all(len(c) <= T.MAX_CELL for c in read["rows"][0]["cells"])
+    for bad in (None, 3, {"rows": "x"}, {"rows": []}):
+        assert T.read_slot_view(bad) is None
+    report = {"sections": [{"title": "the 1f1b schedule as each rank ran it", "text": "idle: 25% </pre><b>",
+                            "data": {T.SLOT_KEY: view}}]}
+    page = V.html_page([], report)
+    assert '"kind": "slots"' in page and "the 1f1b schedule as each rank ran it" in page and "</pre><b>" not in page
 
 
 # --- real gradings --------------------------------------------------------------------------------------------
@@ -184,7 +260,12 @@ def graded(session):
     files = {"13": ROOT / "solutions" / "13_pipeline.py", "13-gpipe": VARIANTS / "13_1f1b_runs_gpipe.py",
              "08": ROOT / "solutions" / "08_bucketed.py", "08-after": VARIANTS / "08_sync_after_backward.py",
              "16": ROOT / "solutions" / "16_ring_attention.py", "16-gather": VARIANTS / "16_all_gather_kv.py"}
-    return {key: grade_file(str(path), session, GradeOptions(world_size=2, timeout_s=120)) for key, path in files.items()}
+    graded = {key: grade_file(str(path), session, GradeOptions(world_size=2, timeout_s=120))
+              for key, path in files.items()}
+    # A 1F1B whose blocking sends deadlock: gpipe passes, then the grader stops the hung run at its deadline.
+    graded["13-hung"] = grade_file(str(VARIANTS / "13_1f1b_blocking_sends.py"), session,
+                                   GradeOptions(world_size=2, timeout_s=15))
+    return graded
 
 
 def _run(report, label: str) -> dict:
@@ -232,50 +313,140 @@ def _chromium() -> str | None:
 
 
 class _Lanes(HTMLParser):
-    """The drawn lanes of a page's DOM: {(run, rank): [(kind, label), ...]} and the checks listed."""
+    """The drawn lanes of a page's DOM: {(run, rank): [(kind, label), ...]}, the checks listed, the slot rows of
+    each schedule's table, the region names drawn, the calls marked still open, the problem at the top."""
 
     def __init__(self):
         super().__init__()
         self.lanes: dict = {}
         self.checks: list = []
+        self.slot_rows: dict = {}
+        self.regions: list = []
+        self.region_buttons: list = []
+        self.open: dict = {}
+        self.problem = ""
         self._lane = None
+        self._depth = 0
+        self._heading = ""
+        self._text = None  # where the text now read goes
+        self._cell = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "g" and a.get("class") == "lane":
             self._lane = (int(a["data-run"]), int(a["data-rank"]))
-            self.lanes[self._lane] = []
+            self.lanes[self._lane], self.open[self._lane], self._depth = [], [], 0
+        elif tag == "g" and self._lane is not None:
+            self._depth += 1
         elif tag == "rect" and self._lane is not None and a.get("data-kind"):
             self.lanes[self._lane].append((a["data-kind"], a.get("data-label", "")))
+            if a.get("data-open") == "true":
+                self.open[self._lane].append(a["data-kind"])
         elif tag == "li" and "data-check" in a:
             self.checks.append((a["data-check"], a.get("class")))
+        elif tag == "h2":
+            self._heading, self._text = "", "heading"
+        elif tag == "tr" and a.get("class") == "slot-row":
+            schedule = self._heading.split()[1] if self._heading.startswith("the ") else self._heading
+            self.slot_rows.setdefault(schedule, []).append([])
+        elif tag == "td" and self.slot_rows and "note" not in (a.get("class") or ""):
+            self._cell = True
+        elif tag == "text" and a.get("class") == "region-name":
+            self.regions.append(a.get("data-region"))
+        elif tag == "button" and a.get("data-region"):
+            self.region_buttons.append(a["data-region"])
+        elif tag == "div" and a.get("id") == "problem":
+            self._text = "problem"
+
+    def handle_data(self, data):
+        if self._text == "heading":
+            self._heading += data
+        elif self._text == "problem":
+            self.problem += data
+        if self._cell:
+            row = next(reversed(self.slot_rows.values()))[-1]
+            row.append(data.strip())
+            self._cell = False
 
     def handle_endtag(self, tag):
-        if tag == "g":
-            self._lane = None
+        if tag == "g" and self._lane is not None:
+            if self._depth:
+                self._depth -= 1
+            else:
+                self._lane = None
+        elif tag in ("h2", "div"):
+            self._text = None
 
 
-@pytest.mark.slow
-def test_the_page_of_13_opened_in_headless_chromium_draws_every_lane_of_the_record(graded, tmp_path):
+def _browse(page, tmp_path) -> str:
+    """The DOM of ``page`` once headless Chromium has run its script."""
     browser = _chromium()
     if browser is None:
         pytest.skip("no Chromium here (Debian: apt-get install chromium)")
-    report = graded["13"].to_dict()
-    page = tmp_path / "t.html"
-    V.write(str(page), report)
+    profile = tmp_path / f"profile-{page.stem}"
     dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                           "--disable-component-update", "--disable-sync", "--no-first-run",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                          f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
     assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout
+
+
+def _report_data(report) -> dict:
+    """What `ddp-grade --trace` writes from: the report's data and its problem in the terminal's words."""
+    from grader.report import problem_of
+
+    return {**report.to_dict(), "problem": problem_of(report) or ""}
+
+
+@pytest.mark.slow
+def test_the_page_of_13_opened_in_headless_chromium_draws_every_lane_the_slot_rows_and_the_region_names(
+        graded, tmp_path):
+    report = _report_data(graded["13"])
+    page = tmp_path / "t.html"
+    V.write(str(page), report)
+    dom = _browse(page, tmp_path)
     found = _Lanes()
-    found.feed(dom.stdout)
+    found.feed(dom)
     runs = T.runs_in(report["sections"])
-    assert 'data-drawn="4"' in dom.stdout and len(found.lanes) == sum(len(run["ranks"]) for run in runs)
+    assert 'data-drawn="4"' in dom and len(found.lanes) == sum(len(run["ranks"]) for run in runs)
     for index, run in enumerate(runs):
         for r in run["ranks"]:
             assert found.lanes[(index, r["rank"])] == [(e["kind"], e.get("label", "")) for e in r["events"]]
     assert found.checks == [(c["id"], c["status"]) for c in report["checks"]]
+    # The schedule as the text report draws it: one row of slots per rank, F0 F1 ... in the cells.
+    for schedule in ("gpipe", "1f1b"):
+        section = next(s for s in report["sections"] if s["title"] == f"the {schedule} schedule as each rank ran it")
+        written = [ln.split()[2:] for ln in section["text"].splitlines() if ln.startswith("  rank ")]
+        written = [cells[:cells.index("(peak:")] for cells in written]
+        assert found.slot_rows[schedule] == written and len(written) == max(run["world_size"] for run in runs)
+        assert found.slot_rows[schedule][0][:2] == ["F0", "F1"]
+    # Each region's name drawn on the lanes (not only in a hover title), and a button to view it alone.
+    names = {p["label"] for run in runs for p in T.regions(run)}
+    assert names and names <= set(found.regions) and names <= set(found.region_buttons)
+    assert "the step of 4 micro-batches" in names
+
+
+@pytest.mark.slow
+def test_a_deadlocking_13_writes_a_page_holding_its_hung_runs_lanes_and_the_problem(graded, tmp_path):
+    report = _report_data(graded["13-hung"])
+    assert report["status"] == "timeout" and "timed out" in report["problem"].lower()
+    hung = [run for run in T.runs_in(report["sections"]) if run.get("stopped")]
+    assert [run["label"] for run in hung] == ["world size 2, timed out"]
+    open_calls = {r["rank"]: [e for e in r["events"] if e.get("open")] for r in hung[0]["ranks"]}
+    assert all(open_calls[rank] and open_calls[rank][-1]["kind"] in ("send", "recv") for rank in (0, 1)), open_calls
+    assert any(e["kind"] == "forward" for r in hung[0]["ranks"] for e in r["events"])  # its lanes up to the stop
+    page = tmp_path / "hung.html"
+    V.write(str(page), report)
+    dom = _browse(page, tmp_path)
+    found = _Lanes()
+    found.feed(dom)
+    assert found.problem.strip() == report["problem"].strip() and "timed out" in found.problem.lower()
+    index = T.runs_in(report["sections"]).index(hung[0])
+    assert {rank for (run, rank), marks in found.open.items() if run == index and marks} == {0, 1}
+    trace = json.loads(V.trace_json(T.runs_in(report["sections"]), report))
+    assert "timed out" in trace["otherData"]["problem"].lower()
+    assert "still in " in V.text(hung[0])  # -v prints the same lanes, each rank's last call named
 
 
 @pytest.mark.slow
@@ -335,3 +506,19 @@ def test_33_a_blocking_save_shows_no_write_going_on_while_training_does(grade):
     for rank in range(runs[0]["world_size"]):
         with pytest.raises(AssertionError):
             _saves_write_while_training_goes_on(runs[0], rank)
+
+
+@pytest.mark.slow
+def test_37s_trace_and_page_mark_the_graders_all_reduce_after_each_push_apart_from_the_learners_messages(grade):
+    report = grade(ROOT / "solutions" / "37_weight_sync.py")
+    data = report.to_dict()
+    runs = T.runs_in(data["sections"])
+    slices = [e for e in V.chrome_trace(runs, data)["traceEvents"] if e.get("ph") == "X"]
+    graders = [e for e in slices if e["cat"] == "grader"]
+    assert graders and {e["args"]["op"] for e in graders} == {"all_reduce"}
+    assert [e for e in slices if e["cat"] == "collective"] == []  # the push itself: sends and receives only
+    assert any(e["cat"] in ("send", "recv") for e in slices)
+    for run in runs:
+        for r in run["ranks"]:
+            counted = V._counted(r["events"])
+            assert "all_reduce x" not in counted.split("the grader's own")[0]

@@ -31,6 +31,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from grader import timeline
 from grader.rank import probes, rank_timeline
 from grader.checks.interface import Grader, RankContext
 from grader.compare import first_difference
@@ -219,7 +220,7 @@ def grade(g: Grader) -> None:
             check_run(g, cases, steps, world_size)
             runs.append(timeline_data(cases[0], [s[0] for s in steps], world_size))
         g.section(f"the {schedule} schedule as each rank ran it", timeline_text(runs[-1]),
-                  {"schedule": schedule, "runs": runs})
+                  {"schedule": schedule, "runs": runs, timeline.SLOT_KEY: slot_view(runs[-1])})
     if max(sizes) < 2:
         for check_id in ("neighbours-only", "messages-per-link"):
             g.skip(check_id, "a pipeline of one stage sends nothing (use --world-size 2 or more)")
@@ -496,6 +497,17 @@ def timeline_data(case: dict, per_rank: list[dict], world_size: int) -> dict:
             "peak_live": [step["peak_live"] for step in per_rank]}
 
 
+def slot_view(run: dict) -> dict:
+    """The slot rows of :func:`timeline_text` for the page (grader.timeline.slot_view)."""
+    return timeline.slot_view(run["order"], run["slots"], notes=[_peak(p) for p in run["peak_live"]],
+                              caption=f"world size {run['world_size']}, {run['num_microbatches']} micro-batches, "
+                                      "in unit time slots")
+
+
+def _peak(peak: int) -> str:
+    return "peak: 1 micro-batch's activations" if peak == 1 else f"peak: {peak} micro-batches' activations"
+
+
 def timeline_text(run: dict) -> str:
     w, m = run["world_size"], run["num_microbatches"]
     lines = [f"world size {w}, {m} micro-batches; Fi is micro-batch i's forward, Bi its backward; each takes one "
@@ -511,9 +523,7 @@ def timeline_text(run: dict) -> str:
         for label, slot in zip(order, places):
             row[slot] = label
         cells = "".join(cell.ljust(width) for cell in row).rstrip()
-        peak = run["peak_live"][rank]
-        held = "1 micro-batch's" if peak == 1 else f"{peak} micro-batches'"
-        lines.append(f"  rank {rank}  {cells}   (peak: {held} activations)")
+        lines.append(f"  rank {rank}  {cells}   ({_peak(run['peak_live'][rank])})")
     textbook = (w - 1) / (m + w - 1)
     lines.append(f"idle: {run['idle']:.0%} of the {run['span']} slots x {w} ranks; the textbook bubble of GPipe and "
                  f"1F1B is (W - 1) / (M + W - 1) = {w - 1}/{m + w - 1} = {textbook:.0%}")

@@ -81,10 +81,15 @@ def grade(path, exercise_id, options, fmt, junit_path, trace_path, quiet, verbos
 def _write_trace(path: str, report) -> None:
     """--trace: the report's timelines as a page or a Chrome trace (exit 2 when the file cannot be written)."""
     from grader import timeline_view
+    from grader.report import problem_of
 
+    data = report.to_dict()
+    data["problem"] = problem_of(report) or ""  # the same words as the terminal's, at the top of the page
     try:
-        runs = timeline_view.write(path, report.to_dict())
+        runs = timeline_view.write(path, data)
     except OSError as exc:
         fail(f"cannot write {path}: {exc.strerror or exc}")
     if not runs:
         click.echo(f"ddp-grade: {path} holds no lanes: no rank recorded a timeline in this grading", err=True)
+    else:
+        click.echo(timeline_view.where_written(path, runs), err=True)

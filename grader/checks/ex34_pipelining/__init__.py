@@ -13,6 +13,7 @@ parameters after each step; the rest decided from the records (verdicts.py).
 
 from __future__ import annotations
 
+from grader import timeline
 from grader.checks.ex34_pipelining import verdicts
 from grader.checks.ex34_pipelining.rank import SCHEDULES, rank_main
 from grader.checks.ex34_pipelining.reference import reference_run
@@ -38,6 +39,10 @@ def grade(g: Grader) -> None:
             runs.append((schedule, world_size, per_rank))
     for schedule, world_size, per_rank in runs:
         if world_size == sizes[-1] and all(obs.get("steps") for obs in per_rank):
+            order = [verdicts.labels(obs["steps"][-1]) for obs in per_rank]
+            peaks = [obs["steps"][-1]["peak_live"] for obs in per_rank]
+            view = timeline.slot_view(order, notes=[f"peak: {p} micro-batch{'' if p == 1 else 'es'}' activations"
+                                                    for p in peaks],
+                                      caption=f"world size {world_size}, the last step, each rank's actions in order")
             g.section(f"the {schedule} schedule as each rank ran it", verdicts.order_text(per_rank, world_size),
-                      {"schedule": schedule, "world_size": world_size,
-                       "order": [verdicts.labels(obs["steps"][-1]) for obs in per_rank]})
+                      {"schedule": schedule, "world_size": world_size, "order": order, timeline.SLOT_KEY: view})

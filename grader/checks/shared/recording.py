@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from grader.rank import rank_timeline
+
 JOURNAL_LIMIT = 5000  # notes of messages a rank writes at most (a runaway loop must not fill the disk)
 SENDS_AND_RECEIVES = ("send", "recv_", "recv_any_source_")  # as c10d's dispatched operations are named
 
@@ -33,7 +35,8 @@ def plain_tensor(value):
 def all_ok(ok: bool, device="cpu", group=None) -> bool:
     """Whether every rank of ``group`` is ok (so that all go on, e.g. to backward, or none does)."""
     flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    with rank_timeline.by_grader():  # the grader's own all-reduce: drawn apart from the learner's
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
