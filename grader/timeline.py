@@ -282,40 +282,23 @@ def read_slot_view(data) -> dict | None:
 # --- a run the grader had to stop: what the ranks flushed as they went ------------------------------------------
 
 MAX_FLUSHED_BYTES = 4 << 20  # of one rank's file: the rest is not read
-MAX_LINE = 4096
 
 
 def read_flushed(path: str, stopped_at: float) -> dict | None:
     """What a rank wrote to its flush file (grader.rank.rank_timeline.flush_name) before it was stopped, as a
     record for :func:`from_ranks`: each event that ended, and each blocking call that had started and not ended,
-    as an event ``open`` until ``stopped_at``. The file is the submission's: read without following a link or
-    waiting on a pipe, at most MAX_FLUSHED_BYTES, each line parsed alone (a bad one is counted, never raised).
-    None when there is no such regular file."""
-    import json
-    import os
-    import stat
+    as an event ``open`` until ``stopped_at``. The file is the submission's: read as every JSON-lines file a rank
+    leaves is (grader.rank.untrusted.read_json_lines: no link followed, no pipe waited on, at most
+    MAX_FLUSHED_BYTES, each line's nesting bounded; a line that is not JSON is left out). None when there is no
+    such file or it cannot be read."""
+    from grader.rank import untrusted, wire
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        values = untrusted.read_json_lines(path, wire.Budget(bytes=MAX_FLUSHED_BYTES))
+    except (untrusted.Unreadable, OSError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(MAX_FLUSHED_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     events, opened, dropped = [], {}, 0
-    for line in raw.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line[:MAX_LINE]) if len(line) <= MAX_LINE else None
-        except Exception:  # anything at all: a line is the submission's
-            item = None
+    for item in values:
         if not isinstance(item, dict):
             dropped += 1
             continue

@@ -220,7 +220,8 @@ def test_a_stopped_run_is_read_from_what_the_ranks_flushed_bounded_and_its_open_
     first = run["ranks"][0]
     assert [(e["kind"], e.get("open", False)) for e in first["events"]] == [
         ("forward", False), ("send", False), ("recv", True)]
-    assert first["events"][-1]["t1"] == pytest.approx(0.5) and first["dropped"] == 3
+    # "[1, 2]" is counted; a line that is not JSON, or nests too deep, is left out (a line a kill cut short)
+    assert first["events"][-1]["t1"] == pytest.approx(0.5) and first["dropped"] == 1
     assert [r["problem"] for r in run["ranks"][1:]] == ["no timeline came back from this rank"] * 3
     assert T.read_run(run)["stopped"] is True
     drawing = V.text(run)

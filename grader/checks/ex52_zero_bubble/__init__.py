@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 
+from grader import timeline
 from grader.checks.ex52_zero_bubble.reference import cases_for, expected_step
 from grader.checks.ex52_zero_bubble.verdicts import (Unreadable, check_bubble, check_gradients, check_loss,
                                                      check_memory, check_messages, check_micro_batches, check_order,
@@ -51,6 +52,12 @@ def grade(g: Grader) -> None:
             check_bubble(g, case, per_rank, world_size)
             check_memory(g, case, per_rank, world_size)
         runs.append(timeline_data(cases[0], [s[0] for s in steps], world_size))
-    g.section("the ZB-H1 schedule as each rank ran it", timeline_text(runs[-1]), {"runs": runs})
+    last = runs[-1]
+    view = timeline.slot_view(last["order"], last["slots"],
+                              notes=[f"peak: {p} micro-batch{'' if p == 1 else 'es'}' activations"
+                                     for p in last["peak_live"]],
+                              caption=f"world size {last['world_size']}, {last['num_microbatches']} micro-batches, "
+                                      "in unit time slots")
+    g.section("the ZB-H1 schedule as each rank ran it", timeline_text(last), {"runs": runs, timeline.SLOT_KEY: view})
     if max(sizes) < 2:
         g.skip("neighbour-messages", "a pipeline of one stage sends nothing (use --world-size 2 or more)")
