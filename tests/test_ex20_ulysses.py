@@ -207,6 +207,22 @@ def test_wrong_attention_between_right_exchanges_is_named():
         assert "another order" not in said
 
 
+def test_wrong_attention_is_named_in_grouped_query_attention_and_in_a_group():
+    """Attention scaled twice fails gqa-matches and uses-group too, and each names it (they said only how far the
+    output was)."""
+    observations = right_observations(4)
+    for scenario, rank, size, me in (("gqa", 1, 4, 1), ("group", 2, 2, 1)):  # rank 2 is rank 1 of group [0, 2]
+        data = ex_rank.make_inputs(scenario, size)
+        wrong = reference.attention(data["q"], data["k"], data["v"], scale=1 / data["q"].shape[-1])
+        observations[rank][scenario]["output"] = wrong[:, :, ex_rank.positions(me, size)]
+    g = grade_all(observations, 4)
+    said = messages(g)
+    assert statuses(g)["matches-attention"] == "pass"
+    for check_id, where in (("gqa-matches", "rank 1"), ("uses-group", "rank 2 in group=[0, 2]")):
+        assert statuses(g)[check_id] == "fail" and where in said[check_id], said[check_id]
+        assert "scaled twice" in said[check_id] and "the attention between them is what differs" in said[check_id]
+
+
 def test_a_refusal_of_grouped_query_attention_fails_it():
     observations = right_observations(2)
     for obs in observations:

@@ -9,6 +9,8 @@ says at its top what the grader must answer:
     # expect-cause: check-id cause-id          check-id fails, explained by cause-id: shown and hinted first
     # expect-status: timeout|unusable|failed   the overall status (default failed)
     # expect-problem: text                     the report's problem line contains this
+    # expect-message: check-id text            check-id's message contains this (one line per text): the
+                                               failure names its cause, not another
     # grade-options: timeout_s=8 world_size=2  options for this variant
 """
 
@@ -28,7 +30,7 @@ FILES = sorted(VARIANTS.glob("[0-9][0-9]_*.py"))
 def expectations(path) -> dict:
     text = path.read_text()
     found = {"fail": [], "pass": [], "not-checked": [], "cause": [], "status": "failed", "problem": None,
-             "options": {}}
+             "messages": [], "options": {}}
     for key, value in re.findall(r"^# expect-(fail|pass|not-checked|cause|status|problem): *(.+)$", text, re.M):
         if key in ("fail", "pass", "not-checked"):
             found[key] += value.split()
@@ -36,6 +38,8 @@ def expectations(path) -> dict:
             found[key].append(tuple(value.split()))
         else:
             found[key] = value.strip()
+    for check_id, words in re.findall(r"^# expect-message: *(\S+) +(.+)$", text, re.M):
+        found["messages"].append((check_id, words.strip()))
     for line in re.findall(r"^# grade-options: *(.+)$", text, re.M):
         for item in line.split():
             k, v = item.split("=")
@@ -48,6 +52,8 @@ def test_every_variant_says_what_it_expects():
     for path in FILES:
         e = expectations(path)
         assert e["fail"] or e["problem"], f"{path.name} has no expect-fail or expect-problem line"
+        for check_id, _ in e["messages"]:
+            assert check_id in e["fail"], f"{path.name}: expect-message names {check_id}, not expected to fail"
 
 
 def _graded(path):
@@ -79,6 +85,9 @@ def test_variant_fails_with_the_right_check(grade, path):
         assert verdict.likely_cause == cause and cause in verdict.hint, (effect, verdict.likely_cause, verdict.hint)
         order = [c.id for c in report.failures_by_cause()]
         assert order.index(cause) < order.index(effect), order
+    for check_id, words in e["messages"]:
+        message = next((c.message for c in report.checks if c.id == check_id), None)
+        assert message is not None and words in message, (check_id, words, message)
     if e["problem"]:
         assert problem_of(report) and e["problem"] in problem_of(report), problem_of(report)
 

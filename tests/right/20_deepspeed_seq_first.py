@@ -1,7 +1,8 @@
 """Ulysses the way DeepSpeed's UlyssesSPAttentionHF lays it out: sequence first, [seq, batch, heads,
 head_dim], the exchange a _DimZeroAllToAll Function over dim 0 (an all-to-all over dim 0 undoes
 itself, so its backward is the same call), key/value heads replicated when there are fewer than
-ranks, and attention written out by hand with an explicit mask."""
+ranks, and attention written out by hand with an explicit mask. Heads that cannot be split raise the
+library's own error, a subclass of ValueError."""
 
 import math
 
@@ -25,14 +26,19 @@ class DimZeroAllToAll(torch.autograd.Function):
         return None, DimZeroAllToAll.apply(ctx.group, grad)
 
 
+class SequenceParallelConfigError(ValueError):
+    pass
+
+
 class UlyssesLayout:
     def __init__(self, group, heads, kv_heads, local_len, batch, head_dim):
         self.group = group
         self.ws = dist.get_world_size(group)
         if heads % self.ws:
-            raise ValueError(f"Attention head count {heads} is not divisible by SP size {self.ws}")
+            raise SequenceParallelConfigError(f"Attention head count {heads} is not divisible by SP size {self.ws}")
         if heads % kv_heads or not (kv_heads % self.ws == 0 or self.ws % kv_heads == 0):
-            raise ValueError(f"KV attention head count {kv_heads} does not fit SP size {self.ws} and {heads} heads")
+            raise SequenceParallelConfigError(f"KV attention head count {kv_heads} does not fit SP size {self.ws} "
+                                              f"and {heads} heads")
         self.kv_replication = self.ws // kv_heads if kv_heads < self.ws else 1
         self.local_q_heads = heads // self.ws
         self.local_kv_heads = max(kv_heads // self.ws, 1)

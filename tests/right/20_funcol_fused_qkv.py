@@ -1,7 +1,8 @@
 """Ulysses with one all-to-all for q, k and v together: each tensor is cut into W parts by heads,
 the parts for rank j are flattened side by side, and torch's functional all_to_all_single_autograd
 (whose backward is the opposite exchange) sends them; autograd carries every gradient. The output
-goes back with a second functional all-to-all. The rank and the world come from the group."""
+goes back with a second functional all-to-all. The rank and the world come from the group. Heads that
+cannot be split are refused by torch._check_value, which raises ValueError (no raise statement here)."""
 
 import torch
 import torch.distributed as dist
@@ -35,8 +36,7 @@ def ulysses_attention(q, k, v, causal=False, group=None):
     b, heads, n, d = q.shape
     kv_heads = k.shape[1]
     ok = heads % world == 0 and heads % kv_heads == 0 and (kv_heads % world == 0 or world % kv_heads == 0)
-    if not ok:
-        raise ValueError(f"heads={heads}, kv_heads={kv_heads} cannot be shared by {world} ranks")
+    torch._check_value(ok, lambda: f"heads={heads}, kv_heads={kv_heads} cannot be shared by {world} ranks")
     if kv_heads < world:
         k, v = (t.repeat_interleave(world // kv_heads, dim=1) for t in (k, v))
     parts = [_by_rank(t, world) for t in (q, k, v)]

@@ -2,6 +2,7 @@
 ValueError: python -O removes every assert, and the shapes then fail by accident (a reshape) or not at all."""
 # expect-fail: heads-refused
 # expect-pass: matches-attention grads-match causal-matches causal-grads-match gqa-matches only-all-to-alls bytes-off-rank heads-share-held uses-group
+# expect-message: heads-refused python -O removes it
 
 import torch
 import torch.distributed as dist

@@ -4,6 +4,7 @@ local key/value head i % kv (Llama 3 8B's 32 heads and 8 key/value heads on 2 ra
 one key/value head on the rank tiling and interleaving agree; with two or more they do not."""
 # expect-fail: gqa-matches
 # expect-pass: matches-attention grads-match causal-matches causal-grads-match only-all-to-alls bytes-off-rank heads-share-held uses-group heads-refused
+# expect-message: gqa-matches where query head h goes with key/value head h // 2
 
 import torch
 import torch.distributed as dist

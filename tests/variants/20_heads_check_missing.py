@@ -4,6 +4,7 @@ share, and heads not divisible by W, the reshape before the exchange fails with 
 an accident, not a refusal."""
 # expect-fail: heads-refused
 # expect-pass: matches-attention grads-match causal-matches causal-grads-match gqa-matches only-all-to-alls bytes-off-rank heads-share-held uses-group
+# expect-message: heads-refused an accident of the shapes rather than a refusal
 
 import torch
 import torch.distributed as dist

@@ -2,6 +2,8 @@
 without the 1 / sqrt(head_dim) scale."""
 # expect-fail: matches-attention causal-matches gqa-matches
 # expect-pass: only-all-to-alls bytes-off-rank heads-share-held heads-refused
+# expect-message: matches-attention q k^T not divided by sqrt(head_dim)
+# expect-message: gqa-matches q k^T not divided by sqrt(head_dim)
 
 import torch
 import torch.distributed as dist

@@ -3,6 +3,7 @@ with shapes they cannot split and fail on them (a reshape), or wait for rank 0 i
 joins."""
 # expect-fail: heads-refused
 # expect-pass: matches-attention grads-match causal-matches causal-grads-match gqa-matches only-all-to-alls bytes-off-rank heads-share-held uses-group
+# expect-message: heads-refused rank 0 raised ValueError, but rank 1 raised
 
 import torch
 import torch.distributed as dist

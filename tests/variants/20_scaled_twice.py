@@ -2,6 +2,8 @@
 which divides by it again: the scores are q k^T / head_dim. The exchanges are right."""
 # expect-fail: matches-attention causal-matches gqa-matches
 # expect-pass: only-all-to-alls bytes-off-rank heads-share-held heads-refused
+# expect-message: matches-attention the scores were scaled twice
+# expect-message: gqa-matches the scores were scaled twice
 
 import torch
 import torch.distributed as dist

@@ -3,6 +3,7 @@ returns the scale as float64. The statement asks for a float32 tensor of one ele
 float32 scales, and a GPU refuses a float64 one."""
 # expect-fail: gather-matches gather-group
 # expect-pass: gather-bytes scaled-mm float8-formats scaled-from-amax gpu-ready output-matches grads-match master-weights training-close
+# expect-message: gather-matches the scale returned is float64
 
 import torch
 import torch.distributed as dist

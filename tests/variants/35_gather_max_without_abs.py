@@ -3,6 +3,7 @@ shard.max(), its largest value, and all-reduces that with MAX: one scale for eve
 largest value, not of the largest magnitude. A negative outlier in one rank's shard saturates."""
 # expect-fail: gather-matches
 # expect-pass: gather-bytes scaled-mm float8-formats scaled-from-amax gpu-ready output-matches grads-match master-weights training-close
+# expect-message: gather-matches not of its largest magnitude
 
 import torch
 import torch.distributed as dist

@@ -4,6 +4,7 @@ stops every replica, the very thing a recovery from a live peer avoids."""
 # expect-fail: peer-messages
 # expect-not-checked: recovery-bytes
 # expect-pass: mesh hybrid-placements block-units collective-groups holds-one-over-shards matches-single-process recovered-bitwise training-resumes
+# expect-message: peer-messages a barrier is a collective
 
 import torch
 import torch.distributed as dist

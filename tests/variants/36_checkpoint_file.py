@@ -2,6 +2,7 @@
 back: a checkpoint on disk, the slow path a live recovery avoids."""
 # expect-fail: peer-messages
 # expect-not-checked: recovery-bytes
+# expect-message: peer-messages torch.save wrote
 
 import os
 import tempfile

@@ -1,6 +1,7 @@
 """Exercise 36, wrong on purpose: only the parameters are sent; the wiped replica keeps AdamW's moments at zero
 and its step count at 0."""
 # expect-fail: recovered-bitwise training-resumes recovery-bytes
+# expect-message: training-resumes the recovery left rank 0 with a state other than its source's
 
 import torch
 import torch.distributed as dist

@@ -1,6 +1,9 @@
 """Exercise 36, wrong on purpose: only the sharded tensors travel (dim() > 0); AdamW's step counts, plain scalars,
 stay 0 on the wiped replica, and its bias correction starts over."""
-# expect-fail: recovered-bitwise recovery-bytes
+# expect-fail: recovered-bitwise training-resumes recovery-bytes
+# expect-message: recovered-bitwise the optimizer's step of
+# expect-message: training-resumes the optimizer's step of
+# expect-message: recovery-bytes and no step count
 
 import torch
 import torch.distributed as dist

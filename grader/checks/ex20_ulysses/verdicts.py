@@ -265,6 +265,9 @@ def check_gqa(g, observations: list, world_size: int) -> None:
                 if paired is not None and paired != right:
                     problem += (f"; its query heads 0-{heads - 1} attended with key/value heads {paired}, where query "
                                 f"head h goes with key/value head h // {heads // kv_heads}: {right}")
+                else:
+                    problem += _local_attention(run.get("output"), make_inputs(scenario, world_size), False, rank,
+                                                world_size)
             else:
                 grads = _grads_problem(run, scenario, rank, world_size)
                 problem = None if grads is None else f"the gradients: {grads[1]}"
@@ -423,7 +426,9 @@ def check_group(g, observations: list, world_size: int) -> None:
         if problem is None:
             want = expected("group", size)
             found = _compare(run.get("output"), _chunk(want["output"], me, size), want["output"], "output")
-            problem = None if found is None else f"the output: {found}"
+            problem = None if found is None else (f"the output: {found}"
+                                                  + _local_attention(run.get("output"), make_inputs("group", size),
+                                                                     False, me, size))
         if problem is None:
             grads = _grads_problem(run, "group", me, size)
             problem = None if grads is None else f"the gradients: {grads[1]}"
