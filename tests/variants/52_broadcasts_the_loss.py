@@ -2,6 +2,7 @@
 collective: every rank joins it), though only the last rank returns it."""
 # expect-fail: neighbour-messages
 # expect-pass: grads-match loss-returned zb-h1-order
+# expect-message: neighbour-messages called dist.broadcast
 
 import torch
 import torch.distributed as dist

@@ -1,6 +1,8 @@
 """Exercise 52, broken: runs the rounds and the backwards left, but returns without the W's still waiting at the
 end: rank r's last r micro-batches never add their weights' gradients."""
 # expect-fail: micro-batches grads-match
+# expect-message: grads-match some micro-batch's W never ran
+# expect-message: micro-batches a W still waiting when the step returned
 
 import torch
 import torch.distributed as dist

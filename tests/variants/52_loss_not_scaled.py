@@ -1,6 +1,7 @@
 """Exercise 52, broken: the last rank backpropagates each micro-batch's loss as it is, so every gradient is
 num_microbatches times too large."""
 # expect-fail: grads-match
+# expect-message: grads-match divided by num_microbatches
 
 import torch
 import torch.distributed as dist

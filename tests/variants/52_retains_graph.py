@@ -2,6 +2,7 @@
 output without dropping them, so every micro-batch's saved activations stay alive until the step returns."""
 # expect-fail: zb-memory
 # expect-pass: grads-match zb-h1-order bubble
+# expect-message: zb-memory held the saved activations of 4 micro-batches at once
 
 import torch
 import torch.distributed as dist

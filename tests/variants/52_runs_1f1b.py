@@ -2,6 +2,8 @@
 together), its input gradient sent after both: nothing fills the bubble."""
 # expect-fail: zb-h1-order bubble
 # expect-pass: grads-match zb-memory neighbour-messages
+# expect-message: zb-h1-order as 1F1B's one backward
+# expect-message: bubble sent the gradient of micro-batch 0's input only after W0
 
 import torch
 import torch.distributed as dist

@@ -3,6 +3,7 @@ batch_isend_irecv (sends paired with receives, as some schedules pair them): a B
 behind the W after it, and the rank before waits for it."""
 # expect-fail: bubble
 # expect-pass: grads-match zb-h1-order zb-memory neighbour-messages
+# expect-message: bubble sent the activation of micro-batch 0 only after F1
 
 import torch
 import torch.distributed as dist

@@ -1,5 +1,6 @@
 """Exercise 52, broken: returns the sum of the micro-batch losses instead of their mean."""
 # expect-fail: loss-returned
+# expect-message: loss-returned the sum of the micro-batch losses was returned
 
 import torch
 import torch.distributed as dist

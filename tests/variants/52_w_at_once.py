@@ -2,6 +2,7 @@
 goes upstream early, yet no W is moved into the idle slots (half of 1F1B's bubble, not a third)."""
 # expect-fail: zb-h1-order bubble
 # expect-pass: grads-match zb-memory
+# expect-message: zb-h1-order every W right after its own B
 
 import torch
 import torch.distributed as dist

@@ -2,6 +2,7 @@
 waiting, not the oldest."""
 # expect-fail: zb-h1-order
 # expect-pass: grads-match bubble zb-memory
+# expect-message: zb-h1-order the W's ran newest first
 
 import torch
 import torch.distributed as dist

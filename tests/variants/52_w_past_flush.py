@@ -2,6 +2,8 @@
 the end, so every micro-batch's graph stays alive until then."""
 # expect-fail: zb-memory zb-h1-order
 # expect-pass: grads-match
+# expect-message: zb-memory held the saved activations of 4 micro-batches at once
+# expect-message: zb-h1-order F0 F1 F2 F3 B0 W0
 
 import torch
 import torch.distributed as dist
