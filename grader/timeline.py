@@ -297,6 +297,7 @@ def read_flushed(path: str, stopped_at: float) -> dict | None:
         values = untrusted.read_json_lines(path, wire.Budget(bytes=MAX_FLUSHED_BYTES))
     except (untrusted.Unreadable, OSError):
         return None
+    # A rank killed while recording leaves the rest of its mapped file as zeros: one line that is not JSON, left out.
     events, opened, dropped = [], {}, 0
     for item in values:
         if not isinstance(item, dict):

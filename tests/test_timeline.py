@@ -523,3 +523,18 @@ def test_37s_trace_and_page_mark_the_graders_all_reduce_after_each_push_apart_fr
         for r in run["ranks"]:
             counted = V._counted(r["events"])
             assert "all_reduce x" not in counted.split("the grader's own")[0]
+
+
+@pytest.mark.slow
+def test_20s_lanes_name_each_case_as_the_checks_do_and_its_v_counts_no_all_reduce_of_the_graders(grade):
+    from grader.report import render_text
+
+    report = grade(ROOT / "solutions" / "20_ulysses.py")
+    runs = T.runs_in([dict(s) for s in report.sections])
+    names = {p["label"] for run in runs for p in T.regions(run)}
+    for case in ("plain", "causal", "gqa", "few-kv"):  # the scenarios, with the heads the checks' messages give
+        assert any(re.fullmatch(case + r": \d+ heads, \d+ kv(, causal)?", n) for n in names), (case, names)
+    assert any(e.get("by") == "grader" for run in runs for r in run["ranks"] for e in r["events"])
+    verbose = render_text(report, verbose=True)
+    counted = [ln for ln in verbose.splitlines() if ln.strip().startswith("rank ") and ":" in ln]
+    assert counted and not any("all_reduce x" in ln.split("the grader's own")[0] for ln in counted)

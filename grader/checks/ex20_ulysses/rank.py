@@ -288,7 +288,16 @@ def _graph_nodes(output) -> list:
 def _run(ctx: RankContext, call, scenario: str, learner, learner_file: str, *, members: list[int],
          group=None, measure: bool = False) -> dict:
     """Forward and backward of one scenario on this rank's chunk: the tensors, the collectives of each, and
-    (``measure``) the most heads of each tensor held whole at once."""
+    (``measure``) the most heads of each tensor held whole at once; a region of the timeline named as the
+    checks name the case."""
+    heads, kv_heads, causal = shapes(scenario, len(members))
+    name = f"{scenario}: {heads} heads, {kv_heads} kv{', causal' if causal else ''}"
+    with rank_timeline.region(name):
+        return _run_case(ctx, call, scenario, learner, learner_file, members=members, group=group, measure=measure)
+
+
+def _run_case(ctx: RankContext, call, scenario: str, learner, learner_file: str, *, members: list[int],
+              group=None, measure: bool = False) -> dict:
     size, me = len(members), members.index(ctx.rank)
     full = make_inputs(scenario, size)
     rows = _rows(full) if measure else {}
