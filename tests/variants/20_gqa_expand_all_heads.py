@@ -3,6 +3,7 @@
 The results are right, but k and v travel heads / kv_heads times over, where copying them up to W
 heads, and only when there are fewer than W, is all the exchange needs."""
 # expect-fail: bytes-off-rank
+# expect-message: bytes-off-rank too many bytes
 # expect-pass: matches-attention grads-match causal-matches causal-grads-match gqa-matches only-all-to-alls heads-share-held uses-group heads-refused
 
 import torch
