@@ -63,9 +63,10 @@ def test_list_fits_80_columns_with_the_tracks_their_progress_and_each_exercise_s
     lines = output.splitlines()
     assert max(len(line) for line in lines) <= 80
     headings = [ln for ln in lines if ln and not ln.startswith(" ") and "passed" in ln and "(" in ln]
-    assert headings == ["Data parallel (01-10): 1/10 passed", "Beyond data parallel (11-20): 0/10 passed",
-                        "Debugging (21-29): 1/9 passed", "Production APIs (31-37): 0/7 passed",
-                        "Capacity planning (41-44): 0/4 passed"]
+    assert headings[:5] == ["Data parallel (01-10): 1/10 passed", "Beyond data parallel (11-20): 0/10 passed",
+                            "Debugging (21-29): 1/9 passed", "Production APIs (31-37): 0/7 passed",
+                            "Capacity planning (41-44): 0/4 passed"]
+    assert [h.split(" (")[0] for h in headings[5:]] == ["Hiding communication"]  # its exercises land one by one
     for heading, first, last in zip(headings, ("01", "11", "21", "31", "41"), ("10", "20", "29", "37", "44")):
         below = lines[lines.index(heading):]
         assert [ln[3:5] for ln in below if ln[3:5].isdigit()][:1] == [first]
