@@ -287,4 +287,6 @@ def test_a_passing_grading_of_a_file_outside_the_kit_says_it_is_not_recorded(kit
     result = invoke("grade", str(kit_copy / "solutions" / "01_setup.py"), "--world-size", "2")
     assert result.exit_code == 0, result.output
     assert "Not recorded as progress" in result.output and "exercises/01_setup.py" in result.output
+    note = next(ln for ln in result.output.splitlines() if ln.startswith("Not recorded as progress"))
+    assert note.endswith("is not the kit's own file (kit/exercises/01_setup.py).")  # from where the learner is
     assert not Progress().passed("01")
