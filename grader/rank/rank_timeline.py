@@ -53,14 +53,19 @@ class Recorder:
         self._at = 0
         self._calls = 0
         if path is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
                 try:
-                    os.ftruncate(fd, FLUSH_BYTES)
+                    # Its blocks taken now (never a SIGBUS on a page a full /tmp could not give later); where
+                    # they cannot be, there is no file and the events stay in memory only.
+                    os.posix_fallocate(fd, 0, FLUSH_BYTES)
                     self._map = mmap.mmap(fd, FLUSH_BYTES, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
                 finally:
                     os.close(fd)
                 self._path = path
+            except (OSError, ValueError):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
         self._local = threading.local()
         self._threads: dict[int, int] = {}
         self._issued: dict[int, str] = {}  # id(Work) -> the op that returned it (ids may be reused: a name only)
