@@ -167,6 +167,30 @@ def test_watch_moves_on_by_itself_to_the_next_exercise_after_a_pass_of_the_kits_
     assert Progress().passed("01") and not Progress().passed("02")
 
 
+def test_watch_grades_through_the_warm_server_when_one_answers_and_starts_no_pool_of_its_own(tmp_path, monkeypatch):
+    from grader import server
+    from grader.rank import harness
+    from grader.results import Report
+
+    monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("DDP_GRADE_SERVER", "1")
+    f = tmp_path / "01_setup.py"
+    shutil.copy(ROOT / "solutions" / "01_setup.py", f)
+    asked = []
+    monkeypatch.setattr(server, "_answering", lambda: True)
+    monkeypatch.setattr(server, "grade_remote", lambda path, exercise_id, options, on_event=None:
+                        asked.append(path) or Report("01", "Join and leave a process group", path, "failed"))
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("watch started a pool of its own while the server answered")
+
+    monkeypatch.setattr(harness, "Session", no_pool)
+    result = CliRunner().invoke(main, ["watch", str(f), "--max-grades", "1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].endswith("grading it now through the warm grading server.")
+    assert asked == [str(f)] and "grading 1 of" in result.output
+
+
 def test_watch_of_an_unknown_exercise_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("DDP_GRADE_STATE_DIR", str(tmp_path / "state"))
     result = CliRunner().invoke(main, ["watch", "99"])
