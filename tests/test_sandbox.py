@@ -269,7 +269,7 @@ def test_tmp_in_the_sandbox_has_a_size_and_a_full_one_is_reported_as_such(tool):
     done = grade(FILES / "01_fills_tmp.py", tool, "--tmp-limit", "64")
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-1000:]
     assert "No space left on device" in done.stdout
-    assert "the sandbox's /tmp and /dev/shm limit (64 MiB each; --tmp-limit changes it)" in done.stdout
+    assert "the sandbox's /tmp, /dev/shm and ranks' folder limit (64 MiB each; --tmp-limit changes it)" in done.stdout
 
 
 @pytest.mark.parametrize("tool", TOOLS)

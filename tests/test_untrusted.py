@@ -61,6 +61,31 @@ def test_a_link_anywhere_below_the_folder_is_refused(folder, tmp_path):
             untrusted.read_bytes(str(path))
 
 
+def test_a_folder_held_open_is_read_by_the_name_it_has_elsewhere(tmp_path):
+    """A sandbox's folder is named, in every path, by the name it has inside the sandbox, and read through a
+    descriptor of it: nothing of this machine's by that name is read, and links below it are refused."""
+    held = tmp_path / "held"
+    (held / "run1").mkdir(parents=True)
+    (held / "run1" / "a.txt").write_bytes(b"inside")
+    (held / "run1" / "link").symlink_to(held / "run1" / "a.txt")
+    name = f"/nonexistent-{os.getpid()}/ddp-grade-ranks-x"
+    fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    untrusted.trust_folder(name, through=fd)
+    try:
+        assert untrusted.read_bytes(f"{name}/run1/a.txt") == b"inside"
+        assert untrusted.exists(f"{name}/run1/a.txt") and not untrusted.exists(f"{name}/run1/b.txt")
+        assert untrusted.exists(f"{name}/run1/link") and untrusted.is_folder(f"{name}/run1")
+        assert untrusted.lstat(f"{name}/run1/a.txt").st_size == 6
+        assert untrusted.list_files(f"{name}/run1") == [f"{name}/run1/a.txt"]
+        with pytest.raises(untrusted.Unreadable, match="symbolic link"):
+            untrusted.read_bytes(f"{name}/run1/link")
+    finally:
+        untrusted.forget_folder(name)
+        os.close(fd)
+    with pytest.raises(untrusted.Unreadable, match="outside the grading's own folder"):
+        untrusted.read_bytes(f"{name}/run1/a.txt")
+
+
 def test_nothing_outside_a_grading_folder_is_read(folder):
     elsewhere = tempfile.mkdtemp()  # not under the tests' own folders, which the tests trust
     try:

@@ -536,7 +536,7 @@ def check_checkpoint(g, ranks, world_size) -> None:
         g.record("checkpoint-rank0-only", False, "checkpoint_path was also written by "
                  + ", ".join(f"rank {r}" for r in others) + f" (rank {rank}: {'; '.join(how)}); only rank 0 "
                  "should save", rank=rank, world_size=world_size)
-    elif not writers and not os.path.lexists(path):
+    elif not writers and not untrusted.exists(path):
         elsewhere = sorted({s["path"] for r in ranks for s in r["saves"]})
         where = f" (torch.save wrote to {', '.join(map(os.path.basename, elsewhere))})" if elsewhere else ""
         g.record("checkpoint-rank0-only", False, f"nothing was saved to checkpoint_path{where}",
@@ -544,7 +544,7 @@ def check_checkpoint(g, ranks, world_size) -> None:
     else:
         g.record("checkpoint-rank0-only", True)
 
-    if not os.path.lexists(path):
+    if not untrusted.exists(path):
         for check in ("checkpoint-no-module-prefix", "checkpoint-loads"):
             g.record(check, False, "there is no file at checkpoint_path", world_size=world_size)
         return

@@ -323,7 +323,7 @@ def check_writers(g, observations: list[dict], path: str, world_size: int) -> No
         how = sorted({probes.describe_write(w, path) for w in writers[rank]})
         g.record("rank0-writes-only", False, f"rank {rank} wrote the checkpoint ({'; '.join(how)}); only rank 0 "
                  "may write", rank=rank, world_size=world_size)
-    elif 0 not in writers and not os.path.lexists(path):
+    elif 0 not in writers and not untrusted.exists(path):
         saved = ", ".join(sorted({_name(s["path"]) for s in observations[0]["saves"]}))
         g.record("rank0-writes-only", False, f"rank 0 did not write {_name(path)} in save_checkpoint"
                  + (f" (torch.save went to {saved})" if saved else ""), rank=0, world_size=world_size)
@@ -338,7 +338,7 @@ def check_barrier(g, observations: list[dict], path: str, world_size: int) -> bo
     if not done or not untrusted.is_regular(path):
         return g.record("barrier-after-save", False, f"no checkpoint was written to {_name(path)}, so no rank "
                         f"can wait for it{errors}", world_size=world_size)
-    complete_at, size = done[-1], os.lstat(path).st_size
+    complete_at, size = done[-1], untrusted.lstat(path).st_size
     ok = True
     for rank, obs in enumerate(observations):
         early = complete_at - obs["returned"]

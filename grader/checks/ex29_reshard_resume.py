@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from grader.rank import memory, probes
+from grader.rank import memory, probes, untrusted
 from grader.checks.interface import Grader, RankContext
 from grader.checks.shared import debug_job, fsdp_job
 
@@ -256,7 +256,7 @@ def grade(g: Grader) -> None:
 
 def own_files_verdict(records: list[dict], folder: str) -> tuple[bool, str]:
     """Every rank of the first job wrote at least one file of the checkpoint."""
-    if not os.path.isdir(folder):
+    if not untrusted.is_folder(folder):
         return False, f"after the first job there is no --out/{CHECKPOINT} folder: no checkpoint was saved"
     written = {rank: record.get("written", []) for rank, record in enumerate(records)}
     silent = [rank for rank, files in written.items() if not files]

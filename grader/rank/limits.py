@@ -22,8 +22,9 @@ option                default             how it is enforced
                                           output, a checkpoint) can grow past it; writing further
                                           fails with ``OSError: File too large``
 ``--tmp-limit``       512 (MiB)           in a sandbox only (``--sandbox``, ``batch``): the size of
-                                          the sandbox's own ``/tmp`` and of its ``/dev/shm``, each
-                                          a tmpfs; writing further fails with ``OSError: No space
+                                          the sandbox's own ``/tmp``, of its ``/dev/shm`` and of the
+                                          ranks' folder, each a tmpfs (unlinked files and folders of
+                                          any depth count); writing further fails with ``OSError: No space
                                           left on device``. Without a sandbox a rank writes to the
                                           machine's folders, and this limit does not apply
 ====================  ==================  =========================================================
@@ -112,7 +113,7 @@ def describe(limit: str, limits: dict) -> str:
         amount = f"{limits.get('cpu_seconds', 0):g} s of CPU time"
     elif limit == "tmp":
         amount = f"{limits.get('tmp_bytes', 0) / MIB:g} MiB each"
-        return f"the sandbox's /tmp and /dev/shm limit ({amount}; {OPTIONS[limit]} changes it)"
+        return f"the sandbox's /tmp, /dev/shm and ranks' folder limit ({amount}; {OPTIONS[limit]} changes it)"
     else:
         amount = f"{limits.get('output_bytes', 0) / MIB:g} MiB per file"
     return f"the {limit} limit ({amount}; {OPTIONS[limit]} changes it)"

@@ -51,6 +51,7 @@ _CONTROL = re.compile(
 _BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 _trusted: set[str] = set()
+_through: dict[str, int] = {}  # a trusted folder reached through a descriptor (trust_folder's ``through``)
 _lock = threading.Lock()
 
 
@@ -77,15 +78,23 @@ def clean_line(text: object) -> str:
     return clean_text(text).replace("\n", " ").replace("\t", " ")
 
 
-def trust_folder(path: str) -> None:
-    """Register a folder the grader itself made: no component below it may be a link."""
+def trust_folder(path: str, through: int | None = None) -> None:
+    """Register a folder the grader itself made: no component below it may be a link. ``through``: a
+    descriptor of the folder, held by the caller, through which it is reached (a sandbox's folder, named
+    by the path it has inside the sandbox, which is no path of this machine's)."""
     with _lock:
-        _trusted.add(os.path.realpath(path))
+        if through is None:
+            _trusted.add(os.path.realpath(path))
+        else:
+            _trusted.add(os.path.abspath(path))
+            _through[os.path.abspath(path)] = through
 
 
 def forget_folder(path: str) -> None:
     with _lock:
         _trusted.discard(os.path.realpath(path))
+        if _through.pop(os.path.abspath(path), None) is not None:
+            _trusted.discard(os.path.abspath(path))
 
 
 def _split(path: str) -> tuple[str, list[str]]:
@@ -116,8 +125,11 @@ def _open(path: str, directory: bool = False) -> int:
     if not root:
         raise Unreadable(f"{os.path.basename(path)} is outside the grading's own folder: the grader reads only "
                          "what the ranks left there")
+    with _lock:
+        through = _through.get(root)
     try:
-        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(root if through is None else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) |
+                     getattr(os, "O_CLOEXEC", 0), dir_fd=through)
         try:
             for k, part in enumerate(parts):
                 last = k == len(parts) - 1
@@ -220,9 +232,36 @@ def read_json_lines(path: str, budget=None) -> list:
     return values
 
 
+def lstat(path: str) -> os.stat_result | None:
+    """What ``path`` names (a link itself, not followed), or None when nothing; below a trusted folder, as
+    reached without links (a sandbox's folder, through the descriptor it is held by)."""
+    if not _split(path)[0]:
+        try:
+            return os.lstat(path)
+        except OSError:
+            return None
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        fd = _open(parent, directory=True)
+    except Unreadable:
+        return None
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def exists(path: str) -> bool:
-    """Whether ``path`` names something (a link counts, and is not followed)."""
-    return os.path.lexists(path)
+    """Whether ``path`` names something (a link counts, and is not followed): :func:`lstat`."""
+    return lstat(path) is not None
+
+
+def is_folder(path: str) -> bool:
+    """Whether ``path`` is a folder (not a link to one): :func:`lstat`."""
+    info = lstat(path)
+    return info is not None and stat.S_ISDIR(info.st_mode)
 
 
 def is_regular(path: str) -> bool:
@@ -264,31 +303,6 @@ def list_files(folder: str, recursive: bool = False) -> list[str]:
         finally:
             os.close(fd)
     return sorted(found)
-
-
-def folder_bytes(folder: str, limit_entries: int = MAX_LISTED) -> tuple[int, int]:
-    """(bytes, entries) under ``folder``, without following links; stops counting at ``limit_entries``
-    entries (the caller treats that many as too many)."""
-    total = entries = 0
-    pending = [folder]
-    while pending and entries < limit_entries:
-        current = pending.pop()
-        try:
-            with os.scandir(current) as it:
-                for entry in it:
-                    entries += 1
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += info.st_blocks * 512 if hasattr(info, "st_blocks") else info.st_size
-                    if stat.S_ISDIR(info.st_mode):
-                        pending.append(entry.path)
-                    if entries >= limit_entries:
-                        break
-        except OSError:
-            continue
-    return total, entries
 
 
 def read_submission(path: str, limit: int = MAX_SUBMISSION_BYTES) -> bytes:

@@ -11,8 +11,12 @@ each submission a sandbox of its own the same way. Inside (``docs/guarantees.md`
   read-only; nothing else of the machine exists inside (no ``/home``, ``/root``, ``/var``,
   ``/run``, ``/srv``, ``/mnt``, no state folder and so no grading server's socket, wherever
   they are);
-* ``/tmp`` and ``/dev/shm`` private tmpfs folders of at most ``--tmp-limit`` MiB each
-  (:data:`DEFAULT_TMP_MIB`), gone with the sandbox; the home folder an empty, small one;
+* ``/tmp``, ``/dev/shm`` and the ranks' folder (which the grader reads from outside) private tmpfs
+  folders of at most ``--tmp-limit`` MiB each (:data:`DEFAULT_TMP_MIB`) and :data:`TMP_FILES` or
+  :data:`RANKS_FILES` files (the kernel holds the number under unshare, the grader counts it under
+  bwrap), gone with the sandbox; the home folder an empty, small one; ``/dev`` read-only;
+* a system-call filter (:func:`filter_program`): no memfd, no System V shared memory or message
+  queue (memory no process's resident set shows), no call of another architecture;
 * a network namespace with only the loopback interface, and its own IPC and host name: the
   ranks still meet on 127.0.0.1 (the grader's store is inside too), nothing reaches another
   address, and abstract Unix sockets outside are out of reach;
@@ -46,6 +50,7 @@ import sys
 from pathlib import Path
 
 from grader.rank import limits as _limits
+from grader.rank import untrusted as _untrusted
 
 BWRAP, UNSHARE = "bwrap", "unshare"
 
@@ -56,6 +61,9 @@ INSIDE_ENV = _limits.SANDBOX_ENV  # set inside: the size of /tmp in bytes (for t
 DEFAULT_TMP_MIB = _limits.DEFAULT_TMP_MIB
 HOME_BYTES = 16 * 2**20
 HIDDEN_BYTES = 64 * 2**10  # each empty folder that hides the state folder
+TMP_FILES = 65_536  # files and folders in /tmp, in /dev/shm and in the home folder, each
+RANKS_FILES = _untrusted.MAX_LISTED  # files and folders in the ranks' folder (what the grader lists at most)
+RANKS_FOLDER = "/tmp/ddp-grade-ranks"  # inside: the ranks' folders (this, a dash and a name of its own), each a tmpfs
 
 # From /etc, only what Python, torch, gloo and the C library read; nothing else of the machine's.
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "hosts", "host.conf", "nsswitch.conf", "gai.conf",
@@ -89,14 +97,20 @@ def _tool(wanted: str) -> str | None:
 
 
 def _works(name: str) -> bool:
-    """The tool builds the whole sandbox here: loopback only, and the sized /tmp."""
+    """The tool builds the whole sandbox here: loopback only, the sized /tmp, the system-call filter."""
+    check = "import os, socket; print(socket.if_nameindex())\ntry:\n    os.memfd_create('x')\nexcept OSError:\n    " \
+            "print('filtered')"
+    fd = filter_descriptor()
     try:
-        probe = wrap([sys.executable, "-c", "import socket; print(socket.if_nameindex())"], [], name,
-                     tmp_bytes=HOME_BYTES)
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, env=environment({}, HOME_BYTES))
+        probe = wrap([sys.executable, "-c", check], [], name, tmp_bytes=HOME_BYTES, filter_fd=fd)
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=30, env=environment({}, HOME_BYTES),
+                              pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return done.returncode == 0 and "'lo'" in done.stdout
+    finally:
+        os.close(fd)
+    filtered = "filtered" in done.stdout or not filter_program()
+    return done.returncode == 0 and "'lo'" in done.stdout and filtered
 
 
 HOST_MODULE = "grader.rank.rank_host"
@@ -180,11 +194,14 @@ def environment(extra: dict, tmp_size: int) -> dict:
 
 
 def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_bytes: int = 0,
-         writable: list[str] = ()) -> list[str]:
+         ranks_folder: str = "", filter_fd: int | None = None) -> list[str]:
     """``argv`` as run inside the sandbox built by ``name`` (default: :func:`tool`).
 
-    ``extra_paths`` are bound read-only, ``writable`` read-write (the folder the grader gives the
-    ranks, which it reads from outside), each at its own path. Run it with
+    ``extra_paths`` are bound read-only, each at its own path; ``ranks_folder`` (a path inside) is a
+    tmpfs of ``tmp_bytes`` and :data:`RANKS_FILES` files, the folder the grader gives the ranks and
+    reads from outside through the sandbox's first process (``/proc/PID/root``). bwrap reads the
+    system-call filter (:func:`filter_program`) from ``filter_fd``, which the caller passes to it
+    (:func:`filter_descriptor`); under unshare the first step inside installs it. Run it with
     ``env=environment(...)``: the tools pass the environment in as they get it.
     """
     name = name or tool()
@@ -192,14 +209,16 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
     home = str(Path.home())
     system = [p for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
     binds = [p for p in visible_paths(extra_paths) if not any(_under(p, s) for s in system)]
-    writable = [os.path.abspath(p) for p in writable]
-    hide = [h for h in hidden_paths() if any(_under(h, b) for b in binds + writable)]
+    hide = [h for h in hidden_paths() if any(_under(h, b) for b in binds)]
     gpus = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
     if name == BWRAP:
+        if filter_fd is None:
+            raise ValueError("bwrap needs the descriptor of the system-call filter (filter_descriptor())")
         # --as-pid-1: the command is the PID namespace's first process, as under unshare; bwrap's own init
         # would be a dumpable process of the sandbox that any rank could trace or write into.
         cmd = [BWRAP, "--unshare-user", "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc",
-               "--unshare-uts", "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+               "--unshare-uts", "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+               "--seccomp", str(filter_fd)]
         for path in SYSTEM:
             if os.path.islink(path):
                 cmd += ["--symlink", os.readlink(path), path]
@@ -208,8 +227,11 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
         for entry in ETC_FILES:
             if os.path.exists(f"/etc/{entry}"):
                 cmd += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
+        # bwrap has no option for a tmpfs's number of files: the grader counts them from outside instead.
         cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(size), "--tmpfs", "/tmp",
                 "--size", str(size), "--tmpfs", "/dev/shm", "--size", str(HOME_BYTES), "--tmpfs", home]
+        if ranks_folder:
+            cmd += ["--perms", "0700", "--size", str(size), "--tmpfs", ranks_folder]
         for device in gpus:
             cmd += ["--dev-bind", device, device]
         cmd += ["--remount-ro", "/dev"]  # bwrap's /dev is a tmpfs of no size: nothing is written there
@@ -217,17 +239,57 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
             cmd += ["--ro-bind", "/sys", "/sys"]
         for path in binds:
             cmd += ["--ro-bind", path, path]
-        for path in writable:
-            cmd += ["--bind", path, path]
         for path in hide:
             cmd += ["--perms", "0700", "--size", str(HIDDEN_BYTES), "--tmpfs", path]
         return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *argv]
     if name == UNSHARE:
-        boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), *binds, "--writable", *writable,
+        boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), ranks_folder, filter_program().hex(), *binds,
                 "--hide", *hide, "--devices", *gpus, "--", *argv]
         return [UNSHARE, "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
                 "--mount", "--mount-proc", "--", *boot]
     raise RuntimeError("no sandbox tool: install bubblewrap (bwrap)")
+
+
+# System calls whose memory no process's resident set shows and no tmpfs of the sandbox holds: a memfd
+# (memfd_create, memfd_secret) and System V shared memory and message queues. They fail with ENOSYS in the
+# sandbox (libraries that try a memfd take another way on ENOSYS; torch's shared memory is in /dev/shm).
+REFUSED_CALLS = {"x86_64": {"memfd_create": 319, "memfd_secret": 447, "shmget": 29, "msgget": 68},
+                 "aarch64": {"memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186}}
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_X32 = 0x40000000  # x86_64's x32 system calls: refused whole
+
+
+def filter_program(machine: str | None = None) -> bytes:
+    """The sandbox's seccomp program (classic BPF, as bwrap's ``--seccomp`` and ``PR_SET_SECCOMP`` take
+    it): every call of :data:`REFUSED_CALLS`, and every call of another architecture (32-bit calls on a
+    64-bit kernel, whose numbers differ), fails with ENOSYS; the rest are allowed. Empty on a machine
+    it does not know (nothing is filtered there)."""
+    import errno
+    import struct
+
+    machine = machine or os.uname().machine
+    if machine not in REFUSED_CALLS:
+        return b""
+    numbers = sorted(REFUSED_CALLS[machine].values())
+    load, equal, at_least, answer = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET|K
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.ENOSYS  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    code = [(load, 0, 0, 4), (equal, 1, 0, _AUDIT_ARCH[machine]), (answer, 0, 0, refuse), (load, 0, 0, 0)]
+    if machine == "x86_64":
+        code.append((at_least, len(numbers) + 1, 0, _X32))
+    code += [(equal, len(numbers) - k, 0, number) for k, number in enumerate(numbers)]
+    code += [(answer, 0, 0, allow), (answer, 0, 0, refuse)]
+    return b"".join(struct.pack("=HBBI", *step) for step in code)
+
+
+def filter_descriptor() -> int:
+    """A descriptor to read :func:`filter_program` from (bwrap's ``--seccomp``): the caller passes it to
+    bwrap and closes it."""
+    reading, writing = os.pipe()
+    try:
+        os.write(writing, filter_program())
+    finally:
+        os.close(writing)
+    return reading
 
 
 # Runs first inside `unshare`: loopback up; a new root built on a tmpfs (the machine's system folders and what the
@@ -247,9 +309,8 @@ flags = struct.unpack("16sH14s", fcntl.ioctl(s, 0x8913, ifr))[1]
 fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
 s.close()
 mount("none", "/", None, MS_REC | MS_PRIVATE)
-home, size, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-binds = rest[:rest.index("--writable")]
-writable = rest[rest.index("--writable") + 1:rest.index("--hide")]
+home, size, ranks, program, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4]), sys.argv[5:]
+binds = rest[:rest.index("--hide")]
 hide = rest[rest.index("--hide") + 1:rest.index("--devices")]
 devices = rest[rest.index("--devices") + 1:rest.index("--")]
 argv = rest[rest.index("--") + 1:]
@@ -266,7 +327,7 @@ for entry in ETC:
 for name in DEVICES:
     if os.path.exists("/dev/" + name):
         sources["/dev/" + name] = "/dev/" + name
-for path in devices + (["/sys"] if devices else []) + binds + writable:
+for path in devices + (["/sys"] if devices else []) + binds:
     sources[path] = path
 links = {path: os.readlink(path) for path in SYSTEM if os.path.islink(path)}
 keep = {path: os.open(src, os.O_PATH) for path, src in sources.items()}  # before /tmp is hidden
@@ -291,12 +352,15 @@ for path, target in links.items():
     os.symlink(target, root + path)
 os.makedirs(root + "/dev", exist_ok=True)
 mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536")
-for path, options in (("/dev/shm", "mode=1777,size=%%d" %% size), ("/tmp", "mode=1777,size=%%d" %% size),
-                      (home, "mode=700,size=%(home_bytes)d")):
-    os.makedirs(root + path, exist_ok=True)
-    mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+for path, options in (("/dev/shm", "mode=1777,size=%%d,nr_inodes=%(tmp_files)d" %% size),
+                      ("/tmp", "mode=1777,size=%%d,nr_inodes=%(tmp_files)d" %% size),
+                      (home, "mode=700,size=%(home_bytes)d,nr_inodes=%(tmp_files)d"),
+                      (ranks, "mode=700,size=%%d,nr_inodes=%(ranks_files)d" %% size)):
+    if path:
+        os.makedirs(root + path, exist_ok=True)
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
 for path in sorted(keep, key=lambda p: p.count("/")):
-    place(path, keep[path], writable=path.startswith("/dev/") or path in writable)
+    place(path, keep[path], writable=path.startswith("/dev/"))
     os.close(keep[path])
 for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                      ("stderr", "/proc/self/fd/2")):
@@ -325,5 +389,13 @@ data = (ctypes.c_uint32 * 6)()
 if libc.capset(header, data) != 0:
     raise OSError(ctypes.get_errno(), "capset")
 libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+if program:  # the system-call filter (grader.sandbox.filter_program), as bwrap's --seccomp installs it
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "seccomp")
 os.execv(argv[0], argv)
-""" % {"system": SYSTEM, "etc": ETC_FILES, "devices": DEVICES, "home_bytes": HOME_BYTES, "hidden_bytes": HIDDEN_BYTES}
+""" % {"system": SYSTEM, "etc": ETC_FILES, "devices": DEVICES, "home_bytes": HOME_BYTES, "hidden_bytes": HIDDEN_BYTES,
+       "tmp_files": TMP_FILES, "ranks_files": RANKS_FILES}

@@ -21,14 +21,16 @@ What crosses is bounded and checked:
 * while the grader waits it reads, every :data:`POLL_S`, every process of the sandbox: each one's
   resident memory (at most the memory limit, with :data:`PROCESS_SLACK`), all of them together
   (proportional set sizes, at most :func:`grader.rank.limits.sandbox_memory_bytes`), how many there are
-  (:data:`MAX_PROCESSES`), and the bytes in the folder the ranks write to (the tmp limit); one
-  over ends the sandbox and the grading fails, naming the limit;
-* files the ranks leave are read from that folder with :mod:`grader.rank.untrusted` (no links, no
-  FIFOs, sizes capped).
+  (:data:`MAX_PROCESSES`, :data:`MAX_TASKS`), and how many files ``/tmp``, ``/dev/shm`` and the ranks'
+  folder hold (the tmp limit: their sizes are the kernel's to hold); one over ends the sandbox and the
+  grading fails, naming the limit; where this process can make one (root), the sandbox runs in a pids
+  cgroup of its own (:mod:`.tasks`);
+* files the ranks leave are read from their folder with :mod:`grader.rank.untrusted` (no links, no
+  FIFOs, sizes capped), through a descriptor of that folder opened from here (a tmpfs of the
+  sandbox's, named in every path by the name it has inside).
 
 The learner's file is read once here and handed in as a copy, in a folder of its own, read-only;
-the ranks' folder is another, writable; nothing else of this machine's but what the grader's
-code needs is visible inside.
+nothing else of this machine's but what the grader's code needs is visible inside.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 
 from grader.rank import limits as _limits
 from grader.rank import untrusted, wire
+from grader.sandbox import tasks as _tasks
 from grader.sandbox.boundary import MAX_ANSWER_BYTES, Unreadable, error_from, rank_from, text, world_from
 from grader.rank.outcomes import RankOutcome, SessionBroken, WorldOutcome
 from grader.rank.wire import HEADER, frame
@@ -144,10 +148,7 @@ class ConfinedSession:
 
         self.limits = {**_limits.DEFAULT_LIMITS, **(limits or {})}
         self.tmp = tempfile.mkdtemp(prefix="ddp-grade-out-")  # this process's alone (Hypothesis' files)
-        root = _short_temp_root()
-        self.shared = tempfile.mkdtemp(prefix="ddp-grade-run-", dir=root)  # the ranks write here
-        self.submission_dir = tempfile.mkdtemp(prefix="ddp-grade-sub-", dir=root)
-        untrusted.trust_folder(self.shared)
+        self.submission_dir = tempfile.mkdtemp(prefix="ddp-grade-sub-", dir=_short_temp_root())
         self.learner_path = os.path.join(self.submission_dir, os.path.basename(name))
         fd = os.open(self.learner_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
         with os.fdopen(fd, "wb") as f:
@@ -158,25 +159,35 @@ class ConfinedSession:
         self._closed = False
         self._workers = 0
         self._errors: list[bytes] = []
+        self._folders: dict[str, int] = {}  # the sandbox's tmpfs folders, held open from here (see _hold_folders)
+        # The ranks' folder: a tmpfs inside, named so in every path the host and the checks use; read from here
+        # through a descriptor of it. Its own name in each sandbox, as one process may hold several.
+        self.ranks_folder = f"{sandbox.RANKS_FOLDER}-{uuid.uuid4().hex[:12]}"
         size = self.limits["tmp_bytes"]
-        # The host's two pipes are descriptors of its own, never its standard input and output: those it
-        # shares with the sandbox's first process under bwrap, whose descriptors any rank could open.
+        tool = tool or sandbox.tool()
+        # The host's two pipes are descriptors of its own, never its standard input and output.
         requests_in, requests_out = os.pipe()
         answers_in, answers_out = os.pipe()
+        given = [requests_in, answers_out]
+        if tool == sandbox.BWRAP:
+            given.append(sandbox.filter_descriptor())
         argv = sandbox.wrap(sandbox.host_command(requests_in, answers_out), [self.submission_dir], tool,
-                            tmp_bytes=size, writable=[self.shared])
+                            tmp_bytes=size, ranks_folder=self.ranks_folder,
+                            filter_fd=given[2] if len(given) > 2 else None)
         sandbox_env = sandbox.environment({"DDP_GRADE_SERVER": "0", "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state",
                                            **(env or {})}, size)
+        self._tasks = _tasks.TaskGroup.make(MAX_TASKS)  # a pids cgroup where this process can make one
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self._tasks.command(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.PIPE, env=sandbox_env, start_new_session=True,
-                                         pass_fds=(requests_in, answers_out))
+                                         pass_fds=given)
         except BaseException:
             for fd in (requests_out, answers_in):
                 os.close(fd)
+            self._tasks.remove()
             raise
         finally:
-            for fd in (requests_in, answers_out):
+            for fd in given:
                 os.close(fd)
         self._requests = os.fdopen(requests_out, "wb")
         self._answers = os.fdopen(answers_in, "rb", buffering=0)
@@ -186,7 +197,7 @@ class ConfinedSession:
         self._started_at = time.monotonic()
         self._ready = False
         try:
-            self._send({"tmp": self.shared, "limits": self.limits, "dynamo": dynamo, "modules": list(modules),
+            self._send({"tmp": self.ranks_folder, "limits": self.limits, "dynamo": dynamo, "modules": list(modules),
                         "max_tasks": MAX_TASKS})
         except BaseException:
             self.close()
@@ -200,7 +211,24 @@ class ConfinedSession:
         ready = self._answer(self._started_at + START_S, "the sandbox to start")
         if ready.get("type") != "ready":
             self._break(f"the sandbox's host answered {_what(ready)} instead of starting")
+        self._hold_folders()
         self._ready = True
+
+    def _hold_folders(self) -> None:
+        """Open the sandbox's tmpfs folders from here, through its first process (the host, which made its
+        mounts): the ranks' folder is read through that descriptor (:func:`grader.rank.untrusted.trust_folder`
+        ``through``) by the path it has inside, whatever becomes of the sandbox or of that process's number,
+        and each folder's use is read from it (fstatvfs)."""
+        first = _first_process(self.proc.pid)
+        if first is None:
+            self._break(f"the sandbox's first process cannot be found{self._exit_words()}")
+        for name, inside in (("ranks", self.ranks_folder), ("/tmp", "/tmp"), ("/dev/shm", "/dev/shm")):
+            try:
+                self._folders[name] = os.open(f"/proc/{first}/root{inside}", os.O_RDONLY | os.O_DIRECTORY |
+                                              os.O_CLOEXEC)
+            except OSError as exc:
+                self._break(f"the sandbox's {inside} cannot be read from outside: {exc.strerror or exc}")
+        untrusted.trust_folder(self.ranks_folder, through=self._folders["ranks"])
 
     # --- the Session interface -------------------------------------------------------------
 
@@ -269,8 +297,12 @@ class ConfinedSession:
         self._end()
         from grader.rank.processes import remove_folder
 
-        untrusted.forget_folder(self.shared)
-        for folder in (self.shared, self.submission_dir, self.tmp):
+        untrusted.forget_folder(self.ranks_folder)
+        for fd in self._folders.values():  # the last hold on the sandbox's tmpfs folders: their memory is freed
+            os.close(fd)
+        self._folders.clear()
+        self._tasks.remove()
+        for folder in (self.submission_dir, self.tmp):
             remove_folder(folder)
 
     def __enter__(self) -> "ConfinedSession":
@@ -367,11 +399,20 @@ class ConfinedSession:
                 if total > self.memory_total:
                     self._break(f"the submission's processes together went over {self.memory_total / 2**20:g} MiB "
                                 f"({_limits.SANDBOX_MEMORY_WORDS}; --memory-limit changes it)", limit="memory")
-        size, entries = untrusted.folder_bytes(self.shared)
-        if size > self.limits["tmp_bytes"] or entries >= untrusted.MAX_LISTED:
-            self._break(f"the ranks wrote more than {self.limits['tmp_bytes'] / 2**20:g} MiB (or "
-                        f"{untrusted.MAX_LISTED:,} files) into their folder (the tmp limit; --tmp-limit changes it)",
-                        limit="tmp")
+        from grader import sandbox
+
+        # Their sizes are the kernel's to hold (each a tmpfs of the tmp limit); their numbers of files too under
+        # unshare, and here under bwrap, which has no option for it.
+        for name, fd in self._folders.items():
+            try:
+                info = os.fstatvfs(fd)
+            except OSError:
+                continue
+            most = sandbox.RANKS_FILES if name == "ranks" else sandbox.TMP_FILES
+            if info.f_files - info.f_ffree > most:
+                where = "their folder" if name == "ranks" else name
+                self._break(f"the ranks made more than {most:,} files and folders in {where} (the tmp limit; "
+                            "--tmp-limit changes its size)", limit="tmp")
 
     def _break(self, message: str, limit: str = ""):
         self._end()
@@ -509,6 +550,30 @@ class ConfinedWorker:
             session._answer(time.monotonic() + 15, "a worker to close")
         except (Broken, _Late):
             pass
+
+
+def _first_process(pid: int) -> int | None:
+    """The sandbox's first process (the host, PID 1 of its namespace) as this process numbers it: the one
+    child of the tool's process ``pid`` that is PID 1 where it lives."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            try:
+                with open(f"/proc/{child}/status") as f:
+                    spaces = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+            except OSError:
+                continue
+            if len(spaces) > 1 and spaces[-1] == "1":
+                return child
+    return None
 
 
 def _short_temp_root() -> str:

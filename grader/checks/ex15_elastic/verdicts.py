@@ -357,7 +357,7 @@ def check_final(g, name: str, job: dict, reference: dict) -> None:
 def check_snapshot(g, name: str, job: dict) -> None:
     """The snapshot left at the end: what the next restart would resume from."""
     world = job["world"]
-    if not os.path.lexists(snapshot_at(job)):
+    if not untrusted.exists(snapshot_at(job)):
         _record(g, "snapshot-complete", False, name, f"there is no snapshot at --snapshot {SNAPSHOT} after the job",
                 world=world)
         return

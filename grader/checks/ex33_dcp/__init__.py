@@ -37,7 +37,7 @@ def read_records(run_dir: str, world_size: int) -> list[dict] | None:
     budget = wire.Budget()
     for rank in range(world_size):
         path = os.path.join(run_dir, OBSERVATIONS.format(rank=rank))
-        if not os.path.lexists(path):
+        if not untrusted.exists(path):
             return None
         try:
             records.append(wire.loads(untrusted.read_bytes(path, budget.bytes), budget))
@@ -49,7 +49,7 @@ def read_records(run_dir: str, world_size: int) -> list[dict] | None:
 def read_folder(folder: str, limit: int = wire.MAX_BYTES) -> dict[str, bytes]:
     """Every regular file under ``folder`` (links and FIFOs left out, never followed), by absolute path;
     untrusted.Unreadable when they hold more than ``limit`` bytes together."""
-    if not os.path.lexists(folder):
+    if not untrusted.exists(folder):
         return {}
     files, left = {}, limit
     for path in untrusted.list_files(folder, recursive=True):
@@ -63,7 +63,7 @@ def read_notes(run_dir: str, world_size: int) -> dict[int, str]:
     notes = {}
     for rank in range(world_size):
         path = os.path.join(run_dir, KILLED.format(rank=rank))
-        if os.path.lexists(path):
+        if untrusted.exists(path):
             notes[rank] = untrusted.clean_line(untrusted.read_text(path, 4096).strip())
     return notes
 

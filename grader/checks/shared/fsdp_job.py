@@ -61,7 +61,7 @@ def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> to
 def saved_model(run_dir: str) -> tuple[dict | None, str]:
     """The state dict rank 0 saved to --out/model.pt, or None and why not, in words."""
     path = os.path.join(run_dir, "out", MODEL_FILE)
-    if not os.path.lexists(path):
+    if not untrusted.exists(path):
         return None, f"rank 0 saved no {MODEL_FILE} in --out after training"
     try:
         saved = untrusted.load_tensors(path)
