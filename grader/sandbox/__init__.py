@@ -13,8 +13,9 @@ each submission a sandbox of its own the same way. Inside (``docs/guarantees.md`
   they are);
 * ``/tmp``, ``/dev/shm`` and the ranks' folder (which the grader reads from outside) private tmpfs
   folders of at most ``--tmp-limit`` MiB each (:data:`DEFAULT_TMP_MIB`) and :data:`TMP_FILES` or
-  :data:`RANKS_FILES` files (the kernel holds the number under unshare, the grader counts it under
-  bwrap), gone with the sandbox; the home folder an empty, small one; ``/dev`` read-only;
+  :data:`RANKS_FILES` files (both held by the kernel under either tool: bwrap has no option for the
+  number, so the sandbox's first step remounts each with it), gone with the sandbox; the home folder
+  an empty, small one; ``/dev`` read-only;
 * a system-call filter (:func:`filter_program`): no memfd, no System V shared memory or message
   queue (memory no process's resident set shows), no call of another architecture;
 * a network namespace with only the loopback interface, and its own IPC and host name: the
@@ -61,6 +62,7 @@ INSIDE_ENV = _limits.SANDBOX_ENV  # set inside: the size of /tmp in bytes (for t
 DEFAULT_TMP_MIB = _limits.DEFAULT_TMP_MIB
 HOME_BYTES = 16 * 2**20
 HIDDEN_BYTES = 64 * 2**10  # each empty folder that hides the state folder
+HIDDEN_FILES = 64  # files and folders in each of those, and in /dev
 TMP_FILES = 65_536  # files and folders in /tmp, in /dev/shm and in the home folder, each
 RANKS_FILES = _untrusted.MAX_LISTED  # files and folders in the ranks' folder (what the grader lists at most)
 RANKS_FOLDER = "/tmp/ddp-grade-ranks"  # inside: the ranks' folders (this, a dash and a name of its own), each a tmpfs
@@ -218,7 +220,11 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
         # would be a dumpable process of the sandbox that any rank could trace or write into.
         cmd = [BWRAP, "--unshare-user", "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc",
                "--unshare-uts", "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-               "--seccomp", str(filter_fd)]
+               "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP", "--seccomp", str(filter_fd)]
+        # The first step mounts these over bwrap's own, each with its number of files (in this order).
+        tmpfs = {"/tmp": f"mode=1777,size={size},nr_inodes={TMP_FILES}",
+                 "/dev/shm": f"mode=1777,size={size},nr_inodes={TMP_FILES}",
+                 home: f"mode=700,size={HOME_BYTES},nr_inodes={TMP_FILES}"}
         for path in SYSTEM:
             if os.path.islink(path):
                 cmd += ["--symlink", os.readlink(path), path]
@@ -227,11 +233,10 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
         for entry in ETC_FILES:
             if os.path.exists(f"/etc/{entry}"):
                 cmd += ["--ro-bind", f"/etc/{entry}", f"/etc/{entry}"]
-        # bwrap has no option for a tmpfs's number of files: the grader counts them from outside instead.
         cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(size), "--tmpfs", "/tmp",
                 "--size", str(size), "--tmpfs", "/dev/shm", "--size", str(HOME_BYTES), "--tmpfs", home]
         if ranks_folder:
-            cmd += ["--perms", "0700", "--size", str(size), "--tmpfs", ranks_folder]
+            tmpfs[ranks_folder] = f"mode=700,size={size},nr_inodes={RANKS_FILES}"
         for device in gpus:
             cmd += ["--dev-bind", device, device]
         cmd += ["--remount-ro", "/dev"]  # bwrap's /dev is a tmpfs of no size: nothing is written there
@@ -239,9 +244,9 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
             cmd += ["--ro-bind", "/sys", "/sys"]
         for path in binds:
             cmd += ["--ro-bind", path, path]
-        for path in hide:
-            cmd += ["--perms", "0700", "--size", str(HIDDEN_BYTES), "--tmpfs", path]
-        return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *argv]
+        boot = [sys.executable, "-S", "-c", _BWRAP_BOOT, *(x for item in tmpfs.items() for x in item),
+                "--binds", *binds, "--hide", *hide]
+        return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *boot, "--", *argv]
     if name == UNSHARE:
         boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), ranks_folder, filter_program().hex(), *binds,
                 "--hide", *hide, "--devices", *gpus, "--", *argv]
@@ -291,6 +296,66 @@ def filter_descriptor() -> int:
         os.close(writing)
     return reading
 
+
+# No capabilities from here on (the end of both tools' first step): nothing inside can mount, unmount or remount,
+# and no program it runs, as root of the namespace or not, gets one back.
+_DROP = r"""
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 24, 28, 38, 47
+for cap in range(64):
+    libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+if libc.prctl(PR_SET_SECUREBITS, 0x2f, 0, 0, 0) != 0:  # noroot, no setuid fixup, keep caps off; each locked
+    raise OSError(ctypes.get_errno(), "securebits")
+header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+data = (ctypes.c_uint32 * 6)()
+if libc.capset(header, data) != 0:
+    raise OSError(ctypes.get_errno(), "capset")
+libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+"""
+
+# Runs first inside bwrap, which has no option for a tmpfs's number of files: with the two capabilities bwrap was
+# asked to leave (in the user namespace its --disable-userns makes, which does not own bwrap's mounts: CAP_SYS_ADMIN
+# to mount in a mount namespace of its own, CAP_SETPCAP to empty the bounding set), a tmpfs with the given options
+# (size and number of files, nr_inodes) over each path given, in order; what bwrap bound below one of them bound
+# again, read-only, and the folders that hide the state folder over it; every capability dropped; then the grading.
+_BWRAP_BOOT = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, CLONE_NEWNS = 1, 2, 4, 32, 4096, 16384, 0x20000
+def mount(src, dst, fstype, flags, data=None):
+    if libc.mount(src.encode() if src else None, dst.encode(), fstype.encode() if fstype else None, flags,
+                  data.encode() if data else None) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {dst}")
+if libc.unshare(CLONE_NEWNS) != 0:
+    raise OSError(ctypes.get_errno(), "unshare")
+args = sys.argv[1:]
+tmpfs, binds, hidden = args[:args.index("--binds")], args[args.index("--binds") + 1:args.index("--hide")], \
+    args[args.index("--hide") + 1:args.index("--")]
+argv = args[args.index("--") + 1:]
+over = tmpfs[::2]
+keep = {p: os.open(p, os.O_PATH) for p in binds if any(p == t or p.startswith(t.rstrip("/") + "/") for t in over)}
+for path, options in zip(tmpfs[::2], tmpfs[1::2]):
+    os.makedirs(path, exist_ok=True)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
+for path in sorted(keep, key=lambda p: p.count("/")):
+    source = f"/proc/self/fd/{keep[path]}"
+    if os.path.isdir(source):
+        os.makedirs(path, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "a").close()
+    mount(source, path, None, MS_BIND | MS_REC)
+    st = os.statvfs(path).f_flag  # read-only, keeping the flags the kernel locks (nosuid, nodev, noexec, atime)
+    mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | (st & (2 | 4 | 8 | 1024 | 2048)) |
+          ((1 << 21) if st & 4096 else 0))
+    os.close(keep[path])
+for path in hidden:
+    if os.path.isdir(path):
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=%(hidden_bytes)d,nr_inodes=%(hidden_files)d")
+os.chdir("/tmp")
+%(drop)s
+os.execv(argv[0], argv)
+""" % {"drop": _DROP, "hidden_bytes": HIDDEN_BYTES, "hidden_files": HIDDEN_FILES}
 
 # Runs first inside `unshare`: loopback up; a new root built on a tmpfs (the machine's system folders and what the
 # grading needs bound read-only, a small /dev, a fresh /proc, /tmp and /dev/shm of the given size, an empty home);
@@ -351,7 +416,7 @@ def place(path, fd, writable=False):
 for path, target in links.items():
     os.symlink(target, root + path)
 os.makedirs(root + "/dev", exist_ok=True)
-mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536")
+mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=65536,nr_inodes=%(hidden_files)d")
 for path, options in (("/dev/shm", "mode=1777,size=%%d,nr_inodes=%(tmp_files)d" %% size),
                       ("/tmp", "mode=1777,size=%%d,nr_inodes=%(tmp_files)d" %% size),
                       (home, "mode=700,size=%(home_bytes)d,nr_inodes=%(tmp_files)d"),
@@ -367,7 +432,7 @@ for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("st
     os.symlink(target, root + "/dev/" + name)
 for path in hide:
     if os.path.isdir(root + path):
-        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=%(hidden_bytes)d")
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=%(hidden_bytes)d,nr_inodes=%(hidden_files)d")
 os.makedirs(root + "/proc", exist_ok=True)
 mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -378,18 +443,7 @@ if libc.syscall(SYS_PIVOT_ROOT, b".", b".") != 0:
 if libc.umount2(b".", 2) != 0:  # MNT_DETACH: the machine's root is gone from this namespace
     raise OSError(ctypes.get_errno(), "umount old root")
 os.chdir("/tmp")
-# No capabilities from here on: nothing inside can mount, unmount or remount.
-PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 24, 28, 38, 47
-for cap in range(64):
-    libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-libc.prctl(PR_SET_SECUREBITS, 0x2f, 0, 0, 0)  # noroot, no setuid fixup, keep caps off; each locked
-header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-data = (ctypes.c_uint32 * 6)()
-if libc.capset(header, data) != 0:
-    raise OSError(ctypes.get_errno(), "capset")
-libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-if program:  # the system-call filter (grader.sandbox.filter_program), as bwrap's --seccomp installs it
+%(drop)sif program:  # the system-call filter (grader.sandbox.filter_program), as bwrap's --seccomp installs it
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
     code = ctypes.create_string_buffer(program, len(program))
@@ -398,4 +452,4 @@ if program:  # the system-call filter (grader.sandbox.filter_program), as bwrap'
         raise OSError(ctypes.get_errno(), "seccomp")
 os.execv(argv[0], argv)
 """ % {"system": SYSTEM, "etc": ETC_FILES, "devices": DEVICES, "home_bytes": HOME_BYTES, "hidden_bytes": HIDDEN_BYTES,
-       "tmp_files": TMP_FILES, "ranks_files": RANKS_FILES}
+       "tmp_files": TMP_FILES, "ranks_files": RANKS_FILES, "hidden_files": HIDDEN_FILES, "drop": _DROP}

@@ -21,10 +21,10 @@ What crosses is bounded and checked:
 * while the grader waits it reads, every :data:`POLL_S`, every process of the sandbox: each one's
   resident memory (at most the memory limit, with :data:`PROCESS_SLACK`), all of them together
   (proportional set sizes, at most :func:`grader.rank.limits.sandbox_memory_bytes`), how many there are
-  (:data:`MAX_PROCESSES`, :data:`MAX_TASKS`), and how many files ``/tmp``, ``/dev/shm`` and the ranks'
-  folder hold (the tmp limit: their sizes are the kernel's to hold); one over ends the sandbox and the
-  grading fails, naming the limit; where this process can make one (root), the sandbox runs in a pids
-  cgroup of its own (:mod:`.tasks`);
+  (:data:`MAX_PROCESSES`, :data:`MAX_TASKS`); one over ends the sandbox and the grading fails, naming
+  the limit (the sizes and numbers of files of ``/tmp``, ``/dev/shm`` and the ranks' folder are the
+  kernel's to hold: each is a tmpfs of the tmp limit); where this process can make one (root), the
+  sandbox runs in a pids cgroup of its own (:mod:`.tasks`);
 * files the ranks leave are read from their folder with :mod:`grader.rank.untrusted` (no links, no
   FIFOs, sizes capped), through a descriptor of that folder opened from here (a tmpfs of the
   sandbox's, named in every path by the name it has inside).
@@ -56,10 +56,11 @@ START_S = 60.0  # for the sandbox to start and its host to import torch and star
 RUN_START_S = 30.0  # for the host to take up a request (no code of the submission's runs before it answers)
 HAND_OUT_S = 3.0  # for the host to hand a run's ranks their specs (the run's deadline starts after)
 STOP_MARGIN_S = 6.0  # beyond a run's deadline: for the host to stop its ranks and answer
-POLL_S = 0.5  # how often the sandbox's processes and folder are read while the grader waits
+POLL_S = 0.5  # how often the sandbox's processes are read while the grader waits
 MAX_PROCESSES = 512  # processes in the sandbox at once (threads are bounded inside: MAX_TASKS)
-MAX_TASKS = 4096  # processes and threads in the sandbox (read with the rest; RLIMIT_NPROC set inside too, where
-# the kernel applies it per user namespace)
+MAX_TASKS = 4096  # processes and threads in the sandbox: RLIMIT_NPROC inside (or a pids cgroup, .tasks), and read
+TOOL_TASKS = 4  # with the rest, beside the tool's own processes outside it (bwrap's, unshare's), which that limit
+# does not count: the grader's reading ends the sandbox only where the kernel's limit did not hold
 PROCESS_SLACK = 1.25  # one process may hold this times the memory limit before the sandbox is ended
 
 
@@ -159,7 +160,7 @@ class ConfinedSession:
         self._closed = False
         self._workers = 0
         self._errors: list[bytes] = []
-        self._folders: dict[str, int] = {}  # the sandbox's tmpfs folders, held open from here (see _hold_folders)
+        self._ranks_fd: int | None = None  # the ranks' folder, held open from here (see _hold_folder)
         # The ranks' folder: a tmpfs inside, named so in every path the host and the checks use; read from here
         # through a descriptor of it. Its own name in each sandbox, as one process may hold several.
         self.ranks_folder = f"{sandbox.RANKS_FOLDER}-{uuid.uuid4().hex[:12]}"
@@ -211,24 +212,23 @@ class ConfinedSession:
         ready = self._answer(self._started_at + START_S, "the sandbox to start")
         if ready.get("type") != "ready":
             self._break(f"the sandbox's host answered {_what(ready)} instead of starting")
-        self._hold_folders()
+        self._hold_folder()
         self._ready = True
 
-    def _hold_folders(self) -> None:
-        """Open the sandbox's tmpfs folders from here, through its first process (the host, which made its
-        mounts): the ranks' folder is read through that descriptor (:func:`grader.rank.untrusted.trust_folder`
-        ``through``) by the path it has inside, whatever becomes of the sandbox or of that process's number,
-        and each folder's use is read from it (fstatvfs)."""
+    def _hold_folder(self) -> None:
+        """Open the ranks' folder from here, through the sandbox's first process (the host, in whose mount
+        namespace it is a tmpfs): it is read through that descriptor
+        (:func:`grader.rank.untrusted.trust_folder` ``through``) by the path it has inside, whatever becomes of
+        the sandbox or of that process's number."""
         first = _first_process(self.proc.pid)
         if first is None:
             self._break(f"the sandbox's first process cannot be found{self._exit_words()}")
-        for name, inside in (("ranks", self.ranks_folder), ("/tmp", "/tmp"), ("/dev/shm", "/dev/shm")):
-            try:
-                self._folders[name] = os.open(f"/proc/{first}/root{inside}", os.O_RDONLY | os.O_DIRECTORY |
-                                              os.O_CLOEXEC)
-            except OSError as exc:
-                self._break(f"the sandbox's {inside} cannot be read from outside: {exc.strerror or exc}")
-        untrusted.trust_folder(self.ranks_folder, through=self._folders["ranks"])
+        try:
+            self._ranks_fd = os.open(f"/proc/{first}/root{self.ranks_folder}", os.O_RDONLY | os.O_DIRECTORY |
+                                     os.O_CLOEXEC)
+        except OSError as exc:
+            self._break(f"the sandbox's {self.ranks_folder} cannot be read from outside: {exc.strerror or exc}")
+        untrusted.trust_folder(self.ranks_folder, through=self._ranks_fd)
 
     # --- the Session interface -------------------------------------------------------------
 
@@ -298,9 +298,9 @@ class ConfinedSession:
         from grader.rank.processes import remove_folder
 
         untrusted.forget_folder(self.ranks_folder)
-        for fd in self._folders.values():  # the last hold on the sandbox's tmpfs folders: their memory is freed
-            os.close(fd)
-        self._folders.clear()
+        if self._ranks_fd is not None:  # the last hold on the ranks' tmpfs: its memory is freed
+            os.close(self._ranks_fd)
+            self._ranks_fd = None
         self._tasks.remove()
         for folder in (self.submission_dir, self.tmp):
             remove_folder(folder)
@@ -387,7 +387,7 @@ class ConfinedSession:
         found = sandbox_processes(self.proc.pid)
         if len(found) > MAX_PROCESSES:
             self._break(f"the submission started more than {MAX_PROCESSES} processes at once", limit="processes")
-        if sum(threads for _, threads in found.values()) > MAX_TASKS:
+        if sum(threads for _, threads in found.values()) > MAX_TASKS + TOOL_TASKS:
             self._break(f"the submission ran more than {MAX_TASKS} processes and threads at once", limit="processes")
         if memory:
             for pid, (rss, _) in found.items():
@@ -399,21 +399,6 @@ class ConfinedSession:
                 if total > self.memory_total:
                     self._break(f"the submission's processes together went over {self.memory_total / 2**20:g} MiB "
                                 f"({_limits.SANDBOX_MEMORY_WORDS}; --memory-limit changes it)", limit="memory")
-        from grader import sandbox
-
-        # Their sizes are the kernel's to hold (each a tmpfs of the tmp limit); their numbers of files too under
-        # unshare, and here under bwrap, which has no option for it.
-        for name, fd in self._folders.items():
-            try:
-                info = os.fstatvfs(fd)
-            except OSError:
-                continue
-            most = sandbox.RANKS_FILES if name == "ranks" else sandbox.TMP_FILES
-            if info.f_files - info.f_ffree > most:
-                where = "their folder" if name == "ranks" else name
-                self._break(f"the ranks made more than {most:,} files and folders in {where} (the tmp limit; "
-                            "--tmp-limit changes its size)", limit="tmp")
-
     def _break(self, message: str, limit: str = ""):
         self._end()
         self.broken = Broken(message, limit)
