@@ -370,7 +370,12 @@ def test_the_sandbox_has_a_root_of_its_own_and_no_capabilities(tool, outside_sta
     package = str(ROOT / "grader")
     argv = [sys.executable, "-c", VIEW_PROBE, package, package, sys.prefix]
     env = {**sandbox.environment({}, 2**24), "DDP_GRADE_TEST_STATE": str(outside_state)}
-    done = subprocess.run(sandbox.wrap(argv, [], tool), env=env, capture_output=True, text=True, timeout=60)
+    fd = sandbox.filter_descriptor()
+    try:
+        done = subprocess.run(sandbox.wrap(argv, [], tool, filter_fd=fd), env=env, capture_output=True, text=True,
+                              timeout=60, pass_fds=(fd,))
+    finally:
+        os.close(fd)
     assert done.returncode == 0, done.stderr[-2000:]
     view = json.loads(done.stdout)
     _check_the_view(view, str(ROOT), sorted(os.listdir(package)), _needed(str(ROOT), str(Path.home()), sys.path[1:]))
@@ -381,12 +386,14 @@ def test_the_sandbox_has_a_root_of_its_own_and_no_capabilities(tool, outside_sta
 # Run with the kit's copy as its working folder and on PYTHONPATH, so that `grader` is the copy: what the copy's
 # sandbox binds, and what a probe sees inside it.
 COPY_DRIVER = (
-    "import json, subprocess, sys\n"
+    "import json, os, subprocess, sys\n"
     "import grader\n"
     "from grader import sandbox\n"
     "tool, kit, probe = sys.argv[1:4]\n"
-    "argv = sandbox.wrap([sys.executable, '-c', probe, kit + '/grader', kit + '/grader'], [], tool)\n"
-    "done = subprocess.run(argv, env=sandbox.environment({}, 2**24), capture_output=True, text=True, timeout=60)\n"
+    "fd = sandbox.filter_descriptor()\n"
+    "argv = sandbox.wrap([sys.executable, '-c', probe, kit + '/grader', kit + '/grader'], [], tool, filter_fd=fd)\n"
+    "done = subprocess.run(argv, env=sandbox.environment({}, 2**24), capture_output=True, text=True, timeout=60,\n"
+    "                      pass_fds=(fd,))\n"
     "print(json.dumps({'package': grader.__file__, 'path': sys.path[1:], 'rc': done.returncode,\n"
     "                  'view': done.stdout, 'err': done.stderr[-2000:]}))\n"
 )
