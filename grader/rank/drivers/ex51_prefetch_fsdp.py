@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grader.rank import memory, probes, rank_timeline
+from grader.rank import memory, order, probes, rank_timeline
 from grader.rank.child import RankContext
 
 # Each unit's trainable size, padded for 2, 3 and 4 ranks, differs from every other unit's and from every
@@ -160,7 +160,7 @@ def rank_main(ctx: RankContext) -> dict:
     probes.torchrun_environment(ctx.rank, ctx.world_size)
     events: list = []
     seed = int(ctx.kwargs["seed"])
-    with ctx.group(), probes.watch_issue_and_wait(events) as calls:
+    with ctx.group(), order.watch_issue_and_wait(events) as calls:
         torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
         PrefetchingFSDP = ctx.function("PrefetchingFSDP")
         module = ctx.learner()

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 
 from grader.checks.shared.learner_errors import learner_error
-from grader.rank import memory, probes, rank_timeline
+from grader.rank import memory, order, probes, rank_timeline
 from grader.rank.child import RankContext
 
 ROWS = 3  # rows of the input each rank holds (a chunk)
@@ -73,7 +73,7 @@ def rank_main(ctx: RankContext) -> dict:
     events: list = []
     held = Held()
     out: dict = {}
-    with ctx.group(), probes.watch_issue_and_wait(events):
+    with ctx.group(), order.watch_issue_and_wait(events):
         torch.distributed.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
         functions = {name: ctx.function(name) for name in FUNCTIONS}  # imported with the probes on
         module = ctx.learner()
@@ -121,7 +121,7 @@ def _call(function, args: dict, group, events: list, held: Held, learner: tuple[
     first = len(events)
     record = {"output": None, "grads": {}, "error": None, "returned": None}
     try:
-        with probes.watch_matmuls(snapshot), memory.watch_saved(saved):
+        with order.watch_matmuls(snapshot), memory.watch_saved(saved):
             events.append({"op": "mark", "what": "call-begins"})
             output = function(x, weight, group)
             events.append({"op": "mark", "what": "call-returned"})
@@ -129,7 +129,7 @@ def _call(function, args: dict, group, events: list, held: Held, learner: tuple[
         if not isinstance(output, torch.Tensor):
             raise TypeError(f"returned {type(output).__name__}, not a tensor")
         record["output"] = output.detach().clone()
-        with probes.watch_matmuls(snapshot):
+        with order.watch_matmuls(snapshot):
             # Its gradient is args["grad"], exactly; backward(gradient=) would import sympy (torch 2.13).
             (output * args["grad"]).sum().backward()
             events.append({"op": "mark", "what": "backward-returned"})
