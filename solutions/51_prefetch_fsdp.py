@@ -46,17 +46,18 @@ class in float64:
 
 Why two and not three: the prefetched unit's buffer must exist while the
 current unit computes, so overlap costs one unit's full parameters more than
-exercise 11. A third one is what prefetching two units ahead would need
-(set_modules_to_forward_prefetch with two modules), or a unit kept after its
-forward while the next two are gathered. FSDP2 keeps it to two for the same
-reason a CPU must not run ahead of the GPU: the CPU can issue all-gathers for
-many units in the time the GPU computes one, each holding a unit's full
-parameters; so FSDP2 frees an all-gather's output only after the next unit's
-copy-out, and a new all-gather waits on that (torch 2.13:
-torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, wait_for_unshard).
-The reduce-scatters under backward keep each unit's full gradient alive
-until they are waited for; FSDP2 bounds that too
-(set_reduce_scatter_max_input_buffers, one buffer in flight by default).
+exercise 11. A third is what prefetching two units ahead needs (FSDP2's
+set_modules_to_forward_prefetch with two modules: "more aggressive overlap",
+"more reserved memory", its docstring says), or a unit kept after its forward
+while the next two are gathered. FSDP2's own prefetching stays one unit ahead
+because the CPU can issue the all-gathers of many units in the time the GPU
+computes one, each output a unit's full parameters: in forward it keeps the
+previous all-gather's output only until the next unit's copy-out, and its
+all-gather stream waits for that copy-out before the next all-gather runs
+(torch 2.13, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py,
+FSDPParamGroup.wait_for_unshard). The reduce-scatters under backward keep each
+unit's full gradient alive until they are waited for; FSDP2 bounds those too
+(set_reduce_scatter_max_input_buffers: one buffer in flight by default).
 
 The grader records, on every rank, when each all-gather and reduce-scatter is
 issued and waited for, and when each unit's forward and backward begin and
