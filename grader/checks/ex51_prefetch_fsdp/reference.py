@@ -37,7 +37,7 @@ def reference_steps(seed: int, world_size: int) -> dict:
         with torch.no_grad():
             for params in trainable.values():
                 for _, p in params:
-                    p -= LR * p.grad
+                    p.add_(p.grad, alpha=-LR)  # torch.optim.SGD's own arithmetic
         steps.append({"outputs": [o.detach().clone() for o in outputs], "grads": slices,
                       "state": {k: v.detach().clone() for k, v in model.state_dict().items()}})
     return {"initial": initial, "steps": steps}
