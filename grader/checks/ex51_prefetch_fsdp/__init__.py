@@ -37,7 +37,8 @@ def grade(g: Grader) -> None:
     seed = secrets.randbelow(1 << 30)
     for world_size in g.world_sizes:
         outcome = g.run(rank_main, world_size, kwargs={"seed": seed})
-        timelines.keep(g, outcome, f"world size {world_size}", shown=world_size == max(g.world_sizes))
+        timelines.keep(g, outcome, f"world size {world_size}", shown=world_size == max(g.world_sizes),
+                       draw=("step 2",))
         observations = outcome.results()
         check_training(g, observations, reference_steps(seed, world_size), world_size)
         gathered, sliced = gathered_sizes(world_size), slice_sizes(world_size)

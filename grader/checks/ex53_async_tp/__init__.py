@@ -36,7 +36,8 @@ def grade(g: Grader) -> None:
         scenarios = ["world"] + (["pairs"] if world_size >= 4 else [])
         grouped |= "pairs" in scenarios
         outcome = g.run(rank_main, world_size, kwargs={"seed": seed, "scenarios": scenarios})
-        timelines.keep(g, outcome, f"world size {world_size}", shown=world_size == max(g.world_sizes))
+        timelines.keep(g, outcome, f"world size {world_size}", shown=world_size == max(g.world_sizes),
+                       draw=("world: allgather_matmul",))
         observations = outcome.results()
         contents = [[c.numpy().tobytes() for c in o["contents"]] for o in observations]
         calls = {(s, f): calls_of(observations, s, f) for s in scenarios for f in FUNCTIONS}

@@ -123,7 +123,8 @@ def _call(function, args: dict, group, events: list, held: Held, learner: tuple[
     try:
         with order.watch_matmuls(snapshot), memory.watch_saved(saved):
             events.append({"op": "mark", "what": "call-begins"})
-            output = function(x, weight, group)
+            with rank_timeline.phase("forward", function.__name__):
+                output = function(x, weight, group)
             events.append({"op": "mark", "what": "call-returned"})
         record["returned"] = len(events) - first - 1
         if not isinstance(output, torch.Tensor):
