@@ -88,7 +88,7 @@ def rank_main(ctx: RankContext) -> dict:
             for name in FUNCTIONS:
                 args = inputs(seed, scenario, name, ctx.rank, size)
                 with rank_timeline.region(f"{scenario}: {name}"):
-                    record = _call(functions[name], args, group, events, held, learner)
+                    record = _call(name, functions[name], args, group, events, held, learner)
                 out[scenario][name] = record
                 if not _everyone_ok(ctx, record["error"] is None):
                     return {"calls": out, "contents": held.contents, "stopped": f"{scenario}: {name}"}
@@ -105,25 +105,25 @@ def _everyone_ok(ctx: RankContext, ok: bool) -> bool:
     return bool(flag.item() == 1)
 
 
-def _call(function, args: dict, group, events: list, held: Held, learner: tuple[str, str]) -> dict:
+def _call(name: str, function, args: dict, group, events: list, held: Held, learner: tuple[str, str]) -> dict:
     """One call and its backward: the values, and the events between its first and last mark."""
     x = args["x"].clone().requires_grad_(True)
     weight = args["weight"].clone().requires_grad_(True)
     saved: list = []
 
-    def snapshot(name: str, operands) -> None:
+    def snapshot(op: str, operands) -> None:
         tensors = memory.reachable_tensors(memory.running_locals(learner[1]), learner[0])
         tensors += [t for t in operands if isinstance(t, torch.Tensor)]
         storages = dict(memory.distinct_storages(tensors))
         storages.update(memory.saved_storages(saved))
-        events.append({"op": "matmul", "what": name, "held": held.note(storages.values())})
+        events.append({"op": "matmul", "what": op, "held": held.note(storages.values())})
 
     first = len(events)
     record = {"output": None, "grads": {}, "error": None, "returned": None}
     try:
         with order.watch_matmuls(snapshot), memory.watch_saved(saved):
             events.append({"op": "mark", "what": "call-begins"})
-            with rank_timeline.phase("forward", function.__name__):
+            with rank_timeline.phase("forward", name):
                 output = function(x, weight, group)
             events.append({"op": "mark", "what": "call-returned"})
         record["returned"] = len(events) - first - 1
