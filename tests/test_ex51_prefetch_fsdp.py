@@ -41,7 +41,8 @@ def test_the_replay_cuts_the_global_gradient_into_the_ranks_slices():
     reference = ref.reference_steps(seed, world_size)
     model = rank_side.build_model(seed, 0)
     batches = [rank_side.make_batch(seed, 0, r) for r in range(world_size)]
-    torch.nn.functional.mse_loss(model(torch.cat([x for x, _ in batches])), torch.cat([y for _, y in batches])).backward()
+    x, y = torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
+    torch.nn.functional.mse_loss(model(x), y).backward()
     grad = model.block.linear.weight.grad.reshape(-1)
     got = torch.cat(reference["steps"][0]["grads"]["block"])[:grad.numel()]
     assert torch.allclose(got, grad, rtol=1e-12, atol=1e-15)

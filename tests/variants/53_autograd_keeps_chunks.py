@@ -60,7 +60,8 @@ class _MatmulReduceScatter(torch.autograd.Function):
         for step in range(size):
             if step < size - 1:
                 incoming = torch.empty_like(chunk)
-                works = [dist.isend(chunk, send_to, group=ctx.group), dist.irecv(incoming, receive_from, group=ctx.group)]
+                works = [dist.isend(chunk, send_to, group=ctx.group),
+                         dist.irecv(incoming, receive_from, group=ctx.group)]
             source = (rank - step) % size
             grad_x[source * rows:(source + 1) * rows] = chunk @ weight_shard.t()
             grad_weight += x[source * rows:(source + 1) * rows].t() @ chunk
