@@ -40,7 +40,7 @@ def _signatures(path) -> dict:
 # it shows for the reference (tests/test_timeline.py holds 08, 13 and 16 against wrong answers too).
 RECORD_TIMELINES = {"03", "05", "06", "07", "08", "09", "10", "11", "12", "13", "14", "16", "17", "18", "19", "20",
                     "21", "22", "23", "24", "25", "26", "27", "28", "29", "31", "32", "33", "34", "35", "36", "37",
-                    "52"}
+                    "51", "52", "53"}
 
 
 def _inside(event: dict, phases: list[dict]) -> bool:
@@ -84,9 +84,35 @@ def _saves_write_while_training_goes_on(run: dict, rank: int) -> None:
     assert background_comms[0]["t0"] < later[-1]["t1"], "the background save outlives the training"
 
 
+def _collectives_in_flight_across_backward(run: dict, rank: int) -> None:
+    """51: in a step, every all-gather and reduce-scatter is issued asynchronously, and every reduce-scatter is
+    waited for after the backward ends."""
+    if run["world_size"] < 2:
+        return
+    within = "step 2"
+    comms = T.events(run, rank, ("collective",), within)
+    waits = T.events(run, rank, ("wait",), within)
+    backward = T.events(run, rank, ("backward",), within)
+    gathers = [e for e in comms if "all_gather" in e["op"]]
+    scatters = [e for e in comms if "reduce_scatter" in e["op"]]
+    assert gathers and scatters and backward and all(e.get("async") for e in gathers + scatters), rank
+    assert all(w["t0"] >= backward[-1]["t1"] for w in waits if w.get("label", "").startswith("reduce_scatter")), rank
+
+
+def _ring_sends_to_one_neighbour_in_forward(run: dict, rank: int) -> None:
+    """53: allgather_matmul's forward sends W - 1 chunks, all to the next rank, each waited for later."""
+    within = "world: allgather_matmul"
+    size = run["world_size"]
+    forward = T.events(run, rank, ("forward",), within)
+    sends = [e for e in T.events(run, rank, ("send",), within) if _inside(e, forward)]
+    assert len(sends) == size - 1 and {e.get("peer") for e in sends} <= {(rank + 1) % size}, (rank, sends)
+
+
 TIMELINE_SHOWS = {"17": _experts_trade_tokens_in_forward_and_backward,
                   "31": _units_gather_in_forward_and_scatter_in_backward,
-                  "33": _saves_write_while_training_goes_on}
+                  "33": _saves_write_while_training_goes_on,
+                  "51": _collectives_in_flight_across_backward,
+                  "53": _ring_sends_to_one_neighbour_in_forward}
 
 
 def check_timelines(exercise_id: str, report) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,22 +31,15 @@ class IssueAndWait:
         return bool(getattr(self.depth, "value", 0))
 
     def settle(self, timeout_s: float = 10.0) -> None:
-        """Wait (unrecorded) until every collective in flight is done, so that what it writes is in memory now;
-        the learner's own waits later still count as theirs. Point-to-point calls are left alone: gloo's send
-        and receive works block on a second wait."""
-        from datetime import timedelta
-
-        self.depth.value = getattr(self.depth, "value", 0) + 1
-        try:
-            for _, op, work in list(self.in_flight.values()):
-                if op in POINT_TO_POINT:
-                    continue
-                if isinstance(work, dist.Work):
-                    work.wait(timedelta(seconds=timeout_s))
-                else:
-                    work.wait()
-        finally:
-            self.depth.value -= 1
+        """Let every collective in flight finish (at most ``timeout_s``), so that what it writes is in memory now.
+        It polls Work.is_completed() and waits for nothing: no recording sees a wait, and the learner's own waits
+        later still count as theirs. Point-to-point calls are left alone."""
+        deadline = time.monotonic() + timeout_s
+        for _, op, work in list(self.in_flight.values()):
+            if op in POINT_TO_POINT or not isinstance(work, dist.Work):
+                continue
+            while not work.is_completed() and time.monotonic() < deadline:
+                time.sleep(0.0002)
 
 
 @contextlib.contextmanager

@@ -136,6 +136,8 @@ def _call(name: str, function, args: dict, group, events: list, held: Held, lear
             events.append({"op": "mark", "what": "backward-returned"})
         record["grads"] = {name: t.grad.detach().clone() for name, t in (("x", x), ("weight", weight))
                            if t.grad is not None}
+    except NotImplementedError:
+        raise  # a stub: the grading stops with "not implemented yet"
     except Exception as exc:
         record["error"] = learner_error(exc)
     record["events"] = [dict(e) for e in events[first:]]
