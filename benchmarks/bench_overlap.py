@@ -9,8 +9,8 @@ Three parts:
      reduce-scatters waited for at the end), of the same class waiting for each all-gather as soon as it is issued
      (tests/variants/51_waits_at_once.py) and of exercise 11's FullyShardedDP (solutions/11_fsdp.py);
   3. 53 at such a size (--rows rows of --features, W ranks): allgather_matmul and matmul_reduce_scatter (the
-     reference's rings, forward and backward) beside all_gather_into_tensor then a matmul, and a matmul then
-     reduce_scatter_tensor (their backward the reduce-scatter and the all-gather).
+     reference's rings, forward and backward) beside all_gather_single then a matmul, and a matmul then
+     reduce_scatter_single (their backward the reduce-scatter and the all-gather).
 For each: the median step or call (the slowest rank's), and the median time a rank spent inside Work.wait() and
 blocking collectives per step: the communication the computation did not hide. Every process computes with one
 thread (--threads).
@@ -72,15 +72,19 @@ class Waiting:
                 "all_reduce", "send", "recv")
 
     def __enter__(self):
-        self.seconds, self.saved = 0.0, {}
+        self.seconds, self.saved, self.depth = 0.0, {}, 0
 
         def timed(original):
+            # Counted once, at the outermost call: a blocking collective waits on its own Work, and the deprecated
+            # names (all_gather_into_tensor) call the new ones.
             def call(*args, **kwargs):
                 start = time.perf_counter()
+                self.depth += 1
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    if not kwargs.get("async_op"):
+                    self.depth -= 1
+                    if self.depth == 0 and not kwargs.get("async_op"):
                         self.seconds += time.perf_counter() - start
             return call
 
@@ -152,16 +156,16 @@ def tp_runs(rank: int, world_size: int, args) -> dict:
 
     def gather_then_matmul(x, w, group):
         gathered = x.new_empty(x.shape[0] * world_size, x.shape[1])
-        dist.all_gather_into_tensor(gathered, x.detach(), group=group)
+        dist.all_gather_single(gathered, x.detach(), group=group)
         return _GatheredMatmul.apply(x, w, gathered, group)
 
     def matmul_then_reduce_scatter(x, w, group):
         return _MatmulScattered.apply(x, w, group)
 
     runs = {"allgather_matmul (53, the ring)": (ring.allgather_matmul, x_shard, weight),
-            "all_gather_into_tensor, then matmul": (gather_then_matmul, x_shard, weight),
+            "all_gather_single, then matmul": (gather_then_matmul, x_shard, weight),
             "matmul_reduce_scatter (53, the ring)": (ring.matmul_reduce_scatter, x_full, weight_rows),
-            "matmul, then reduce_scatter_tensor": (matmul_then_reduce_scatter, x_full, weight_rows)}
+            "matmul, then reduce_scatter_single": (matmul_then_reduce_scatter, x_full, weight_rows)}
     out = {}
     for label, (function, x, w) in runs.items():
         x, w = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
@@ -185,7 +189,7 @@ class _GatheredMatmul(torch.autograd.Function):
         gathered, weight = ctx.saved_tensors
         partial = grad @ weight.t()
         grad_x = partial.new_empty(partial.shape[0] // dist.get_world_size(ctx.group), partial.shape[1])
-        dist.reduce_scatter_tensor(grad_x, partial, group=ctx.group)
+        dist.reduce_scatter_single(grad_x, partial, group=ctx.group)
         return grad_x, gathered.t() @ grad, None, None
 
 
@@ -196,14 +200,14 @@ class _MatmulScattered(torch.autograd.Function):
         ctx.group = group
         product = x @ weight
         out = product.new_empty(product.shape[0] // dist.get_world_size(group), product.shape[1])
-        dist.reduce_scatter_tensor(out, product, group=group)
+        dist.reduce_scatter_single(out, product, group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         gathered = grad.new_empty(x.shape[0], grad.shape[1])
-        dist.all_gather_into_tensor(gathered, grad.contiguous(), group=ctx.group)
+        dist.all_gather_single(gathered, grad.contiguous(), group=ctx.group)
         return gathered @ weight.t(), x.t() @ gathered, None
 
 
