@@ -99,7 +99,8 @@ def _everyone_ok(ctx: RankContext, ok: bool) -> bool:
     """Whether every rank's call ended well (else the group may be unusable: the next calls are skipped)."""
     flag = torch.tensor([1 if ok else 0])
     try:
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        with rank_timeline.by_grader():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
     except Exception:
         return False
     return bool(flag.item() == 1)
