@@ -2,6 +2,7 @@
 computes, units i + 1 and i + 2 are whole in memory too, three units where two are allowed."""
 # expect-fail: two-units-at-a-time
 # expect-pass: matches-training prefetch-forward prefetch-backward
+# expect-message: two-units-at-a-time at most two may be
 
 import math
 

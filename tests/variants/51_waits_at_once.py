@@ -2,6 +2,8 @@
 it is done before the unit before it computes: the numbers and the memory are right, nothing overlaps."""
 # expect-fail: prefetch-forward prefetch-backward
 # expect-pass: matches-training two-units-at-a-time collectives-per-step
+# expect-message: prefetch-forward leaves nothing to overlap
+# expect-message: prefetch-backward leaves nothing to overlap
 
 import math
 

@@ -3,6 +3,7 @@ matmul (and one matmul, then reduce-scatter); backward the same way. Right numbe
 whole gathered input on every rank."""
 # expect-fail: never-whole-input ring-traffic
 # expect-pass: allgather-matmul-output allgather-matmul-grads matmul-reduce-scatter-output matmul-reduce-scatter-grads
+# expect-message: never-whole-input the whole gathered input
 
 import torch
 import torch.distributed as dist
