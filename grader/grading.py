@@ -69,6 +69,7 @@ class Run:
     env: dict | None = None
     label: str | None = None
     expect_ok: bool = True
+    traffic: bool = False
 
 
 def driver_name(driver: Callable | str) -> str:
@@ -143,20 +144,24 @@ class Grading:
 
     def run(self, driver: Callable | str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
             expect_ok: bool = True, backend: str | None = None, label: str | None = None,
-            graded_size: int | None = None) -> WorldOutcome:
+            graded_size: int | None = None, traffic: bool = False) -> WorldOutcome:
         """Run ``driver`` (a rank-side function of this exercise's checks) on ``world_size`` ranks.
 
         A timeout always stops the grading. With ``expect_ok`` a rank that raises
         or ends early stops it too, with the rank and the cause. ``label`` says on the live line
         what the run does when its processes are not the ranks of one group (e.g. several
         launchers); ``graded_size`` is then the world size it grades (for the report's header).
+        With ``traffic`` the kernel counts the bytes between the ranks (``outcome.traffic``, a
+        :class:`grader.traffic.RunTraffic`; None where its counters cannot be read).
         """
         self._notify("run", driver=driver_name(driver), world_size=world_size, label=label)
         self._graded(graded_size if graded_size is not None else (None if label else world_size))
-        outcome = self.session.run(
-            self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
-            backend=backend or self.backend, kwargs=kwargs, env=env,
-        )
+        with _counted(self.session, traffic) as counting:
+            outcome = self.session.run(
+                self._ref(driver), world_size, learner_path=self.path, timeout_s=self.remaining(),
+                backend=backend or self.backend, kwargs=kwargs, env={**(env or {}), **counting.env},
+            )
+        counting.attach([outcome])
         self.deadline += outcome.start_s  # starting the ranks is the grader's time
         self._stop_on_problems(outcome, expect_ok)
         return outcome
@@ -175,9 +180,12 @@ class Grading:
                      label=_together(runs))
         for r in runs:
             self._graded(None if r.label else r.world_size)
-        outcomes = self.session.run_many([World(self._ref(r.driver), r.world_size, r.kwargs, r.env) for r in runs],
-                                         learner_path=self.path, timeout_s=self.remaining(), backend=self.backend,
-                                         last_read_on_failure=[r.expect_ok for r in runs])
+        with _counted(self.session, any(r.traffic for r in runs)) as counting:
+            worlds = [World(self._ref(r.driver), r.world_size, r.kwargs, {**(r.env or {}), **counting.env}
+                            if r.traffic else r.env) for r in runs]
+            outcomes = self.session.run_many(worlds, learner_path=self.path, timeout_s=self.remaining(),
+                                             backend=self.backend, last_read_on_failure=[r.expect_ok for r in runs])
+        counting.attach([o for r, o in zip(runs, outcomes) if r.traffic])
         self.deadline += outcomes[0].start_s if outcomes else 0.0  # one start for them all: the grader's time
         for r, outcome in zip(runs, outcomes):
             self._stop_on_problems(outcome, r.expect_ok)
@@ -282,8 +290,10 @@ class Grading:
     # --- recording verdicts -------------------------------------------------------
 
     def record(self, check_id: str, ok: bool, message: str = "", *, rank: int | None = None,
-               world_size: int | None = None) -> bool:
-        """Record one observation for a check; a failure is kept over later passes."""
+               world_size: int | None = None, evidence: str | None = None) -> bool:
+        """Record one observation for a check; a failure is kept over later passes. ``evidence``: what this
+        verdict stood on where it is not what the catalog says (a kernel check decided on a claim where the
+        kernel's counters could not be read)."""
         info = self.exercise.check(check_id)
         now = time.monotonic()
         seconds, self._clock = now - self._clock, now
@@ -300,7 +310,7 @@ class Grading:
         hint = "" if ok or self.exercise.is_debug else info.hint
         self._verdicts[check_id] = CheckResult(
             check_id, info.title, status, "" if ok else message, rank, world_size, seconds, info.points, hint,
-            evidence=info.evidence)
+            evidence=evidence or info.evidence)
         return ok
 
     def not_checked(self, check_id: str, because: str, reason: str, *, world_size: int | None = None) -> None:
@@ -350,6 +360,41 @@ class Grading:
                 verdict.likely_cause = cause
                 verdict.hint = f"{cause} failed too, and it explains this failure: fix {cause} first."
         return out
+
+
+class _Counting:
+    """The kernel's count of the runs started in a ``with _counted(...)`` block (grader.traffic)."""
+
+    def __init__(self, session, wanted: bool):
+        from grader import traffic
+
+        self.found = traffic.meter_for(session) if wanted else None
+        self.counted = None
+
+    @property
+    def env(self) -> dict:
+        return self.found[0].env if self.found else {}
+
+    def stop(self) -> None:
+        if self.found and self.counted is None:
+            self.counted = self.found[0].stop()
+
+    def attach(self, outcomes: list) -> None:
+        """Give each outcome its ranks' traffic (None where it was not counted)."""
+        from grader import traffic
+
+        for outcome in outcomes:
+            outcome.traffic = None if self.counted is None else \
+                traffic.of_run(self.counted, outcome, self.found[1], self.found[2])
+
+
+@contextlib.contextmanager
+def _counted(session, wanted: bool):
+    counting = _Counting(session, wanted)
+    try:
+        yield counting
+    finally:
+        counting.stop()
 
 
 def _bad_option(message: str) -> Abort:

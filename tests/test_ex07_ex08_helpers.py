@@ -91,3 +91,106 @@ def test_the_dtype_plans_give_the_dtypes_they_name():
     # with the training cap a bucket holds float32 and float64 gradients together
     layout = ex08.expected_buckets(ex08.TRAIN_CAP_BYTES, "mixed")
     assert any({mixed[n] for n in bucket} == {torch.float32, torch.float64} for bucket in layout)
+
+
+# --- ring-neighbours and ring-bytes on what the kernel counted (grader.traffic.RunTraffic) -----------------------
+
+from grader.traffic import RunTraffic  # noqa: E402
+from grading_helpers import grading_for, verdicts  # noqa: E402
+
+grading = grading_for("07")
+
+
+def ring_run(world_size: int, cases: list[dict]) -> tuple[list[dict], RunTraffic]:
+    """What a right ring records of itself and what the kernel counts of it: each rank sends its next rank
+    2 (W - 1) / W of every tensor plus gloo's headers, and its previous rank the receives' notifications."""
+    records = [{"cases": [{"result": None, "returned": "NoneType", "events": [
+        {"op": "isend", "peer": (rank + 1) % world_size, "bytes": ex07.case_bytes(case) // world_size}
+        for _ in range(2 * (world_size - 1))] + [
+        {"op": "irecv", "peer": (rank - 1) % world_size, "bytes": ex07.case_bytes(case) // world_size}
+        for _ in range(2 * (world_size - 1))]} for case in cases]} for rank in range(world_size)]
+    messages = 2 * (world_size - 1) * len(cases)
+    sent = {}
+    for rank in range(world_size):
+        sent[(rank, (rank + 1) % world_size)] = int(ex07.ring_bytes(cases, world_size)) + 96 * messages + 9
+        sent[(rank, (rank - 1) % world_size)] = sent.get((rank, (rank - 1) % world_size), 0) + 48 * messages + 1
+        for other in range(world_size):
+            sent.setdefault((rank, other), 1) if other != rank else None
+    return records, RunTraffic(world_size, sent, 0, set(range(world_size)))
+
+
+CASES = ex07.cases_for(4, [])
+
+
+def test_a_ring_the_kernel_counted_passes_on_the_kernels_count():
+    g = grading(4)
+    records, counted = ring_run(4, CASES)
+    ex07.check_neighbours(g, records, 4, counted)
+    ex07.check_bytes(g, CASES, records, 4, counted)
+    assert verdicts(g) == {"ring-neighbours": ("pass", ""), "ring-bytes": ("pass", "")}
+    assert {c.id: c.evidence for c in g.results(None) if c.status == "pass"} == \
+        {"ring-neighbours": "kernel", "ring-bytes": "kernel"}
+
+
+def test_a_record_of_a_ring_without_its_bytes_fails_ring_bytes():
+    """The forged ring: the right record, and next to nothing on the wire (what tests/hostile/07_forges_the_ring
+    does for real)."""
+    g = grading(4)
+    records, counted = ring_run(4, CASES)
+    counted.sent = {key: 9 for key in counted.sent}
+    ex07.check_bytes(g, CASES, records, 4, counted)
+    status, message = verdicts(g)["ring-bytes"]
+    assert status == "fail" and "rank 0 sent the other ranks 27 bytes (the kernel's count" in message
+
+
+def test_bytes_on_a_link_outside_the_ring_fail_ring_neighbours_whatever_the_record_says():
+    g = grading(4)
+    records, counted = ring_run(4, CASES)
+    counted.sent[(0, 2)] = ex07.BIG_NUMEL * 4 // 4  # one chunk of the measured tensor, straight across
+    ex07.check_neighbours(g, records, 4, counted)
+    status, message = verdicts(g)["ring-neighbours"]
+    assert status == "fail" and "rank 0 sent rank 2 60,540 bytes (the kernel's count)" in message
+    control = grading(4)
+    records, counted = ring_run(4, CASES)
+    counted.sent[(0, 2)] = 48 * 2 * 3 * len(CASES)  # receive notifications, as gloo sends them to any source
+    ex07.check_neighbours(control, records, 4, counted)
+    assert verdicts(control)["ring-neighbours"][0] == "pass"
+
+
+def test_a_rank_whose_sockets_were_never_read_fails_both():
+    g = grading(4)
+    records, counted = ring_run(4, CASES)
+    counted.counted = {0, 1, 3}
+    ex07.check_neighbours(g, records, 4, counted)
+    ex07.check_bytes(g, CASES, records, 4, counted)
+    got = verdicts(g)
+    assert all(got[c][0] == "fail" and "rank 2's connections were never counted" in got[c][1]
+               for c in ("ring-neighbours", "ring-bytes"))
+
+
+def test_a_call_outside_the_ring_is_named_from_the_record_and_the_failure_says_it_stood_on_a_claim():
+    g = grading(4)
+    records, counted = ring_run(4, CASES)
+    records[1]["cases"][0]["events"].append({"op": "send", "peer": 3, "bytes": 16})
+    ex07.check_neighbours(g, records, 4, counted)
+    (verdict,) = [c for c in g.results(None) if c.id == "ring-neighbours"]
+    assert verdict.status == "fail" and "rank 1 sent to rank 3 (dist.send)" in verdict.message
+    assert verdict.evidence == "claim"
+
+
+def test_where_the_kernel_cannot_be_read_the_record_decides_and_says_so():
+    g = grading(4)
+    records, _ = ring_run(4, CASES)
+    ex07.check_neighbours(g, records, 4, None)
+    ex07.check_bytes(g, CASES, records, 4, None)
+    assert {c.id: (c.status, c.evidence) for c in g.results(None) if c.status != "error"} == \
+        {"ring-neighbours": ("pass", "claim"), "ring-bytes": ("pass", "claim")}
+
+
+def test_a_case_that_raised_leaves_the_cases_before_it_counted():
+    g = grading(4)
+    records, counted = ring_run(4, CASES[:3])  # the scalar case (index 2) raised on every rank
+    for record in records:
+        record["cases"][2] = {"error": {"type": "IndexError", "message": "", "at": 0.0}, "events": []}
+    ex07.check_bytes(g, CASES, records, 4, counted)
+    assert verdicts(g)["ring-bytes"][0] == "pass"

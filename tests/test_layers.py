@@ -82,11 +82,11 @@ def test_exit_codes_are_defined_once():
 # imports inside functions included; and no two modules import each other, however indirectly.
 LAYERS = [
     ("base", ["grader", "grader.rank", "grader.exits", "grader.rank.limits", "grader.state", "grader.catalog", "grader.compare",
-              "grader.rank.wire", "grader.kit", "grader.learner", "grader.rank.untrusted", "grader.rank.checkpoints", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
+              "grader.rank.wire", "grader.rank.sock_diag", "grader.kit", "grader.learner", "grader.rank.untrusted", "grader.rank.checkpoints", "grader.quiz.question", "grader.quiz.giveaways", "grader.quiz.bank", "grader.capacity",
               "grader.capacity_layout", "grader.capacity_speed", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.rank.probes", "grader.rank.order", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",
-                 "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host", "grader.rank.pool",
+                 "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host", "grader.rank.pool", "grader.traffic",
                  "grader.sandbox", "grader.sandbox.*"]),
     ("grading", ["grader.rank.drivers", "grader.rank.drivers.*", "grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",

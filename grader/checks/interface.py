@@ -49,9 +49,10 @@ class Grader(Protocol):
 
     def run(self, driver: Callable | str, world_size: int, *, kwargs: dict | None = None, env: dict | None = None,
             expect_ok: bool = True, backend: str | None = None, label: str | None = None,
-            graded_size: int | None = None) -> WorldOutcome:
+            graded_size: int | None = None, traffic: bool = False) -> WorldOutcome:
         """Run ``driver`` (the rank-side function itself) on ``world_size`` fresh ranks; stops the grading on a timeout
-        (and, with ``expect_ok``, on a rank that failed)."""
+        (and, with ``expect_ok``, on a rank that failed). ``traffic``: the kernel counts the bytes between the ranks
+        (``outcome.traffic``, a grader.traffic.RunTraffic, None where it cannot)."""
 
     def run_at_once(self, runs: list[Any]) -> Iterator[WorldOutcome]:
         """Start every run at the same time; yield their outcomes in order, each checked as ``run`` would."""
@@ -80,8 +81,9 @@ class Grader(Protocol):
         """``exc`` (a Stopped) with what the grader was doing when it happened."""
 
     def record(self, check_id: str, ok: bool, message: str = "", *, rank: int | None = None,
-               world_size: int | None = None) -> bool:
-        """Record one observation for a check (a failure is kept over later passes); returns ``ok``."""
+               world_size: int | None = None, evidence: str | None = None) -> bool:
+        """Record one observation for a check (a failure is kept over later passes); returns ``ok``. ``evidence``:
+        what it stood on, where not what the catalog says (a claim, where the kernel could not be read)."""
 
     def not_checked(self, check_id: str, because: str, reason: str, *, world_size: int | None = None) -> None:
         """The check could not be decided because check ``because`` failed."""

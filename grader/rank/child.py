@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from grader.rank import wire
+from grader.rank.sock_diag import TRAFFIC_ENV, ask_to_be_counted
 
 # Variables a launcher may have left in the grader's own environment; a child
 # must not inherit them, or a learner who forgets to pass rank and world size
@@ -318,6 +319,9 @@ def _watch_process_groups() -> None:
     Report a rendezvous that cannot complete: a call that would meet at another
     port than the one the grader holds, still waiting after RENDEZVOUS_GRACE_S,
     ends the rank with a report naming both (rather than a wait until the deadline).
+
+    Where the grader counts the run's traffic (TRAFFIC_ENV), ask it to read this process's sockets as each
+    group is made, and before one is destroyed: a peer's teardown may close a connection first.
     """
     original_init = c10d.init_process_group
     original_new_group = c10d.new_group
@@ -332,16 +336,27 @@ def _watch_process_groups() -> None:
                 watchdog.cancel()
         if c10d.is_initialized():
             _KEEP_ALIVE.append(c10d._get_default_group())
+            ask_to_be_counted(wait=False)  # its connections are open now, and stay so until it is destroyed
         return result
 
     def new_group(*args, **kwargs):
         group = original_new_group(*args, **kwargs)
         _KEEP_ALIVE.append(group)
+        ask_to_be_counted(wait=False)
         return group
 
     for owner in (c10d, dist):
         owner.init_process_group = init_process_group
         owner.new_group = new_group
+    if os.environ.get(TRAFFIC_ENV):  # destroying a group closes its connections: let the grader read them first
+        original_destroy = c10d.destroy_process_group
+
+        def destroy_process_group(*args, **kwargs):
+            ask_to_be_counted()
+            return original_destroy(*args, **kwargs)
+
+        for owner in (c10d, dist):
+            owner.destroy_process_group = destroy_process_group
 
 
 def _rendezvous_watchdog(init_method, store):
@@ -454,6 +469,7 @@ def main(spec: dict, conn) -> None:
         except BaseException as exc:  # the grader's own code failed: still one message back
             payload = {"status": "error", "error": {"type": type(exc).__name__, "message": str(exc)[:2000],
                                                     "traceback": "", "where": None, "phase": "run"}}
+        ask_to_be_counted()  # every group made is still open (_KEEP_ALIVE): the grader reads its sockets now
         try:
             send(conn, payload)
         except BaseException as exc:  # e.g. a result that cannot be saved

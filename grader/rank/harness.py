@@ -555,8 +555,7 @@ def _outcome(r: _Rank, run_dir: str, limits: dict | None = None) -> RankOutcome:
     ended_at = r.ended_at or time.monotonic()
     limits = limits or {}
     common = dict(
-        rank=r.rank,
-        exitcode=r.process.exitcode,
+        rank=r.rank, pid=r.process.pid, exitcode=r.process.exitcode,
         stack=_read(os.path.join(run_dir, f"rank{r.rank}.stack")),
         output=_tail(os.path.join(run_dir, f"rank{r.rank}.out")),
         seconds=ended_at - r.started,

@@ -21,6 +21,7 @@ class RankOutcome:
     seconds: float = 0.0
     limit: str = ""  # "memory", "cpu" or "output" when the rank hit that limit
     limit_detail: str = ""  # e.g. "the memory limit (2048 MiB resident; --memory-limit changes it)"
+    pid: int | None = None  # the process the harness started for the rank, as the harness saw it
 
     @property
     def ok(self) -> bool:
@@ -40,6 +41,9 @@ class WorldOutcome:
     # Seconds spent starting the ranks (a cold warm pool importing torch and the checks included):
     # the grader's time, not the submission's, so the deadline counts from after it.
     start_s: float = 0.0
+    # What the kernel counted between the ranks (grader.traffic.RunTraffic), set by the grader for a run it
+    # counted: never what the ranks or the sandbox's host say.
+    traffic: object = None
 
     @property
     def ok(self) -> bool:

@@ -65,7 +65,12 @@ def rank_from(data) -> RankOutcome:
                        exitcode=exitcode, stack=text(data.get("stack")), output=text(data.get("output")),
                        seconds=_number(data.get("seconds")), limit=_choice(data.get("limit"),
                                                                             ("", *_limits.OPTIONS)),
-                       limit_detail=text(data.get("limit_detail"), 400))
+                       limit_detail=text(data.get("limit_detail"), 400), pid=_pid(data.get("pid")))
+
+
+def _pid(value) -> int | None:
+    """A process id as the sandbox's host saw it (translated by the grader, never trusted as its own)."""
+    return value if type(value) is int and 0 < value < 1 << 22 else None
 
 
 ERROR_TEXT = {"type": 200, "message": 4000, "traceback": MAX_TEXT, "phase": 40, "missing": 200}

@@ -35,9 +35,11 @@ nothing else of this machine's but what the grader's code needs is visible insid
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +48,8 @@ import time
 import uuid
 
 from grader.rank import limits as _limits
-from grader.rank import untrusted, wire
+from grader import traffic
+from grader.rank import sock_diag, untrusted, wire
 from grader.sandbox import tasks as _tasks
 from grader.sandbox.boundary import MAX_ANSWER_BYTES, Unreadable, error_from, rank_from, text, world_from
 from grader.rank.outcomes import RankOutcome, SessionBroken, WorldOutcome
@@ -55,6 +58,7 @@ from grader.rank.wire import HEADER, frame
 START_S = 60.0  # for the sandbox to start and its host to import torch and start its pool
 RUN_START_S = 30.0  # for the host to take up a request (no code of the submission's runs before it answers)
 HAND_OUT_S = 3.0  # for the host to hand a run's ranks their specs (the run's deadline starts after)
+COUNTERS_S = 5.0  # for the kernel's counters, which the host sends before it answers "ready"
 STOP_MARGIN_S = 6.0  # beyond a run's deadline: for the host to stop its ranks and answer
 POLL_S = 0.5  # how often the sandbox's processes are read while the grader waits
 MAX_PROCESSES = 512  # processes in the sandbox at once (threads are bounded inside: MAX_TASKS)
@@ -175,8 +179,11 @@ class ConfinedSession:
         argv = sandbox.wrap(sandbox.host_command(requests_in, answers_out), [self.submission_dir], tool,
                             tmp_bytes=size, ranks_folder=self.ranks_folder,
                             filter_fd=given[2] if len(given) > 2 else None)
+        # The host sends the kernel's TCP counters of its network namespace back over it first (sock_diag.send_pair)
+        self._counters_channel, inside = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        given.append(inside.fileno())
         sandbox_env = sandbox.environment({"DDP_GRADE_SERVER": "0", "DDP_GRADE_STATE_DIR": "/tmp/ddp-grade-state",
-                                           **(env or {})}, size)
+                                           sock_diag.PAIR_ENV: str(inside.fileno()), **(env or {})}, size)
         self._tasks = _tasks.TaskGroup.make(MAX_TASKS)  # a pids cgroup where this process can make one
         try:
             self.proc = subprocess.Popen(self._tasks.command(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -188,11 +195,14 @@ class ConfinedSession:
             self._tasks.remove()
             raise
         finally:
-            for fd in given:
+            for fd in given[:-1]:
                 os.close(fd)
+            inside.close()
         self._requests = os.fdopen(requests_out, "wb")
         self._answers = os.fdopen(answers_in, "rb", buffering=0)
         self._out = answers_in
+        self.diag = None  # the counters, once the host has sent them (None where the kernel refused them)
+        self._host_pid: int | None = None  # the host as its PID namespace sees it (its "ready")
         os.set_blocking(self._out, False)
         threading.Thread(target=self._pump_errors, daemon=True).start()
         self._started_at = time.monotonic()
@@ -214,6 +224,23 @@ class ConfinedSession:
             self._break(f"the sandbox's host answered {_what(ready)} instead of starting")
         self._hold_folder()
         self._ready = True
+        self._host_pid = ready.get("pid") if type(ready.get("pid")) is int else None
+        try:  # sent before the host's first answer, before any rank existed
+            self.diag = traffic.Diag(traffic.receive_pair(self._counters_channel, COUNTERS_S))
+        except (traffic.Unavailable, OSError):
+            self.diag = None
+        finally:
+            self._counters_channel.close()
+
+    def counters(self) -> tuple | None:
+        """What grader.traffic counts this sandbox's runs with: (the kernel's counters of its network namespace,
+        the ranks' folder as reached from here and as named inside, the depth of its PID namespace, the host's pid
+        as this process sees it); None where the kernel refused them."""
+        self._usable()
+        if self.diag is None:
+            return None
+        host = [p for p in sandbox_processes(self.proc.pid) if traffic.namespace_pids(p)[1:2] == [self._host_pid]]
+        return self.diag, (f"/proc/self/fd/{self._ranks_fd}", self.ranks_folder), 1, host[:1]  # via our hold on it
 
     def _hold_folder(self) -> None:
         """Open the ranks' folder from here, through the sandbox's first process (the host, in whose mount
@@ -292,6 +319,10 @@ class ConfinedSession:
         if self._closed:
             return
         self._closed = True
+        if self.diag is not None:
+            self.diag.close()
+        with contextlib.suppress(OSError):
+            self._counters_channel.close()
         # Nothing of the sandbox is kept: ending it (its first process, and with it every process in
         # its PID namespace) is quicker than asking the host to stop its pool and ranks one by one.
         self._end()
