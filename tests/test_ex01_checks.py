@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from grader import catalog
+from grader import catalog, traffic
 from grader.checks import ex01_setup
 from grader.grading import Abort, Grading, Plan
 
@@ -106,3 +106,43 @@ def test_a_setup_that_refuses_the_requested_backend_fails_backend_with_its_error
     ex01_setup.check_requested_backend(g, records, "cpu:gloo", 2)
     verdict = _verdicts(g)["backend"]
     assert verdict.status == "fail" and "raised ValueError: unknown backend cpu:gloo" in verdict.message
+
+
+def _counted(sent: dict, world_size: int = 2, counted: set | None = None) -> traffic.RunTraffic:
+    return traffic.RunTraffic(world_size, sent, 0, set(range(world_size)) if counted is None else counted)
+
+
+def test_collective_works_stands_on_the_bytes_the_kernel_counted_between_the_ranks():
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1)], 2, counted=_counted({(0, 1): 156, (1, 0): 149}))
+    verdict = _verdicts(g)["collective-works"]
+    assert verdict.status == "pass" and verdict.evidence == catalog.KERNEL
+
+
+def test_the_right_sum_with_no_message_between_the_ranks_fails_collective_works():
+    """A group that exists only in the ranks' records: each says it got the sum, the kernel saw a connection open
+    (8 bytes) and nothing else."""
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1)], 2, counted=_counted({(0, 1): 8, (1, 0): 8}))
+    verdict = _verdicts(g)["collective-works"]
+    assert verdict.status == "fail" and verdict.evidence == catalog.KERNEL and verdict.rank == 0
+    assert "sent the other ranks 8 bytes (the kernel's count)" in verdict.message
+
+
+def test_a_rank_whose_sockets_were_never_read_fails_collective_works():
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1)], 2,
+                         counted=_counted({(0, 1): 156, (1, 0): 149}, counted={0}))
+    verdict = _verdicts(g)["collective-works"]
+    assert verdict.status == "fail" and verdict.rank == 1 and "never let the grader read its sockets" in verdict.message
+
+
+def test_where_the_kernel_cannot_be_read_collective_works_stands_on_the_ranks_claim():
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1)], 2)
+    assert _verdicts(g)["collective-works"].evidence == catalog.CLAIM
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0), _observation(1, all_reduce=2.0)], 2,
+                         counted=_counted({(0, 1): 156, (1, 0): 149}))
+    verdict = _verdicts(g)["collective-works"]
+    assert verdict.status == "fail" and verdict.evidence == catalog.CLAIM and "gave 2, expected 3" in verdict.message

@@ -11,11 +11,15 @@ import os
 import torch
 import torch.distributed as dist
 
+from grader.catalog import CLAIM
 from grader.rank import probes
 from grader.rank.child import GraderAbort
 from grader.checks.interface import Grader, RankContext
 
 MAX_TIMEOUT_S = 300.0
+# gloo's all-reduce of one float32: at least one message from each rank, 96 bytes of header and its 4 bytes
+# (grader.traffic measured 96 bytes of headers a message); opening a connection alone sends 8.
+ALL_REDUCE_MESSAGE_BYTES = 96 + 4
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost")  # what MASTER_ADDR may default to: both meet on this machine
 
 
@@ -103,28 +107,32 @@ def grade(g: Grader) -> None:
     # backend= given: it is the one to join with, even where setup_ddp would pick another.
     request = requested_backend(g.backend)
     first = g.world_sizes[0]
+    counted = g.backend != "nccl"  # gloo's bytes between the ranks go over TCP, where the kernel counts them
     outcomes = g.run_at_once(
-        [g.Run(rank_main, world_size, {"backend": backend}) for world_size in g.world_sizes]
-        + [g.Run(rank_main, first, {"backend": request, "observe_errors": True}),
+        [g.Run(rank_main, world_size, {"backend": backend}, traffic=counted) for world_size in g.world_sizes]
+        + [g.Run(rank_main, first, {"backend": request, "observe_errors": True}, traffic=True),
            g.Run(defaults_main, 1, env={"MASTER_ADDR": None, "MASTER_PORT": None},
                  label="setup_ddp with MASTER_ADDR and MASTER_PORT unset (not run, only recorded)")])
     for world_size in g.world_sizes:
-        check_run(g, next(outcomes).results(), world_size)
-    check_requested_backend(g, next(outcomes).results(), request, first)
+        outcome = next(outcomes)
+        check_run(g, outcome.results(), world_size, counted=outcome.traffic)
+    outcome = next(outcomes)
+    check_requested_backend(g, outcome.results(), request, first, outcome.traffic)
     check_defaults(g, next(outcomes).results()[0])
 
 
-def check_requested_backend(g, observations: list[dict], request: str, world_size: int) -> None:
+def check_requested_backend(g, observations: list[dict], request: str, world_size: int, counted=None) -> None:
     for rank, obs in enumerate(observations):
         if obs.get("setup_error"):
             g.record("backend", False, f"rank {rank}: setup_ddp(rank, world_size, backend={request!r}) raised "
                      f"{obs['setup_error']}; init_process_group accepts that backend: pass it through as given",
                      rank=rank, world_size=world_size)
             return
-    check_run(g, observations, world_size, expected_backend=request)
+    check_run(g, observations, world_size, expected_backend=request, counted=counted)
 
 
-def check_run(g, observations: list[dict], world_size: int, expected_backend: str | None = None) -> None:
+def check_run(g, observations: list[dict], world_size: int, expected_backend: str | None = None,
+              counted=None) -> None:
     first_abort = next((o for o in observations if o["aborted"]), None)
     port_ok = True
     for rank, obs in enumerate(observations):
@@ -178,11 +186,7 @@ def check_run(g, observations: list[dict], world_size: int, expected_backend: st
                  f"rank {rank} joined with {obs['backend']}, expected {expected}{why}",
                  rank=rank, world_size=world_size)
 
-    total = world_size * (world_size + 1) / 2
-    for rank, obs in enumerate(observations):
-        g.record("collective-works", obs["all_reduce"] == total,
-                 f"rank {rank}: all_reduce of rank + 1 gave {obs['all_reduce']:g}, expected {total:g}",
-                 rank=rank, world_size=world_size)
+    check_collective(g, observations, world_size, counted)
 
     for rank, obs in enumerate(observations):
         g.record("cleanup-destroys", not obs["initialized_after_cleanup"],
@@ -203,6 +207,36 @@ def check_run(g, observations: list[dict], world_size: int, expected_backend: st
         g.record("nccl-device", device == rank % count,
                  f"rank {rank} used cuda:{device}, expected cuda:{rank % count} "
                  f"(devices of all ranks: {devices})", rank=rank, world_size=world_size)
+
+
+def check_collective(g, observations: list[dict], world_size: int, counted=None) -> None:
+    """collective-works: the sum each rank says it got names a wrong one (a claim); what decides is what the
+    kernel counted (``counted``, a grader.traffic.RunTraffic): every rank sent the others at least one message
+    of gloo's all-reduce, which a group that exists only in the ranks' records never does. Where the kernel's
+    counters cannot be read (NCCL, or a kernel that refuses them), the sums alone decide, as a claim."""
+    total = world_size * (world_size + 1) / 2
+    for rank, obs in enumerate(observations):
+        if obs["all_reduce"] != total:
+            g.record("collective-works", False,
+                     f"rank {rank}: all_reduce of rank + 1 gave {obs['all_reduce']:g}, expected {total:g}",
+                     rank=rank, world_size=world_size, evidence=CLAIM)
+            return
+    if counted is None:
+        g.record("collective-works", True, evidence=CLAIM)
+        return
+    for rank in range(world_size):
+        if rank in counted.uncounted():
+            why = ("its process never let the grader read its sockets (it asks as its group is made and destroyed, "
+                   "and as the run ends)")
+        elif counted.out_of(rank) < ALL_REDUCE_MESSAGE_BYTES:
+            why = (f"it sent the other ranks {counted.out_of(rank):,} bytes (the kernel's count): an all-reduce over a "
+                   f"group that joined sends each of them at least one message ({ALL_REDUCE_MESSAGE_BYTES} bytes)")
+        else:
+            continue
+        g.record("collective-works", False, f"rank {rank} says its all_reduce gave {total:g}, but {why}",
+                 rank=rank, world_size=world_size)
+        return
+    g.record("collective-works", True)
 
 
 def check_defaults(g, obs: dict) -> None:
