@@ -10,8 +10,7 @@ the image, then ``run_autograder`` for each submission, with the student's files
     kit/             the grader package and a pyproject.toml to install it (no solutions, no tests)
 
 ``results.json`` follows Gradescope's documented format: one test per check of each exercise
-(name, score, max_score, status, output, visibility), the score from the catalog's points; a check that
-stands on a claim (what the submission's own processes recorded about themselves) is worth none. A
+(name, score, max_score, status, output, visibility), the score from the catalog's points. A
 submission that fails, crashes or hangs is a result (exit 0, every check it did not pass at 0
 points); only a broken autograder (no results written) is an autograder failure. Paths come
 from ``--root`` (``AUTOGRADER_ROOT`` in the scripts), so the bundle can be run anywhere.
@@ -176,15 +175,12 @@ def results(exercises: list[catalog.Exercise], reports: dict, notes: dict, visib
             got = by_id.get(check.id)
             status = got["status"] if got else None
             passed = status in ("pass", "skip")
-            # A claim counts for nothing here (the batch's count_evidence_only): a check that stands on one is
-            # worth no point, passed, claimed or failed, so that every submission is scored on the same scale.
-            worth = check.points if ((got or {}).get("evidence") or check.evidence) in catalog.ON_EVIDENCE else 0.0
             tests.append({
                 "name": f"{ex.id} {check.id}: {check.title}",
                 "number": f"{int(ex.id)}.{k}",
-                "score": worth if passed else 0.0,
-                "max_score": worth,
-                "status": "passed" if passed or status == "claimed" else "failed",
+                "score": check.points if passed else 0.0,
+                "max_score": check.points,
+                "status": "passed" if passed else "failed",
                 "output": _test_output(got, problem, why_none),
                 "tags": [f"exercise-{ex.id}"],
                 "visibility": visibility,
@@ -211,9 +207,6 @@ def _test_output(check: dict | None, problem: str, why_none: str) -> str:
         return ""
     if status == "skip":
         return f"does not apply here ({check.get('message', '')}); counted as passed"
-    if status == "claimed":
-        return ("claimed: passed on what the submission's own processes recorded about themselves, which nothing "
-                "the grader measured shows; not scored")
     if status == "not-checked":
         return f"{check.get('message', '')}; it can pass once {check.get('likely_cause') or 'that check'} passes"
     lines = [check.get("message", "")]
@@ -233,10 +226,7 @@ def _exercise_summary(ex: catalog.Exercise, report: dict | None, note: str, test
     if report is None:
         return f"{head}. {note}"
     passed = sum(1 for t in tests if t["status"] == "passed")
-    evidence = report.get("evidence") or {}
-    claimed = f", {evidence['claimed']} claimed (not scored)" if evidence.get("claimed") else ""
-    lines = [f"{head}, {passed} of {len(tests)} checks passed; {evidence.get('decided', 0)} decided on "
-             f"evidence{claimed}."]
+    lines = [f"{head}, {passed} of {len(tests)} checks passed."]
     if note:
         lines.append(note)
     if report.get("problem"):
