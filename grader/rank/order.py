@@ -19,6 +19,9 @@ import torch.distributed.distributed_c10d as c10d
 from grader.rank.probes import COLLECTIVES, POINT_TO_POINT, _describe_call, patched
 
 
+COMPLETED_ONLY_WHEN_WAITED = ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor")
+
+
 class IssueAndWait:
     """What :func:`watch_issue_and_wait` yields: the events, and the calls still in flight."""
 
@@ -33,10 +36,12 @@ class IssueAndWait:
     def settle(self, timeout_s: float = 10.0) -> None:
         """Let every collective in flight finish (at most ``timeout_s``), so that what it writes is in memory now.
         It polls Work.is_completed() and waits for nothing: no recording sees a wait, and the learner's own waits
-        later still count as theirs. Point-to-point calls are left alone."""
+        later still count as theirs. Point-to-point calls are left alone, and so are reduce-scatters: gloo's Work
+        of one reports is_completed() only once it has been waited for (torch 2.13), so polling it would last the
+        whole timeout."""
         deadline = time.monotonic() + timeout_s
         for _, op, work in list(self.in_flight.values()):
-            if op in POINT_TO_POINT or not isinstance(work, dist.Work):
+            if op in POINT_TO_POINT or op in COMPLETED_ONLY_WHEN_WAITED or not isinstance(work, dist.Work):
                 continue
             while not work.is_completed() and time.monotonic() < deadline:
                 time.sleep(0.0002)
