@@ -169,7 +169,8 @@ def test_every_exercises_checks_take_one_of_the_two_shapes(ex):
             assert all(rank_at < functions[d] < grader_at for d in drivers), f"{module.name}: a driver below the grader"
         return
     files = {p.name for p in package.glob("*.py")}
-    assert files <= ROLES and "__init__.py" in files and "rank.py" in files, sorted(files - ROLES)
+    on_rank_side = (ROOT / "grader" / "rank" / "drivers" / f"{name}.py").exists()
+    assert files <= ROLES and "__init__.py" in files and ("rank.py" in files) != on_rank_side, sorted(files - ROLES)
     trees = {f: ast.parse((package / f).read_text(encoding="utf-8")) for f in files}
     assert ast.get_docstring(trees["__init__.py"]) and _defines(trees["__init__.py"], "grade")
     for f, tree in trees.items():

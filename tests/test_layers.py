@@ -245,6 +245,7 @@ LAYER_WORDS = {
 }
 MAP = re.compile(r"(<!-- module-map:start -->\n)(.*?)(<!-- module-map:end -->)", re.S)
 EXERCISE_CHECKS = re.compile(r"^grader\.checks\.ex\d\d_")
+EXERCISE_DRIVERS = re.compile(r"^grader\.rank\.drivers\.ex\d\d_")
 
 
 def first_sentence(path) -> str:
@@ -273,6 +274,12 @@ def module_map() -> str:
                     lines.append("| `grader/checks/exNN_slug.py`, `grader/checks/exNN_slug/` | an exercise's checks, one per "
                                  "exercise of the catalog (\"The checks module\" below; `ex00_template` is the "
                                  "template) |")
+                continue
+            if EXERCISE_DRIVERS.match(name):
+                if "drivers" not in summarized:
+                    summarized.add("drivers")
+                    lines.append("| `grader/rank/drivers/exNN_slug.py` | an exercise's drivers on the rank side, one per "
+                                 "exercise whose checks package has no `rank.py` (\"The checks module\" below) |")
                 continue
             if name == "grader.stubs" or name.startswith("grader.stubs."):
                 if "stubs" not in summarized:
