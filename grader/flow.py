@@ -10,12 +10,14 @@ learner's message (exit 2).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 from grader import catalog, kit, live
 from grader import progress as prog
+from grader.rank.untrusted import MAX_SUBMISSION_BYTES as MAX_DIGESTED_BYTES
 from grader.results import PASSED, Report
 
 
@@ -50,16 +52,33 @@ def here(session, options, path: str, exercise_id: str | None) -> Callable:
     return lambda on_event: grade_file(path, session, options, exercise_id, on_event=on_event)
 
 
+def _digest_of(path: str) -> str | None:
+    """The digest progress keeps of a regular file's text; None for anything else. Opened without blocking and
+    looked at before it is read: a FIFO (what a shell glob can name) is refused by the grading, never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DIGESTED_BYTES:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_DIGESTED_BYTES + 1)
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        return prog.digest(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
 def grade_and_record(path: str, exercise_id: str | None, progress: prog.Progress, grade: Callable,
                      quiet: bool = False, stream=None) -> Graded:
     """Grade with ``grade(on_event)`` under a live line on ``stream`` (stderr); remember the result when
     ``path`` is the kit's own exercise file."""
     stream = stream or sys.stderr
-    try:  # what is graded, as progress remembers a pass of it (restore after reset brings that pass back)
-        with open(path, encoding="utf-8", newline=None) as f:
-            graded_digest = prog.digest(f.read())
-    except (OSError, UnicodeDecodeError, ValueError):
-        graded_digest = None
+    graded_digest = _digest_of(path)  # what is graded, as progress remembers a pass of it (restore after reset)
     line = live.LiveLine(label(path, exercise_id), live.mode_for(stream, quiet), stream)
     try:
         report = grade(line.event)
