@@ -387,13 +387,13 @@ def _is_point_to_point(op: str) -> bool:
 
 def _file_written(observations: list[dict]) -> tuple[int, str] | None:
     """(rank, what) for the first file a recovery wrote: torch.save to a path (written from C++, seen apart), or a
-    file opened for writing."""
+    file opened for writing (a torch.save on any rank before an open on any)."""
+    for rank, obs in enumerate(observations):  # torch.save on any rank names the cause better than an open
+        if obs["recovery"].get("saves"):
+            return rank, f"torch.save wrote {obs['recovery']['saves'][0]!r}"
     for rank, obs in enumerate(observations):
-        recovery = obs["recovery"]
-        if recovery.get("saves"):
-            return rank, f"torch.save wrote {recovery['saves'][0]!r}"
-        if recovery.get("writes"):
-            return rank, f"opened {recovery['writes'][0]!r} for writing"
+        if obs["recovery"].get("writes"):
+            return rank, f"opened {obs['recovery']['writes'][0]!r} for writing"
     return None
 
 
