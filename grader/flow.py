@@ -10,14 +10,13 @@ learner's message (exit 2).
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
 from grader import catalog, kit, live
 from grader import progress as prog
-from grader.rank.untrusted import MAX_SUBMISSION_BYTES as MAX_DIGESTED_BYTES
+from grader.rank import untrusted
 from grader.results import PASSED, Report
 
 
@@ -53,24 +52,13 @@ def here(session, options, path: str, exercise_id: str | None) -> Callable:
 
 
 def _digest_of(path: str) -> str | None:
-    """The digest progress keeps of a regular file's text; None for anything else. Opened without blocking and
-    looked at before it is read: a FIFO (what a shell glob can name) is refused by the grading, never waited on."""
+    """The digest progress keeps of the file's text, read as a grading reads a submission (no link, a regular file,
+    bounded, never waited on: a FIFO is refused by the grading that follows); None where it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        text = untrusted.read_submission(path).decode("utf-8")
+    except (untrusted.Unreadable, UnicodeDecodeError):
         return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DIGESTED_BYTES:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(MAX_DIGESTED_BYTES + 1)
-        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-        return prog.digest(text)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    return prog.digest(text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def grade_and_record(path: str, exercise_id: str | None, progress: prog.Progress, grade: Callable,
