@@ -178,9 +178,11 @@ def test_what_no_walk_or_resident_set_shows_is_stopped_by_a_limit(tool, tmp_path
     see: 2 GiB in a memfd, then in System V shared memory, over a 1,792 MiB limit; an unlinked file over the
     tmp limit; 30,000 nested folders; 5,000 threads. It passes if it keeps any. The kernel refuses each
     (ENOSYS; the ranks' tmpfs's size, then its number of files; RLIMIT_NPROC or a pids cgroup), each named in
-    its own words, and the grader stays small."""
+    its own words, and the grader stays small. The output limit is raised above the tmp limit: at 64 MiB each,
+    a tmpfs with room for the whole 64 MiB lets RLIMIT_FSIZE refuse the next write first (EFBIG, as CI saw)."""
     done, peak = run([str(SANDBOXED / "01_escapes_the_limits.py"), "--sandbox", "--format", "json",
-                      "--memory-limit", "1792", "--tmp-limit", "64"], tool, tmp_path, watch_memory=True)
+                      "--memory-limit", "1792", "--tmp-limit", "64", "--output-limit", "256"], tool, tmp_path,
+                     watch_memory=True)
     report = report_of(done)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     stopped = re.search(r"held nothing out of sight: (.*?) \(01_escapes", report["problem"])
