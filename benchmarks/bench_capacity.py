@@ -6,7 +6,7 @@ search beside 43's; then warm gradings.
 
 One run on this machine's CPU, gloo, one compute thread per rank (as the grader's ranks have):
   - each configuration of grader/checks/shared/capacity_cases.py trained for one step by the kit's own
-    implementation (grader/checks/shared/capacity_run.py) on dp x tp x pp ranks through a warm pool:
+    implementation (grader/rank/drivers/shared/capacity_run.py) on dp x tp x pp ranks through a warm pool:
     rank 0's bytes (params, grads, optimizer, activations), the bytes its collectives send (ring model),
     and its FLOPs (FlopCounterMode), each beside grader/capacity.py's figure; the run's wall time beside
     the time the cost model takes to answer (the baseline: an estimate is microseconds, a measurement a
@@ -43,9 +43,9 @@ def measure_each(session, configurations: dict) -> None:
 
     print(f"{'configuration':<30}{'ranks':>6}{'run s':>8}{'model us':>10}  term: model / measured (difference)")
     for name, (model, plan) in configurations.items():
-        kwargs = {"model": capacity.to_dict(model), "plan": capacity.to_dict(plan), "seed": cases.SEED}
+        kwargs = cases.measure_kwargs(model, plan)
         start = time.perf_counter()
-        outcome = session.run("grader.checks.shared.capacity_run:measure_main", plan.world_size,
+        outcome = session.run("grader.rank.drivers.shared.capacity_run:measure_main", plan.world_size,
                               learner_path=str(ROOT / "solutions" / "41_memory.py"), timeout_s=120, kwargs=kwargs)
         run_s = time.perf_counter() - start
         record = outcome.results()[0]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks.ex19_data_tensor_parallel import rank as rank_side  # noqa: E402
+from grader.rank.drivers import ex19_data_tensor_parallel as rank_side  # noqa: E402
 from grader.checks.ex19_data_tensor_parallel.reference import reference_run  # noqa: E402
 
 

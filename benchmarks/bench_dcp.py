@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks.ex33_dcp import rank as ex  # noqa: E402
+from grader.rank.drivers import ex33_dcp as ex  # noqa: E402
 
 STEPS = range(ex.FIRST_STEP, ex.LAST_STEP + 1)
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks.ex32_dtensor_tp import rank as rank_side  # noqa: E402
+from grader.rank.drivers import ex32_dtensor_tp as rank_side  # noqa: E402
 from grader.checks.ex32_dtensor_tp import reference as ex  # noqa: E402
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks.ex17_expert_parallel import rank as ex  # noqa: E402
+from grader.rank.drivers import ex17_expert_parallel as ex  # noqa: E402
 from grader.checks.ex17_expert_parallel import reference as grader_side  # noqa: E402
 
 

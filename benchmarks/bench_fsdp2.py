@@ -41,7 +41,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader.checks.ex31_fsdp2 import rank as ex  # noqa: E402
+from grader.rank.drivers import ex31_fsdp2 as ex  # noqa: E402
 from grader.checks.ex31_fsdp2.reference import reference_run  # noqa: E402
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
-from grader.checks.ex34_pipelining import rank as ex  # noqa: E402
+from grader.rank.drivers import ex34_pipelining as ex  # noqa: E402
 from grader.checks.ex34_pipelining import reference as grading_side  # noqa: E402
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_fsdp2 import warm_gradings  # noqa: E402  (one way to time a warm grading, for every benchmark)
 
 from grader.rank import probes  # noqa: E402
-from grader.checks.ex18_sequence_parallel import rank as rk  # noqa: E402
+from grader.rank.drivers import ex18_sequence_parallel as rk  # noqa: E402
 from grader.checks.ex18_sequence_parallel import reference as ex  # noqa: E402
 from grader.checks.ex18_sequence_parallel.verdicts import rank_saved  # noqa: E402
 

@@ -56,7 +56,7 @@ def load(relative_path: str):
 
 def graded_work_in_one_process(world_sizes) -> float:
     """Seconds one process takes for the forward and backward of every scenario the grading runs."""
-    from grader.checks.ex20_ulysses import rank as ex_rank
+    from grader.rank.drivers import ex20_ulysses as ex_rank
     from grader.checks.ex20_ulysses.reference import attention
 
     start = time.perf_counter()

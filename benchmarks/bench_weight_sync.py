@@ -56,7 +56,7 @@ def load(relative_path: str):
 def graded_work_in_one_process(world_sizes) -> float:
     """Seconds one process takes to cut every inference rank's slices of every graded push from the whole
     weights (what the ranks move between them)."""
-    from grader.checks.ex37_weight_sync import rank as ex_rank
+    from grader.rank.drivers import ex37_weight_sync as ex_rank
     from grader.checks.ex37_weight_sync import reference
 
     start = time.perf_counter()
@@ -66,7 +66,7 @@ def graded_work_in_one_process(world_sizes) -> float:
                 full = ex_rank.weights(scenario, split_index, len(split["inference"]))
                 for j in range(len(split["inference"])):
                     for name, tensor in full.items():
-                        dim = ex_rank.split_dim(name, ex_rank.LAYOUTS[scenario])
+                        dim = reference.split_dim(name, ex_rank.LAYOUTS[scenario])
                         reference.kept_slice(tensor, reference.kept_ranges(list(tensor.shape), dim,
                                                                            len(split["inference"]), j)).clone()
     return time.perf_counter() - start
@@ -87,7 +87,7 @@ def gradings(count: int) -> None:
 
 
 def build(args, device="cpu"):
-    from grader.checks.ex37_weight_sync.rank import Model
+    from grader.rank.drivers.ex37_weight_sync import Model
 
     torch.manual_seed(0)
     return Model(args.dim, args.dim, args.hidden, args.dim, n_blocks=args.blocks).to(device)

@@ -69,8 +69,13 @@ class Exercise:
 
     @property
     def module(self) -> str:
-        """The grader module holding this exercise's drivers and checks."""
+        """The grader module holding this exercise's checks (``grade``)."""
         return f"grader.checks.ex{self.id}_{self.slug}"
+
+    @property
+    def drivers(self) -> str:
+        """The module holding what this exercise's ranks and workers run (the rank side, :mod:`grader.rank`)."""
+        return f"grader.rank.drivers.ex{self.id}_{self.slug}"
 
     def check(self, check_id: str) -> CheckInfo:
         for c in self.checks:

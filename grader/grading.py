@@ -19,7 +19,8 @@ from grader.results import (BAD_OPTION, CHECK_STOPPED, ERROR, FAIL, FAILED, NOT_
                             CheckResult, Report, RunProblem, overall_status)
 
 
-DRIVER_MODULES = ["grader.checks.preload"]  # every exercise's drivers, imported once in the warm pool
+RANK_SIDE = "grader.rank."  # the one package a rank imports from (the sandbox holds no other of the kit)
+DRIVER_MODULES = ["grader.rank.drivers.preload"]  # every exercise's drivers, imported once in the warm pool
 
 
 def warm_up(dynamo: bool = True, exercises: list | None = None) -> None:
@@ -35,7 +36,7 @@ def driver_modules(exercises: list | None) -> list[str]:
     """The modules a pool preloads for ``exercises`` (any None, or none given: every exercise's)."""
     if not exercises or None in exercises:
         return DRIVER_MODULES
-    return sorted({e.module for e in exercises})
+    return sorted({e.drivers for e in exercises})
 
 
 class Abort(BaseException):
@@ -78,19 +79,25 @@ def driver_name(driver: Callable | str) -> str:
 
 
 def driver_ref(driver: Callable | str, module: str) -> str:
-    """``"module:function"``, by which a rank imports ``driver``: a function of a module as it is named there;
-    one a factory made (``rank_main = debug_job.job_driver(...)``) by the name the exercise's module, or its
-    ``rank.py``, gives it. A string is a name in ``module``, or already ``"module:function"``."""
+    """``"module:function"``, by which a rank imports ``driver``: a function of a module of the rank side
+    (:mod:`grader.rank`) as it is named there; one a factory made (``rank_main = debug_rank.job_driver(...)``)
+    by the name the exercise's drivers ``module`` gives it. A string is a name in ``module``, or already
+    ``"module:function"``. ValueError for a function outside the rank side: a sandbox holds nothing else."""
     if isinstance(driver, str):
-        return driver if ":" in driver else f"{module}:{driver}"
-    home = sys.modules.get(driver.__module__)
-    if home is not None and getattr(home, driver.__qualname__, None) is driver:
-        return f"{driver.__module__}:{driver.__qualname__}"
-    for name in (module, f"{module}.rank"):
-        for attr, value in vars(sys.modules.get(name) or object()).items():
-            if value is driver:
-                return f"{name}:{attr}"
-    raise ValueError(f"{driver.__qualname__} is not a function a rank can import: name it in {module}")
+        ref = driver if ":" in driver else f"{module}:{driver}"
+    else:
+        ref = None
+        home = sys.modules.get(driver.__module__)
+        if home is not None and getattr(home, driver.__qualname__, None) is driver:
+            ref = f"{driver.__module__}:{driver.__qualname__}"
+        for attr, value in vars(sys.modules.get(module) or object()).items():
+            if ref is None and value is driver:
+                ref = f"{module}:{attr}"
+        if ref is None:
+            raise ValueError(f"{driver.__qualname__} is not a function a rank can import: name it in {module}")
+    if not ref.startswith(RANK_SIDE):
+        raise ValueError(f"{ref} is not on the rank side: a rank runs only what {RANK_SIDE.rstrip('.')} holds")
+    return ref
 
 
 def _together(runs: list[Run]) -> str:
@@ -285,7 +292,7 @@ class Grading:
             self.on_event(kind, **info)
 
     def _ref(self, driver: Callable | str) -> str:
-        return driver_ref(driver, self.exercise.module)
+        return driver_ref(driver, self.exercise.drivers)
 
     # --- recording verdicts -------------------------------------------------------
 

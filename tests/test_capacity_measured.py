@@ -1,4 +1,4 @@
-"""grader/capacity.py held against real runs of its transformer (grader/checks/shared/capacity_run.py).
+"""grader/capacity.py held against real runs of its transformer (grader/rank/drivers/shared/capacity_run.py).
 
 Each configuration trains one step on dp x tp x pp x cp gloo ranks through the tests' warm session; rank 0's
 storages alive, the bytes autograd saves inside the layers, its collectives and its FLOPs must be what the
@@ -18,11 +18,12 @@ import pytest
 
 from grader import capacity
 from grader.capacity import ModelSpec, Plan
+from grader.checks.shared import capacity_cases as cases
 from grader.checks.shared.capacity_cases import CONFIGS, SEED, SMALL
 
 pytestmark = pytest.mark.slow
 
-DRIVER = "grader.checks.shared.capacity_run:measure_main"
+DRIVER = "grader.rank.drivers.shared.capacity_run:measure_main"
 # 55,552 parameters on one stage: not a multiple of 3, so dp = 3 pads the flat buffer by 2 elements
 # (SMALL is this model too; the cases below add dp = 3 under ZeRO 0 and 1, fp32 and GPipe).
 PADDED = ModelSpec(layers=4, hidden=32, heads=4, vocab=65, seq_len=16)
@@ -83,7 +84,7 @@ _RECORDS: dict = {}
 
 
 def run_world(session, model: ModelSpec, plan: Plan, **extra) -> list[dict]:
-    kwargs = {"model": capacity.to_dict(model), "plan": capacity.to_dict(plan), "seed": SEED, **extra}
+    kwargs = cases.measure_kwargs(model, plan, SEED, **extra)
     outcome = session.run(DRIVER, plan.world_size, learner_path=__file__, timeout_s=120, kwargs=kwargs)
     if not outcome.ok:
         lines = [f"{plan} did not finish (timed out: {outcome.timed_out})"]

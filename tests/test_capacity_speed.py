@@ -14,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from grader import capacity
 from grader import capacity_plans as plans
 from grader import capacity_speed as speed
-from grader.checks.shared import capacity_model as cm
+from grader.checks.shared import capacity_cases as cases
+from grader.rank.drivers.shared import capacity_model as cm
 
 H100, A100 = speed.DEVICES["H100"], speed.DEVICES["A100"]
 BIG = capacity.ModelSpec(layers=32, hidden=4096, heads=32, vocab=128256, seq_len=8192)
@@ -112,9 +113,11 @@ def test_the_matmuls_a_layer_runs_are_the_ones_the_model_costs(model):
     """The kit's own layer (the one 41 and 42's measured runs train), forward and backward on one process:
     every matrix product torch computes has a shape the model costs, as many times, and no other."""
     plan = capacity.Plan(micro_batch=2)
-    params = {name.split(".", 2)[2]: value.requires_grad_() for name, value in cm.full_parameters(model, 0).items()
+    sent = cases.measure_kwargs(model, plan)  # as a measured run's rank gets them
+    spec, view = cm.spec_of(sent["model"], sent["layout"]), cm.plan_of(sent["plan"], sent["layout"])
+    params = {name.split(".", 2)[2]: value.requires_grad_() for name, value in cm.full_parameters(spec, 0).items()
               if name.startswith("layers.0.")}
-    layer = cm.Layer(params, model, plan, {}, 0, dropout=0.1)
+    layer = cm.Layer(params, spec, view, {}, 0, dropout=0.1)
     x = torch.randn(plan.micro_batch, model.seq_len, model.hidden, requires_grad=True)
     with Products() as seen:
         layer(x).sum().backward()

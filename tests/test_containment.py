@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from grader import sandbox
+from grader import catalog, sandbox
 from grader.sandbox import confined
 
 pytestmark = pytest.mark.slow
@@ -282,6 +282,57 @@ def test_bytes_and_sets_in_a_ranks_error_still_give_a_json_report_and_their_own_
     status = {r["submission"]: r["status"] for r in data["reports"]}
     assert status == {"a_bytes/01_setup.py": "failed", "b_right/01_setup.py": "passed"}, status
     assert done.returncode == 1  # not 2: the worker did not die on the first row
+
+
+# --- no answer inside the sandbox: a submission that imports the grader's own ------------------------------
+
+# 07's expected sum, 35's reference cast, 37's slicing, 41's cost model, 44's resilience model: each imported
+# from the grader's side, which a sandbox does not hold (tests/test_rank_side.py).
+ANSWER_IMPORTS = sorted(SANDBOXED.glob("[0-9][0-9]_imports_*.py"))
+
+
+def _no_point(report: dict) -> list[str]:
+    """The checks a report gives points for (passed, or skipped: Gradescope scores a skip as passed)."""
+    return [c["id"] for c in report["checks"] if c["status"] in ("pass", "skip")]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+@pytest.mark.parametrize("path", ANSWER_IMPORTS, ids=lambda p: p.name[:2])
+def test_a_submission_that_imports_the_graders_answers_fails_without_a_point(tool, path, tmp_path):
+    done, _ = run([str(path), "--sandbox", "--timeout", "300", "--format", "json"], tool, tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    report = report_of(done)
+    assert report["status"] == "failed" and _no_point(report) == [], _no_point(report)
+    if catalog.by_id(path.name[:2]).functions[0] in ("training_memory", "goodput"):  # a worker's call: the report
+        # names the import that failed
+        assert "No module named 'grader." in json.dumps(report), report["checks"]
+
+
+def test_plain_the_learners_own_kit_gives_the_model_away(tmp_path):
+    """What docs/guarantees.md says of plain gradings: the learner's own kit holds the grader's side (and its
+    solutions/), so there the same import finds the model and 44 passes. The attack is real."""
+    done, _ = run([str(ANSWER_IMPORTS[-1]), "--format", "json"], None, tmp_path)  # the resilience model's
+    assert done.returncode == 0, done.stdout[-2000:]
+
+
+@ANY_TOOL
+def test_in_a_sandboxed_batch_each_import_of_an_answer_is_its_own_failed_row(tmp_path):
+    learners = tmp_path / "class"
+    for path in ANSWER_IMPORTS:
+        (learners / f"eve_{path.name[:2]}").mkdir(parents=True)
+        shutil.copy(path, learners / f"eve_{path.name[:2]}" / catalog.by_id(path.name[:2]).filename)
+    (learners / "bob").mkdir()
+    honest = catalog.by_id(ANSWER_IMPORTS[-1].name[:2]).filename  # a pure function's exercise: quick
+    shutil.copy(ROOT / "solutions" / honest, learners / "bob" / honest)
+    done, _ = run(["batch", str(learners), "--format", "json", "-q", "--timeout", "300", "--jobs", "1", "--sandbox"],
+                  None, tmp_path)
+    data = json.loads(done.stdout)
+    rows = {r["submission"].split("/")[0]: r for r in data["reports"]}
+    assert rows["bob"]["status"] == "passed", rows["bob"]
+    for path in ANSWER_IMPORTS:
+        row = rows[f"eve_{path.name[:2]}"]
+        assert row["status"] == "failed" and _no_point(row) == [], (path.name, _no_point(row))
+    assert done.returncode == 1
 
 
 # --- batch: one submission, one row ----------------------------------------------------------------------

@@ -113,10 +113,11 @@ def test_the_gitignore_is_a_list_of_names():
     assert {".hypothesis", "__pycache__", ".pytest_cache", "*.egg-info", ".venv", "build", "dist"} <= set(names)
 
 
-# --- an exercise's checks: one module, or a package of files with fixed roles ------------------------------
+# --- an exercise: its drivers on the rank side, its checks (one module, or a package of roles) -----------
 
 CHECKS = ROOT / "grader" / "checks"
-ROLES = {"__init__.py", "rank.py", "reference.py", "verdicts.py"}
+DRIVERS = ROOT / "grader" / "rank" / "drivers"
+ROLES = {"__init__.py", "reference.py", "verdicts.py"}
 RANK_MARKERS, GRADER_MARKER = ("# --- in each rank", "# --- in the worker"), "# --- in the grader"
 
 
@@ -127,7 +128,7 @@ def _drivers(tree) -> list[str]:
 
 
 def _imports(tree) -> set[str]:
-    """The modules ``tree`` imports; ``from package import rank`` counts as ``package.rank``."""
+    """The modules ``tree`` imports; ``from package import role`` counts as ``package.role``."""
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -146,36 +147,34 @@ TEMPLATE = catalog.read((ROOT / "tests" / "template" / "catalog.toml").read_text
 
 
 @pytest.mark.parametrize("ex", [TEMPLATE, *catalog.exercises()], ids=lambda ex: ex.id)
-def test_every_exercises_checks_take_one_of_the_two_shapes(ex):
-    """A module exNN_slug.py with its rank side above its grader side, or a package exNN_slug/ whose files are
-    named by their role: drivers only in rank.py, which imports nothing of the grader side."""
+def test_every_exercise_is_its_drivers_and_checks_in_one_of_the_two_shapes(ex):
+    """What the ranks run in grader/rank/drivers/exNN_slug.py (the rank side, the one package a sandbox holds);
+    what decides in a module grader/checks/exNN_slug.py, or a package grader/checks/exNN_slug/ whose files are
+    named by their role. No driver on the grader's side, no section of the other side in either."""
     name = f"ex{ex.id}_{ex.slug}"
+    drivers = DRIVERS / f"{name}.py"
+    assert drivers.exists(), f"exercise {ex.id} has no drivers module grader/rank/drivers/{name}.py"
+    rank_text = drivers.read_text(encoding="utf-8")
+    rank_tree = ast.parse(rank_text)
+    assert ast.get_docstring(rank_tree) and not _defines(rank_tree, "grade"), f"{drivers.name}: no grade here"
+    assert not any(line.startswith(GRADER_MARKER) for line in rank_text.splitlines()), f"{drivers.name}: one side"
     assert sorted(p.name for p in CHECKS.glob(f"ex{ex.id}_*")) == [p.name for p in (CHECKS / f"{name}.py",
                                                                                      CHECKS / name) if p.exists()]
     module, package = CHECKS / f"{name}.py", CHECKS / name
     if module.exists():
         text = module.read_text(encoding="utf-8")
         tree = ast.parse(text)
-        lines = text.splitlines()
-        grader_at = next((i for i, line in enumerate(lines, 1) if line.startswith(GRADER_MARKER)), None)
-        assert grader_at is not None, f"{module.name} has no '{GRADER_MARKER}' section"
         assert _defines(tree, "grade") and ast.get_docstring(tree)
-        functions = {node.name: node.lineno for node in tree.body if isinstance(node, ast.FunctionDef)}
-        assert functions["grade"] > grader_at
-        drivers = _drivers(tree)
-        if drivers:
-            rank_at = next((i for i, line in enumerate(lines, 1) if line.startswith(RANK_MARKERS)), None)
-            assert rank_at is not None and rank_at < grader_at, f"{module.name}: '{RANK_MARKERS[0]}' before the grader"
-            assert all(rank_at < functions[d] < grader_at for d in drivers), f"{module.name}: a driver below the grader"
+        assert not _drivers(tree), f"{module.name} defines a driver: drivers live in grader/rank/drivers/{name}.py"
+        assert not any(line.startswith(RANK_MARKERS) for line in text.splitlines()), f"{module.name}: one side only"
         return
     files = {p.name for p in package.glob("*.py")}
-    on_rank_side = (ROOT / "grader" / "rank" / "drivers" / f"{name}.py").exists()
-    assert files <= ROLES and "__init__.py" in files and ("rank.py" in files) != on_rank_side, sorted(files - ROLES)
+    assert files <= ROLES and "__init__.py" in files, sorted(files - ROLES)
     trees = {f: ast.parse((package / f).read_text(encoding="utf-8")) for f in files}
     assert ast.get_docstring(trees["__init__.py"]) and _defines(trees["__init__.py"], "grade")
     for f, tree in trees.items():
-        assert f == "rank.py" or not _drivers(tree), f"{name}/{f} defines a driver: drivers live in rank.py"
-    above = {"rank.py": ("reference", "verdicts"), "reference.py": ("verdicts",), "verdicts.py": ()}
+        assert not _drivers(tree), f"{name}/{f} defines a driver: drivers live in grader/rank/drivers/{name}.py"
+    above = {"reference.py": ("verdicts",), "verdicts.py": ()}
     for f, roles in above.items():
         if f in trees:
             imported = _imports(trees[f])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grader.checks import ex02_shard as ex
-from grader.checks.ex02_shard import rank as rank_side
+from grader.rank.drivers import ex02_shard as rank_side
 from grader.checks.ex02_shard import verdicts as v
 from grader.report import details_of, problem_of
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grader.checks.ex04_launch import rank as rank_side
+from grader.rank.drivers import ex04_launch as rank_side
 from grader.checks.ex04_launch import verdicts as v
 from grading_helpers import grading_for, verdicts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from grader.checks import ex09_checkpoint as ex
+from grader.rank.drivers import ex09_checkpoint as ex_rank
 from grading_helpers import grading_for, verdicts
 
 
@@ -69,12 +70,12 @@ def test_state_difference_names_the_tensor_and_the_gap():
 
 
 def test_optimizer_difference_sees_missing_state():
-    model = ex.build_model(0)
-    opt = ex.build_optimizer(model)
+    model = ex_rank.build_model(0)
+    opt = ex_rank.build_optimizer(model)
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     opt.step()
     full = opt.state_dict()
     assert ex._optimizer_difference(full, full) is None
-    fresh = ex.build_optimizer(ex.build_model(0)).state_dict()
+    fresh = ex_rank.build_optimizer(ex_rank.build_model(0)).state_dict()
     assert "state for 0 parameter(s), expected state for 4" in ex._optimizer_difference(fresh, full)

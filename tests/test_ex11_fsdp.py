@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex11_fsdp import rank as rank_side
+from grader.rank.drivers import ex11_fsdp as rank_side
 from grader.checks.ex11_fsdp import reference as ref
 from grader.checks.ex11_fsdp import verdicts as v
 from grading_helpers import grading_for, verdicts

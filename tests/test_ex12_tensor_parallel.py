@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from grader import catalog
-from grader.checks.ex12_tensor_parallel import rank as rank_side
+from grader.rank.drivers import ex12_tensor_parallel as rank_side
 from grader.checks.ex12_tensor_parallel import reference as ref
 from grader.checks.ex12_tensor_parallel import verdicts as v
 from grading_helpers import grading_for, verdicts

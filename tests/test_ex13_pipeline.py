@@ -6,6 +6,7 @@ import torch
 
 from grader import catalog
 from grader.checks import ex13_pipeline as ex
+from grader.rank.drivers import ex13_pipeline as ex_rank
 from grading_helpers import grading_for, verdicts
 
 
@@ -178,8 +179,8 @@ def test_gradients_scaled_by_the_number_of_micro_batches_are_named_as_such():
 # --- the instrumented stage, in this process ----------------------------------------------------------
 
 
-def run_schedule(order: list[str], m: int = 3) -> ex.ObservedStage:
-    stage = ex.ObservedStage(ex.build_stages(2)[1])
+def run_schedule(order: list[str], m: int = 3) -> ex_rank.ObservedStage:
+    stage = ex_rank.ObservedStage(ex.build_stages(2)[1])
     xs = torch.randn(m, 2, ex.WIDTHS[1]).unbind(0)
     outputs = {}
     with torch.no_grad():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grader.checks import ex14_mixed_precision as ex
+from grader.rank.drivers import ex14_mixed_precision as ex_rank
 from grader.grading import Abort
 from grading_helpers import grading_for, verdicts
 
@@ -86,7 +87,7 @@ def test_the_scaled_loss_is_named_and_a_tensor_is_not_a_float():
     rec = {"returned": {"type": "float", "value": 2.0 * 256}, "scale_before": 256.0}
     ok, message = ex._loss_verdict(rec, 2.0, "step 0, rank 1")
     assert not ok and "scaled loss" in message
-    ok, message = ex._loss_verdict({"returned": ex._describe_value(torch.tensor(2.0)), "scale_before": 1.0},
+    ok, message = ex._loss_verdict({"returned": ex_rank._describe_value(torch.tensor(2.0)), "scale_before": 1.0},
                                    2.0, "step 0, rank 1")
     assert not ok and "Tensor" in message
     assert ex._loss_verdict({"returned": {"type": "float", "value": 2.0005}, "scale_before": 1.0}, 2.0, "")[0]
@@ -200,15 +201,15 @@ def test_the_scalers_stage_is_read_without_changing_it():
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([param], lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
-    assert ex._scaler_stage(scaler, optimizer) == "READY"
+    assert ex_rank._scaler_stage(scaler, optimizer) == "READY"
     assert id(optimizer) not in scaler._per_optimizer_states
     scaler.scale(param.sum()).backward()
     scaler.unscale_(optimizer)
-    assert ex._scaler_stage(scaler, optimizer) == "UNSCALED"
+    assert ex_rank._scaler_stage(scaler, optimizer) == "UNSCALED"
     scaler.step(optimizer)
-    assert ex._scaler_stage(scaler, optimizer) == "STEPPED"
+    assert ex_rank._scaler_stage(scaler, optimizer) == "STEPPED"
     scaler.update()
-    assert ex._scaler_stage(scaler, optimizer) == "READY"
+    assert ex_rank._scaler_stage(scaler, optimizer) == "READY"
 
 
 def _errored(error: str, stage: str) -> dict:

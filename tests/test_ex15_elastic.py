@@ -17,7 +17,7 @@ import background
 from conftest import ROOT
 from grader import catalog
 from grader.checks import ex15_elastic as ex
-from grader.checks.ex15_elastic import rank as rank_side
+from grader.rank.drivers import ex15_elastic as rank_side
 from grader.checks.ex15_elastic import reference as ref
 from grader.checks.ex15_elastic import verdicts as v
 from grader.grading import Grading, Plan

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from grader import catalog
-from grader.checks.ex16_ring_attention import rank as rank_side
+from grader.rank.drivers import ex16_ring_attention as rank_side
 from grader.checks.ex16_ring_attention import reference as ref
 from grader.checks.ex16_ring_attention import verdicts as checks
 from grading_helpers import grading_for, verdicts

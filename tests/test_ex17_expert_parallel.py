@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from grader import catalog
-from grader.checks.ex17_expert_parallel import rank as rank_side
+from grader.rank.drivers import ex17_expert_parallel as rank_side
 from grader.checks.ex17_expert_parallel import reference as expected_side
 from grader.checks.ex17_expert_parallel import verdicts as v
 from grading_helpers import grading_for, verdicts

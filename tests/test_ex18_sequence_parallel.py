@@ -7,7 +7,7 @@ import functools
 import torch
 
 from grader import catalog
-from grader.checks.ex18_sequence_parallel import rank as rank_side
+from grader.rank.drivers import ex18_sequence_parallel as rank_side
 from grader.checks.ex18_sequence_parallel import reference as ref
 from grader.checks.ex18_sequence_parallel import verdicts as v
 from grading_helpers import grading_for, verdicts

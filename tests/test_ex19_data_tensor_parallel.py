@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from grader.checks.ex19_data_tensor_parallel import rank as rank_side
+from grader.rank.drivers import ex19_data_tensor_parallel as rank_side
 from grader.checks.ex19_data_tensor_parallel import verdicts as v
 from grader.checks.ex19_data_tensor_parallel.reference import local_block, reference_run
 from grading_helpers import grading_for, verdicts

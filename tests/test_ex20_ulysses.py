@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex20_ulysses import rank as ex_rank
+from grader.rank.drivers import ex20_ulysses as ex_rank
 from grader.checks.ex20_ulysses import reference, verdicts
 from grader.grading import Grading
 from grader.rank.harness import RankOutcome, WorldOutcome

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from grader.checks import ex28_fsdp_memory as ex
 from grader.checks.shared import fsdp_job
-from grader.checks.shared.stub_models import JOB_LAYERS
+from grader.rank.drivers.shared.stub_models import JOB_LAYERS
 
 PARAMS = list(ex.build_model().named_parameters())
 

@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
-from grader.checks.ex31_fsdp2 import rank as rank_side
+from grader.rank.drivers import ex31_fsdp2 as rank_side
 from grader.checks.ex31_fsdp2 import reference as ref
 from grader.checks.ex31_fsdp2 import verdicts as v
-from grader.checks.shared.stub_models import FusedBlock, Transformer, lm_loss
+from grader.rank.drivers.shared.stub_models import FusedBlock, Transformer, lm_loss
 from grading_helpers import grading_for, verdicts
 
 

@@ -10,7 +10,7 @@ import functools
 import pytest
 import torch
 
-from grader.checks.ex32_dtensor_tp import rank as rank_side
+from grader.rank.drivers import ex32_dtensor_tp as rank_side
 from grader.checks.ex32_dtensor_tp import reference as ref
 from grader.checks.ex32_dtensor_tp import verdicts as v
 from grader.checks.shared import dtensors

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grader.checks.ex33_dcp import rank as rank_side
+from grader.rank.drivers import ex33_dcp as rank_side
 from grader.checks.ex33_dcp import reference as ref
 from grader.checks.ex33_dcp import verdicts as v
 from grader.compare import first_difference

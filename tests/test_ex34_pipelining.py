@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from grader import catalog
-from grader.checks.ex34_pipelining import rank as rank_side
+from grader.rank.drivers import ex34_pipelining as rank_side
 from grader.checks.ex34_pipelining import reference as ref
 from grader.checks.ex34_pipelining import verdicts as v
-from grader.checks.shared.stub_models import pipeline_loss
+from grader.rank.drivers.shared.stub_models import pipeline_loss
 from grading_helpers import grading_for, verdicts
 
 # The orders torch 2.13's schedules run on 2 ranks with 4 micro-batches (as recorded by the rank driver).

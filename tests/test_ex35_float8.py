@@ -12,7 +12,7 @@ import torch
 from grading_helpers import grading_for
 from grading_helpers import verdicts as decided
 
-from grader.checks.ex35_float8 import rank as ex_rank
+from grader.rank.drivers import ex35_float8 as ex_rank
 from grader.checks.ex35_float8 import reference, verdicts
 from grader.grading import Grading
 

@@ -8,8 +8,8 @@ from grading_helpers import verdicts as decided
 
 from grader.checks.ex36_hybrid_recovery import verdicts
 from grader.checks.shared import mismatch
-from grader.checks.shared.recording import MessageJournal, journal_name
-from grader.checks.ex36_hybrid_recovery.rank import STEPS_BEFORE, layout
+from grader.rank.drivers.shared.recording import MessageJournal, journal_name
+from grader.rank.drivers.ex36_hybrid_recovery import STEPS_BEFORE, layout
 from grader.checks.ex36_hybrid_recovery.reference import (held_limit, local_shape, reference_run, shapes,
                                                           unit_elements)
 from grader.grading import Grading

@@ -12,10 +12,10 @@ import torch
 from grading_helpers import grading_for
 from grading_helpers import verdicts as decided
 
-from grader.checks.ex37_weight_sync import rank as ex_rank
+from grader.rank.drivers import ex37_weight_sync as ex_rank
 from grader.checks.ex37_weight_sync import reference, verdicts
 from grader.checks.shared import mismatch
-from grader.checks.shared.recording import MessageJournal
+from grader.rank.drivers.shared.recording import MessageJournal
 from grader.grading import Grading
 from grader.rank.outcomes import RankOutcome, WorldOutcome
 
@@ -104,7 +104,7 @@ def test_every_split_dimension_divides_by_the_inference_ranks():
         shapes = ex_rank.shapes(inference)
         for layout in ex_rank.LAYOUTS.values():
             for name, shape in shapes.items():
-                dim = ex_rank.split_dim(name, layout)
+                dim = reference.split_dim(name, layout)
                 assert dim is None or shape[dim] % inference == 0, (inference, name)
 
 

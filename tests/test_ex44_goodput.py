@@ -12,6 +12,7 @@ import pytest
 
 from grader import resilience as rs
 from grader.checks import ex44_goodput as ex44
+from grader.rank.drivers import ex44_goodput as ex44_rank
 from grading_helpers import grading_for, verdicts
 
 GRADED = {**ex44.BLOCKING, **ex44.ASYNCHRONOUS}
@@ -335,7 +336,7 @@ def test_the_worker_sends_every_answer_as_it_came_and_decides_nothing():
         return value
 
     case = ex44.case(*ex44.BLOCKING[next(iter(ex44.BLOCKING))])
-    got = ex44.answers(FakeContext(Cluster=Cluster, Job=Job, goodput=goodput), "goodput", [case] * 7)
+    got = ex44_rank.answers(FakeContext(Cluster=Cluster, Job=Job, goodput=goodput), "goodput", [case] * 7)
     assert got[:2] == [{"value": 0.5}, {"value": 2.0}]
     assert got[2] == {"shown": "bool True"} and got[3]["shown"].startswith("int 1000")
     assert math.isnan(got[4]["value"]) and got[5] == {"shown": "str '0.9'"}
@@ -346,4 +347,4 @@ def test_the_worker_sends_every_answer_as_it_came_and_decides_nothing():
         raise NotImplementedError
 
     with pytest.raises(NotImplementedError):  # the stub: the grading stops with "not implemented yet"
-        ex44.answers(FakeContext(Cluster=Cluster, Job=Job, goodput=unfinished), "goodput", [case])
+        ex44_rank.answers(FakeContext(Cluster=Cluster, Job=Job, goodput=unfinished), "goodput", [case])

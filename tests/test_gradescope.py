@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT
-from grader import catalog, gradescope
+from grader import catalog, gradescope, sandbox
 from grader.options import GradeOptions
 from grader.cli import main
 
@@ -266,6 +266,31 @@ def test_run_autograder_grades_passing_failing_crashing_hanging_and_missing_subm
     assert got["hanging"]["score"] < total and "timed out" in got["hanging"]["output"]
     assert got["missing"]["score"] == 0 and "no 01_setup.py in the submission" in got["missing"]["output"]
     assert got["forging"]["score"] < total and not all(t["status"] == "passed" for t in got["forging"]["tests"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sandbox.tool() is None, reason="no sandbox tool works here")
+def test_in_the_bundle_a_submission_that_imports_the_graders_answers_scores_nothing(tmp_path):
+    """The kit is in the bundle whole (its runner decides), but the sandbox each submission runs in holds only
+    its rank side: 07 importing the expected sum and 44 importing the resilience model score 0."""
+    ring, model = sorted(ROOT.glob("tests/sandboxed/07_imports_*.py"))[0], sorted(ROOT.glob("tests/sandboxed/4?_imports_*.py"))[-1]
+    bundle = _bundle(tmp_path, "--exercises", f"07,{model.name[:2]}", "--timeout", "300", "--sandbox", "on")
+    root = tmp_path / "autograder"
+    (root / "submission").mkdir(parents=True)
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    (root / "run_autograder").chmod(0o755)
+    for path in (ring, model):
+        shutil.copy(path, root / "submission" / catalog.by_id(path.name[:2]).filename)
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "DDP_GRADE_PYTHON": sys.executable,
+           "PYTHONPATH": str(root / "source" / "kit"), "DDP_GRADE_STATE_DIR": str(tmp_path / "state")}
+    done = subprocess.run([str(root / "run_autograder")], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert schema_errors(results) == []
+    assert results["score"] == 0, [(t["name"], t["score"]) for t in results["tests"] if t["score"]]
+    assert "ModuleNotFoundError" in json.dumps(results) or "ImportError" in json.dumps(results)
 
 
 def test_results_score_each_check_with_its_points_and_say_what_was_observed():

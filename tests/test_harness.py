@@ -271,9 +271,9 @@ def test_a_grading_reads_runs_started_at_once_in_order_and_stops_where_one_by_on
     outcomes = g.run_at_once([g.Run("rank_main", 2), g.Run("rank_main", 3), g.Run("rank_main", 2)])
     assert session.started == []  # nothing starts before the first outcome is asked for
     assert next(outcomes) is ok
-    assert session.started == [[("grader.checks.ex01_setup:rank_main", 2),
-                                ("grader.checks.ex01_setup:rank_main", 3),
-                                ("grader.checks.ex01_setup:rank_main", 2)]]
+    assert session.started == [[("grader.rank.drivers.ex01_setup:rank_main", 2),
+                                ("grader.rank.drivers.ex01_setup:rank_main", 3),
+                                ("grader.rank.drivers.ex01_setup:rank_main", 2)]]
     with pytest.raises(Abort) as stopped:  # the failing rank of the second run, not the third's timeout
         next(outcomes)
     assert stopped.value.problem.rank == 1 and stopped.value.problem.world_size == 3

@@ -49,17 +49,16 @@ def test_every_click_decorator_is_in_the_command_line_package():
     assert found == []
 
 
-def test_checks_take_the_drivers_context_from_the_checks_interface():
-    """One place: a check module names RankContext as grader.checks.interface gives it (which takes it from
-    grader.rank.child), never from grader.rank.child itself."""
+def test_drivers_take_their_context_from_the_rank_side():
+    """One place: a driver names RankContext as grader.rank.child defines it; nothing on the grader's side
+    names it (no driver lives there)."""
     found = []
-    for path in sorted((ROOT / "grader" / "checks").rglob("*.py")):
-        if path == ROOT / "grader" / "checks" / "interface.py":
-            continue
+    for path in sorted((ROOT / "grader").rglob("*.py")):
+        rank_side = (ROOT / "grader" / "rank") in path.parents
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module == "grader.rank.child" \
-                    and any(alias.name == "RankContext" for alias in node.names):
-                found.append(f"{path.relative_to(ROOT)} line {node.lineno}")
+            if isinstance(node, ast.ImportFrom) and any(alias.name == "RankContext" for alias in node.names) \
+                    and (node.module != "grader.rank.child" or not rank_side):
+                found.append(f"{path.relative_to(ROOT)} line {node.lineno}: from {node.module}")
     assert found == []
 
 
@@ -278,8 +277,8 @@ def module_map() -> str:
             if EXERCISE_DRIVERS.match(name):
                 if "drivers" not in summarized:
                     summarized.add("drivers")
-                    lines.append("| `grader/rank/drivers/exNN_slug.py` | an exercise's drivers on the rank side, one per "
-                                 "exercise whose checks package has no `rank.py` (\"The checks module\" below) |")
+                    lines.append("| `grader/rank/drivers/exNN_slug.py` | an exercise's drivers, one per exercise of the "
+                                 "catalog: what its ranks run (\"The checks module\" below) |")
                 continue
             if name == "grader.stubs" or name.startswith("grader.stubs."):
                 if "stubs" not in summarized:
@@ -294,7 +293,8 @@ def module_map() -> str:
 
 def test_every_module_says_what_it_is_in_its_first_sentence():
     silent = [str(p.relative_to(ROOT)) for n, p in _modules().items()
-              if not (n.startswith("grader.stubs") or EXERCISE_CHECKS.match(n)) and not first_sentence(p)]
+              if not (n.startswith("grader.stubs") or EXERCISE_CHECKS.match(n) or EXERCISE_DRIVERS.match(n))
+              and not first_sentence(p)]
     assert silent == []
 
 

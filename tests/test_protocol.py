@@ -119,9 +119,9 @@ def test_a_worker_told_its_exercises_preloads_their_drivers_alone(monkeypatch):
     assert protocol.exercise_env([one, two, one]) == {protocol.EXERCISES_ENV: "01 41"}
     assert protocol.exercise_env([one, None]) == {}  # a file whose exercise is unknown: every driver
     monkeypatch.setenv(protocol.EXERCISES_ENV, "41 01")
-    assert grading.driver_modules(protocol.announced_exercises()) == [one.module, two.module]
+    assert grading.driver_modules(protocol.announced_exercises()) == [one.drivers, two.drivers]
     monkeypatch.setenv(protocol.EXERCISES_ENV, "01 77")  # an id the catalog lacks: every driver
     assert protocol.announced_exercises() is None
-    assert grading.driver_modules(None) == grading.DRIVER_MODULES == ["grader.checks.preload"]
+    assert grading.driver_modules(None) == grading.DRIVER_MODULES == ["grader.rank.drivers.preload"]
     monkeypatch.delenv(protocol.EXERCISES_ENV)
     assert protocol.announced_exercises() is None

@@ -347,13 +347,13 @@ def _needed(kit: str, home: str, search_path: list[str]) -> list[str]:
 
 
 def _check_the_view(view: dict, kit: str, package_entries: list[str], needed: list[str]) -> None:
-    """Of the kit, only its package (and its environment, where the kit holds it), read-only; of each folder on
-    the way from / to the kit, only the names on the way to what the grading needs; of /, nothing else of the
-    machine's."""
+    """Of the kit, only its package (and its environment, where the kit holds it), read-only, and of the package
+    only its rank side (``__init__.py`` and ``rank/``: tests/test_rank_side.py); of each folder on the way from /
+    to the kit, only the names on the way to what the grading needs; of /, nothing else of the machine's."""
     seen = view["seen"]
     assert set(seen[kit]) == {"grader"} | _next_names(kit, [sys.prefix, os.path.realpath(sys.prefix)]), seen[kit]
     package = seen[os.path.join(kit, "grader")]
-    assert "__init__.py" in package and set(package) <= set(package_entries), package
+    assert package == ["__init__.py", "rank"] and set(package) <= set(package_entries), package
     folder = os.path.dirname(kit)
     while folder != "/":
         assert set(seen[folder]) == _next_names(folder, needed), (folder, seen[folder])

@@ -1,6 +1,6 @@
 """Every model the grader builds from a stub's or a script's code is that code's model: the same parameters,
-the same initial values from the same seed, the same output and loss (grader/checks/shared/stub_models.py;
-41-43's transformer in grader/checks/shared/capacity_model.py)."""
+the same initial values from the same seed, the same output and loss (grader/rank/drivers/shared/stub_models.py;
+41-43's transformer in grader/rank/drivers/shared/capacity_model.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from torch import nn
 
 from conftest import ROOT
 from grader import capacity
-from grader.checks.ex15_elastic import rank as elastic
+from grader.rank.drivers import ex15_elastic as elastic
 from grader.checks.shared import capacity_cases as cases
-from grader.checks.shared import capacity_model as cm
-from grader.checks.shared import stub_models as sm
+from grader.rank.drivers.shared import capacity_model as cm
+from grader.rank.drivers.shared import stub_models as sm
 
 
 STUBS = ROOT / "grader" / "stubs"
@@ -125,7 +125,9 @@ def test_the_capacity_runs_train_41s_transformer():
     """The small configurations 41-43 measure train 41's stub's Transformer: the same parameters under another
     name each, and, from the same values, the same loss (dropout off) in one process."""
     stub = load_stub("41_memory.py")
-    spec = cases.SMALL
+    plan = capacity.Plan(precision="fp32")
+    kwargs = cases.measure_kwargs(cases.SMALL, plan)
+    spec, plan = cm.spec_of(kwargs["model"], kwargs["layout"]), cm.plan_of(kwargs["plan"], kwargs["layout"])
     params = cm.full_parameters(spec, seed=cases.SEED)
     theirs = stub.Transformer(stub.ModelSpec(layers=spec.layers, hidden=spec.hidden, heads=spec.heads, vocab=spec.vocab,
                                              seq_len=spec.seq_len)).eval()
@@ -136,7 +138,6 @@ def test_the_capacity_runs_train_41s_transformer():
     assert {k: tuple(t.shape) for k, t in theirs.state_dict().items()} == {k: tuple(t.shape) for k, t in named.items()}
     theirs.load_state_dict(named)
 
-    plan = capacity.Plan(precision="fp32")
     layers = [cm.Layer({s: params[f"layers.{i}.{s}"] for s in cm.layer_shapes(spec, i)}, spec, plan, {}, i, 0.0)
               for i in range(spec.layers)]
     ends = cm.Ends(params, spec, plan, {}, (0, 0, 0, 0))

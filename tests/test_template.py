@@ -10,7 +10,7 @@ import torch
 from conftest import ROOT
 from grader import catalog
 from grader.checks import ex00_template as template
-from grader.checks.ex00_template import rank as rank_side
+from grader.rank.drivers import ex00_template as rank_side
 from grader.checks.ex00_template import verdicts as v
 from grader.checks.ex00_template.reference import expected_sum
 from grader.grading import Grading, Plan

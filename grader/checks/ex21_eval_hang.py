@@ -14,26 +14,13 @@ import torch.nn.functional as F
 
 from grader.checks.shared import debug_job
 from grader.checks.interface import Grader
-from grader.checks.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.ex21_eval_hang import EPOCHS, make_data, rank_main
 
-EPOCHS = 3
+
 LR = 0.1
-N_TRAIN, N_VAL = 96, 48  # divisible by 2 and 3 processes times the batch size of 8
 VAL_RTOL = 1e-4
 OTHER_CHECKS = ("val-loss-logged", "params-identical", "matches-replay")
-
-
-def make_data() -> dict:
-    return debug_job.make_data(seed=21, n_train=N_TRAIN, n_val=N_VAL)
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-rank_main = debug_job.job_driver(make_data, EPOCHS)
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

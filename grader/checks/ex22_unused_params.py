@@ -14,27 +14,14 @@ import torch.nn.functional as F
 
 from grader.checks.shared import debug_job
 from grader.checks.interface import Grader
-from grader.checks.shared.stub_models import TwoHeadNet
+from grader.rank.drivers.shared.stub_models import TwoHeadNet
+from grader.rank.drivers.ex22_unused_params import EPOCHS, make_data, rank_main
 
-EPOCHS = 3
+
 LR = 0.1
 AUX_WEIGHT = 0.3
 WARMUP_EPOCHS = 1
-N_TRAIN, N_VAL = 96, 48
 OTHER_CHECKS = ("ddp-defaults", "params-identical", "matches-replay")
-
-
-def make_data() -> dict:
-    return debug_job.make_data(seed=22, n_train=N_TRAIN, n_val=N_VAL)
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-rank_main = debug_job.job_driver(make_data, EPOCHS)
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

@@ -14,37 +14,21 @@ left out); the models must be identical and equal to the replay, steps matched w
 
 from __future__ import annotations
 
-
 from grader.checks.shared import debug_job
-from grader.checks.interface import Grader, RankContext
-from grader.checks.shared.stub_models import TwoLayerNet
+from grader.checks.interface import Grader
+from grader.rank.drivers.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.ex23_uneven_batches import EPOCHS, N_TRAIN, make_data, rank_main
 
-EPOCHS = 3
+
 LR = 0.1
 BATCH_SIZE = 8
-N_TRAIN, N_VAL = 73, 48  # 3 ranks: 25, 24, 24 samples; 4, 3, 3 batches of 8
 OTHER_CHECKS = ("data-split", "params-identical", "matches-replay")
-
-
-def make_data(n_train: int = N_TRAIN) -> dict:
-    return debug_job.make_data(seed=23, n_train=n_train, n_val=N_VAL)
 
 
 def other_size(world_size: int) -> int:
     """A second number of samples for ``world_size`` ranks: shares of 4 x BATCH_SIZE and one sample
     fewer (4 batches on every rank, but 4 and 3 once the last, short batch is dropped)."""
     return 4 * BATCH_SIZE * world_size - 1
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-def rank_main(ctx: RankContext) -> dict:
-    path = debug_job.write_data(ctx, make_data(ctx.kwargs.get("n_train", N_TRAIN)))
-    return debug_job.run_job(ctx, ["--data", path], epochs=EPOCHS)
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

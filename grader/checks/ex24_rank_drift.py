@@ -16,34 +16,14 @@ import torch.nn.functional as F
 from grader.checks.shared import debug_job
 from grader.compare import largest_difference
 from grader.checks.interface import Grader
-from grader.checks.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.ex24_rank_drift import EPOCHS, make_data, rank_main
 
-EPOCHS = 6
+
 LR = 0.1
 FACTOR, THRESHOLD = 0.5, 0.03  # ReduceLROnPlateau(mode="min", factor=0.5, patience=0, threshold=0.03)
-N_TRAIN, N_VAL = 96, 48
-LABEL_NOISE = 0.2
 TOLERANCE = 1e-5
 OTHER_CHECKS = ("params-identical", "lr-schedule", "matches-replay")
-
-
-def make_data(seed: int = 124) -> dict:
-    data = debug_job.make_data(seed=seed, n_train=N_TRAIN, n_val=N_VAL)
-    g = torch.Generator().manual_seed(seed + 1)
-    for key in ("train_y", "val_y"):
-        y = data[key]
-        noisy = torch.rand(len(y), generator=g) < LABEL_NOISE
-        y[noisy] = torch.randint(0, 4, (int(noisy.sum()),), generator=g)
-    return data
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-rank_main = debug_job.job_driver(make_data, EPOCHS)
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

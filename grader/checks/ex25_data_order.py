@@ -9,29 +9,15 @@ must split the data between the ranks; the models must be identical and equal to
 
 from __future__ import annotations
 
-
 from grader.checks.shared import debug_job
 from grader.checks.interface import Grader
-from grader.checks.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.ex25_data_order import EPOCHS, N_TRAIN, make_data, rank_main
 
-EPOCHS = 3
+
 LR = 0.1
 BATCH_SIZE = 8
-N_TRAIN, N_VAL = 96, 48
 OTHER_CHECKS = ("new-order-each-epoch", "data-split", "params-identical", "matches-replay")
-
-
-def make_data() -> dict:
-    return debug_job.make_data(seed=25, n_train=N_TRAIN, n_val=N_VAL)
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-rank_main = debug_job.job_driver(make_data, EPOCHS)
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

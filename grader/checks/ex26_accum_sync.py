@@ -9,29 +9,15 @@ to a replay that accumulates the same micro-batches.
 
 from __future__ import annotations
 
-
 from grader.checks.shared import debug_job
 from grader.checks.interface import Grader
-from grader.checks.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.ex26_accum_sync import make_data, rank_main
 
-EPOCHS = 3
+
 LR = 0.1
 ACCUM_STEPS = 4
-N_TRAIN, N_VAL = 96, 48  # 2 ranks: 12 micro-batches of 4, 3 steps an epoch; 3 ranks: 8, 2 steps
 OTHER_CHECKS = ("one-sync-per-step", "accumulates", "params-identical", "matches-replay")
-
-
-def make_data() -> dict:
-    return debug_job.make_data(seed=26, n_train=N_TRAIN, n_val=N_VAL)
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-rank_main = debug_job.job_driver(make_data, EPOCHS)
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

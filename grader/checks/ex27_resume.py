@@ -9,64 +9,17 @@ identical and equal to a replay that starts from the checkpoint, momentum buffer
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.nn.functional as F
 
 from grader.checks.shared import debug_job
-from grader.checks.interface import Grader, RankContext
+from grader.checks.interface import Grader
 from grader.compare import first_difference
-from grader.checks.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.shared.stub_models import TwoLayerNet
+from grader.rank.drivers.ex27_resume import CHECKPOINT_EPOCH, EPOCHS, LR, MOMENTUM, N_TRAIN, make_data, rank_main
 
-EPOCHS = 2  # trained after the resume
-LR = 0.1
-MOMENTUM = 0.9
-CHECKPOINT_EPOCH = 1  # the checkpoint was saved after epoch 1: the resumed run trains epochs 2 and 3
-N_TRAIN, N_VAL = 96, 48
+
 SAMPLER_SEED = 0  # DistributedSampler's default
 OTHER_CHECKS = ("resumed", "epochs-continue", "params-identical", "matches-replay")
-
-
-def make_data() -> dict:
-    return debug_job.make_data(seed=27, n_train=N_TRAIN, n_val=N_VAL)
-
-
-# --- in each rank ---------------------------------------------------------------------
-
-
-def make_checkpoint(data: dict) -> dict:
-    """An earlier run's checkpoint, the same in every process: a few SGD steps with momentum."""
-    torch.manual_seed(2700)
-    model = TwoLayerNet()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    for step in range(6):
-        x = data["train_x"][step * 16:(step + 1) * 16]
-        y = data["train_y"][step * 16:(step + 1) * 16]
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": CHECKPOINT_EPOCH}
-
-
-def rank_main(ctx: RankContext) -> dict:
-    data = make_data()
-    path = debug_job.write_data(ctx, data)
-    checkpoint = make_checkpoint(data)
-    resume = os.path.join(ctx.run_dir, "inputs", "checkpoint.pt")
-    debug_job.write_shared(resume, checkpoint, ctx.rank)
-    result = debug_job.run_job(ctx, ["--data", path, "--resume", resume], epochs=EPOCHS)
-    if ctx.rank == 0:
-        state = checkpoint["optimizer"]["state"]
-        result["checkpoint"] = {
-            "model": {k: v.clone() for k, v in checkpoint["model"].items()},
-            "buffers": [state[i]["momentum_buffer"].clone() if i in state else None
-                        for i in range(len(list(TwoLayerNet().parameters())))],
-        }
-    return result
-
-
-# --- in the grader --------------------------------------------------------------------
 
 
 def grade(g: Grader) -> None:

@@ -10,10 +10,9 @@ from grader import capacity
 from grader import capacity_plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
-from grader.checks.shared.capacity_cases import serve_main
+from grader.rank.drivers.ex42_traffic import measure_main, serve_main
 
-# --- in the grader --------------------------------------------------------------------------------
-# (41-43 share their rank side: the ranks capacity_run.measure_main, the worker capacity_cases.serve_main)
+# (41-43 share their rank side: the measured runs, capacity_run.measure_main; the worker, capacity_worker.estimates)
 
 TIME_TOLERANCE = 1e-6  # relative: the same formula in another order of operations
 BIG = capacity_plans.SCENARIOS["70B on 1,024 GPUs"][0]
@@ -75,7 +74,7 @@ def grade(g: Grader) -> None:
                                                  for plan, gpus in BAD.values()])
     finally:
         worker.close()
-    records = cases.measured(g)
+    records = cases.measured(g, measure_main)
     check_traffic(g, dict(zip(cases.CONFIGS, traffic)), records)
     check_flops(g, dict(zip(cases.CONFIGS, flops)), records)
     check_ring(g, list(zip(rings, ring)))

@@ -12,10 +12,9 @@ from grader import capacity
 from grader import capacity_plans as plans
 from grader.checks.interface import Grader
 from grader.checks.shared import capacity_cases as cases
-from grader.checks.shared.capacity_cases import serve_main
+from grader.rank.drivers.ex43_plan import serve_main
 
-# --- in the grader --------------------------------------------------------------------------------
-# (41-43 share their rank side: the worker capacity_cases.serve_main)
+# (41-43 share their rank side: the worker capacity_worker.estimates)
 
 NEAR = 1.10  # at most 1.1 times the fastest plan's step time
 NOTHING_FITS = ("405B on 64 GPUs", plans.GPT_405B, plans.on(plans.H100, 64), 2**20)

@@ -12,8 +12,9 @@ import math
 from dataclasses import asdict, replace
 
 from grader import resilience as rs
-from grader.checks.interface import Grader, RankContext
-from grader.checks.shared.learner_errors import learner_error
+from grader.checks.interface import Grader
+from grader.rank.drivers.ex44_goodput import serve_main
+
 
 SEED = 44          # the simulation's; each job draws from its own stream, seeded with SEED and its name
 FAILURES = 400_000  # failures played out per job
@@ -23,9 +24,7 @@ RESTART_STEP_S = 5.0
 RESTARTS = [RESTART_STEP_S * k for k in range(361)]  # 0 to 30 minutes
 LLAMA3 = rs.llama3_cluster()
 HOURLY_FREE = rs.Job(3600.0, 0.0, 0.0, 0.0)  # free saves and restarts: lost work alone
-
 GPU_3Y, GPU_5Y = 1 / (3 * rs.YEAR_S), 1 / (5 * rs.YEAR_S)  # a GPU failing every 3 or 5 years
-
 BLOCKING = {
     "Llama 3 405B: 16,384 GPUs, a 2.4 s save every 219 s, 10-minute restarts": (LLAMA3, rs.llama3_job()),
     "1,024 GPUs, a 60 s save every hour": (rs.Cluster(1024, GPU_5Y), rs.Job(3600.0, 60.0, 300.0, 60.0)),
@@ -45,6 +44,8 @@ ASYNCHRONOUS = {
     "32,768 GPUs, asynchronous: a 2 s stall and a 10-minute write every 15 minutes": (
         rs.Cluster(32_768, GPU_3Y), rs.Job(900.0, 600.0, 600.0, 300.0, asynchronous=True, stall_s=2.0)),
 }
+
+
 # best_checkpoint_interval: where Young's formula is within 1 % (a save short next to the MTBF) ...
 SHORT_SAVES = {
     "Llama 3 405B, a 2.4 s save": (LLAMA3, rs.llama3_job()),
@@ -52,6 +53,8 @@ SHORT_SAVES = {
     "Llama 3 405B, asynchronous: a 1 s stall, a 60 s write": (
         LLAMA3, rs.Job(3600.0, 60.0, 600.0, 60.0, asynchronous=True, stall_s=1.0)),
 }
+
+
 # ... and where it is not (long saves; writes that bound the interval from below)
 LONG_SAVES = {
     "100,000 GPUs, a 2-minute save": (rs.Cluster(100_000, GPU_3Y), rs.Job(3600.0, 120.0, 600.0, 300.0)),
@@ -75,50 +78,6 @@ BAD_INTERVAL = {
     "a job that never fails (a rate of 0)": (rs.Cluster(1024, 0.0), JOB),
     "a blocking save of 0 s": (rs.Cluster(1024, GPU_5Y), replace(JOB, save_s=0.0)),
 }
-
-
-# --- in each rank (here one worker process, which answers calls) ----------------------------------------
-
-
-def serve_main(ctx: RankContext) -> dict:
-    ctx.serve({"answers": answers})
-    return {}
-
-
-def answers(ctx: RankContext, function: str, cases: list) -> list:
-    """The learner's ``function`` on each case ({"cluster", "job"}), built from the learner's own
-    dataclasses; each answer as it came ({"value"} for an int or a float, {"shown"} for anything
-    else) or the exception it raised ({"error", "value_error"})."""
-    learner = ctx.function(function)
-    out = []
-    for case in cases:
-        try:
-            value = learner(_build(ctx, "Cluster", case["cluster"]), _build(ctx, "Job", case["job"]))
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # the learner's error is an answer: some cases must raise
-            out.append({"error": learner_error(exc), "value_error": isinstance(exc, ValueError)})
-            continue
-        try:
-            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-        except OverflowError:  # an int too large for a float
-            number = None
-        if number is None:
-            out.append({"shown": f"{type(value).__name__} {value!r}"[:120]})
-        else:
-            out.append({"value": number})
-    return out
-
-
-def _build(ctx: RankContext, name: str, values: dict):
-    try:
-        cls = ctx.function(name)
-    except Exception:
-        raise TypeError(f"the file defines no {name} (keep the stub's dataclasses)") from None
-    return cls(**values)
-
-
-# --- in the grader --------------------------------------------------------------------------------------
 
 
 def case(cluster: rs.Cluster, job: rs.Job) -> dict:

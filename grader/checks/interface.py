@@ -1,28 +1,29 @@
-"""What a checks module works with, typed: ``grade(g: Grader)`` in the grader's process, and the
-drivers' ``ctx: RankContext`` in each rank (:class:`grader.rank.child.RankContext`).
+"""What a checks module works with, typed: ``grade(g: Grader)`` in the grader's process.
 
-A check module never imports the grading layer (tests/test_layers.py); it annotates with these
+A check module never imports the grading layer (tests/test_layers.py); it annotates with this
 instead. :class:`grader.grading.Grading` is the one implementation, and
 ``tests/test_layers.py`` checks that it has every member named here, with the same parameters.
 
-The shape of a checks module (``grader/checks/exNN_slug.py``; CONTRIBUTING.md has the template):
+An exercise (CONTRIBUTING.md has the template) is:
 
-* **rank side**: ``def something_main(ctx: RankContext) -> dict``: runs in every rank, calls the
-  learner's functions, records what happened (plain data), decides nothing;
-* **grading side**: ``def grade(g: Grader) -> None``: starts runs, reads their records, and
-  records one verdict per check of the catalog (``g.record``, ``g.skip``, ``g.not_checked``);
-* helpers several exercises share live in :mod:`grader.checks.shared` (the torchrun launcher,
-  the debugging track's job, what a driver records, the models copied from the stubs).
+* **its drivers**, ``grader/rank/drivers/exNN_slug.py`` (the rank side, the one package a sandbox holds):
+  ``def something_main(ctx: RankContext) -> dict`` (:class:`grader.rank.child.RankContext`) runs in every
+  rank, calls the learner's functions, records what happened (plain data), decides nothing;
+* **its checks**, ``grader/checks/exNN_slug[.py]``: ``def grade(g: Grader) -> None`` starts runs of the
+  drivers, reads their records, and records one verdict per check of the catalog (``g.record``,
+  ``g.skip``, ``g.not_checked``);
+* helpers several exercises share live in :mod:`grader.rank.drivers.shared` (what a driver records, the
+  models copied from the stubs, the debugging track's job runner) and :mod:`grader.checks.shared` (what the
+  checks share).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol
 
-from grader.rank.child import RankContext
 from grader.rank.harness import Worker, WorldOutcome
 
-__all__ = ["Grader", "RankContext"]  # RankContext: the drivers' context, typed from here
+__all__ = ["Grader"]
 
 
 class Grader(Protocol):

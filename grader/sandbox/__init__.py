@@ -128,9 +128,9 @@ def host_command(requests_fd: int, answers_fd: int) -> list[str]:
 
 
 def visible_paths(extra: list[str]) -> list[str]:
-    """What the grading needs to see inside: Python, its installed packages, the grader's package and
-    ``extra`` (a submission's own folder). Of the kit, only the grader's package: never the kit's
-    other folders (its solutions, its tests, its git history, submissions kept beside it).
+    """What the grading needs to see inside: Python, its installed packages and ``extra`` (a submission's own
+    folder). Of the kit nothing here: never its folders (its solutions, its tests, its git history,
+    submissions kept beside it), and of the grader's package only the rank side (:func:`rank_side_paths`).
 
     The environment that runs the grader (``sys.prefix``) is bound where it is, also when it lives in
     the kit's folder (the README's ``.venv``): a virtual environment cannot be moved (its scripts and
@@ -139,7 +139,7 @@ def visible_paths(extra: list[str]) -> list[str]:
     to what is bound shows only the next name on that way (``tests/test_sandbox.py``)."""
     package = os.path.realpath(_package_folder())
     kit = os.path.dirname(package)
-    paths = {sys.prefix, sys.base_prefix, package}
+    paths = {sys.prefix, sys.base_prefix}
     paths.update(os.path.abspath(p) for p in extra)
     for entry in sys.path[1:]:  # site-packages, editable installs' folders (not the current folder)
         if not entry or not os.path.isdir(entry):
@@ -162,6 +162,15 @@ def _package_folder() -> str:
     import grader
 
     return os.path.dirname(os.path.abspath(grader.__file__))
+
+
+def rank_side_paths() -> tuple[str, list[str]]:
+    """(the grader's package folder, what of it a sandbox shows): ``grader/__init__.py`` and the rank side,
+    ``grader/rank/``, alone. Inside, the package folder is an empty, read-only folder (even where an
+    installed kit lies in a folder bound whole, such as site-packages) with these two bound back into it:
+    the references, verdicts and cost models of the grader's side are nowhere in a sandbox."""
+    package = os.path.realpath(_package_folder())
+    return package, [os.path.join(package, "__init__.py"), os.path.join(package, "rank")]
 
 
 def hidden_paths() -> list[str]:
@@ -211,6 +220,7 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
     home = str(Path.home())
     system = [p for p in SYSTEM if os.path.isdir(p) and not os.path.islink(p)]
     binds = [p for p in visible_paths(extra_paths) if not any(_under(p, s) for s in system)]
+    package, rank_side = rank_side_paths()
     hide = [h for h in hidden_paths() if any(_under(h, b) for b in binds)]
     gpus = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
     if name == BWRAP:
@@ -244,12 +254,18 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
             cmd += ["--ro-bind", "/sys", "/sys"]
         for path in binds:
             cmd += ["--ro-bind", path, path]
+        cmd += ["--size", str(HOME_BYTES), "--tmpfs", package]
+        for path in rank_side:
+            cmd += ["--ro-bind", path, path]
+        cmd += ["--remount-ro", package]
+        # the rank side goes in the boot's binds too: under a tmpfs it mounts (a kit in the home folder or
+        # /tmp) it is bound back from what bwrap bound
         boot = [sys.executable, "-S", "-c", _BWRAP_BOOT, *(x for item in tmpfs.items() for x in item),
-                "--binds", *binds, "--hide", *hide]
+                "--binds", *binds, *rank_side, "--hide", *hide]
         return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *boot, "--", *argv]
     if name == UNSHARE:
         boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), ranks_folder, filter_program().hex(), *binds,
-                "--hide", *hide, "--devices", *gpus, "--", *argv]
+                "--hide", *hide, "--devices", *gpus, "--package", package, *rank_side, "--", *argv]
         return [UNSHARE, "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
                 "--mount", "--mount-proc", "--", *boot]
     raise RuntimeError("no sandbox tool: install bubblewrap (bwrap)")
@@ -377,7 +393,8 @@ mount("none", "/", None, MS_REC | MS_PRIVATE)
 home, size, ranks, program, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4]), sys.argv[5:]
 binds = rest[:rest.index("--hide")]
 hide = rest[rest.index("--hide") + 1:rest.index("--devices")]
-devices = rest[rest.index("--devices") + 1:rest.index("--")]
+devices = rest[rest.index("--devices") + 1:rest.index("--package")]
+package, *rank_side = rest[rest.index("--package") + 1:rest.index("--")]
 argv = rest[rest.index("--") + 1:]
 SYSTEM = %(system)r
 ETC = %(etc)r
@@ -392,7 +409,7 @@ for entry in ETC:
 for name in DEVICES:
     if os.path.exists("/dev/" + name):
         sources["/dev/" + name] = "/dev/" + name
-for path in devices + (["/sys"] if devices else []) + binds:
+for path in devices + (["/sys"] if devices else []) + binds + rank_side:
     sources[path] = path
 links = {path: os.readlink(path) for path in SYSTEM if os.path.islink(path)}
 keep = {path: os.open(src, os.O_PATH) for path, src in sources.items()}  # before /tmp is hidden
@@ -424,9 +441,16 @@ for path, options in (("/dev/shm", "mode=1777,size=%%d,nr_inodes=%(tmp_files)d" 
     if path:
         os.makedirs(root + path, exist_ok=True)
         mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-for path in sorted(keep, key=lambda p: p.count("/")):
+# The grader's package: an empty folder of its own (a tmpfs, over whatever bound folder holds it), into
+# which only its rank side is bound, placed after the folders above it and before what goes inside it.
+for path in sorted(list(keep) + [package], key=lambda p: p.count("/")):
+    if path == package and path not in keep:
+        os.makedirs(root + path, exist_ok=True)
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=65536")
+        continue
     place(path, keep[path], writable=path.startswith("/dev/"))
     os.close(keep[path])
+mount(None, root + package, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                      ("stderr", "/proc/self/fd/2")):
     os.symlink(target, root + "/dev/" + name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex00_template.rank import rank_tensor
+from grader.rank.drivers.ex00_template import rank_tensor
 from grader.checks.interface import Grader
 from grader.compare import tensor_difference
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from grader.checks.ex02_shard.rank import (BATCH_SIZE, LOADER_SEED, MAX_EPOCH, MAX_SAMPLES, MAX_SEED, MAX_WORLD,
+from grader.rank.drivers.ex02_shard import (BATCH_SIZE, LOADER_SEED, MAX_EPOCH, MAX_SAMPLES, MAX_SEED, MAX_WORLD,
                                            SAMPLES_PER_RANK, configs_for, serve_main)
 from grader.checks.ex02_shard.verdicts import CHECKERS, SHARD_CHECKS, Violation, check_loaders
 from grader.checks.interface import Grader

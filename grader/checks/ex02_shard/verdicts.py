@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from grader.checks.ex02_shard.rank import BATCH_SIZE, LOADER_SEED
+from grader.rank.drivers.ex02_shard import BATCH_SIZE, LOADER_SEED
 
 SHARD_CHECKS = [  # the order a violation is looked for in one example
     "shard-deterministic",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 
-from grader.checks.ex04_launch.rank import UNSET, main
+from grader.rank.drivers.ex04_launch import UNSET, main
 from grader.checks.ex04_launch.verdicts import (check_direct, check_find_free_port, check_free_port, check_launches,
                                                 check_preset, check_raises, check_torchrun)
 from grader.checks.interface import Grader

@@ -3,7 +3,7 @@ launch_from_env called directly and under torchrun (pure functions of the record
 
 from __future__ import annotations
 
-from grader.checks.ex04_launch.rank import DIRECT_ENV, EXTRA_ARGS, GOOD_ADDRESSES, PRESET_ADDR
+from grader.rank.drivers.ex04_launch import DIRECT_ENV, EXTRA_ARGS, GOOD_ADDRESSES, PRESET_ADDR
 
 
 def _args(values: list) -> str:

@@ -24,7 +24,7 @@ recorded rather than raised. The grader replays single-process training of rank
 
 from __future__ import annotations
 
-from grader.checks.ex11_fsdp.rank import rank_main
+from grader.rank.drivers.ex11_fsdp import rank_main
 from grader.checks.ex11_fsdp.verdicts import (check_collectives, check_frozen, check_held, check_keys, check_no_error,
                                               check_probes, check_start, check_training, check_uneven_gathers)
 from grader.checks.interface import Grader

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from grader.checks.ex11_fsdp.rank import ADAMW, HELD_SLACK_BYTES, LR, PLANS, build_model, make_batch, unit_sizes
+from grader.rank.drivers.ex11_fsdp import ADAMW, HELD_SLACK_BYTES, LR, PLANS, build_model, make_batch, unit_sizes
 
 
 def reference_states(plan: str, world_size: int) -> list[dict]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grader.rank import probes
-from grader.checks.ex11_fsdp.rank import BATCH, FROZEN, PLANS, PROBED_STEP, TOLERANCE, UNITS, build_model, unit_sizes
+from grader.rank.drivers.ex11_fsdp import BATCH, FROZEN, PLANS, PROBED_STEP, TOLERANCE, UNITS, build_model, unit_sizes
 from grader.checks.ex11_fsdp.reference import expected_held, padded, reference_states
 from grader.compare import tensor_difference
 

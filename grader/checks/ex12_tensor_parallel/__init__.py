@@ -16,7 +16,7 @@ tensors are compared with them (or with this rank's block of them).
 
 from __future__ import annotations
 
-from grader.checks.ex12_tensor_parallel.rank import SEEDS, rank_main
+from grader.rank.drivers.ex12_tensor_parallel import SEEDS, rank_main
 from grader.checks.ex12_tensor_parallel.reference import dense
 from grader.checks.ex12_tensor_parallel.verdicts import (check_collectives, check_column, check_held, check_mlp,
                                                          check_no_bias, check_row, check_uneven, check_weight_grads)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader.checks.ex12_tensor_parallel.rank import block, build, build_uneven
+from grader.rank.drivers.ex12_tensor_parallel import block, build, build_uneven
 
 
 def dense(scenario: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex12_tensor_parallel.rank import (ATOL, BATCH, D_MODEL, HIDDEN, REFUSALS, RTOL, SEQ,
+from grader.rank.drivers.ex12_tensor_parallel import (ATOL, BATCH, D_MODEL, HIDDEN, REFUSALS, RTOL, SEQ,
                                                      UNEVEN_CLASSES, block, uneven)
 from grader.checks.ex12_tensor_parallel.reference import HELD_SLACK, SPLIT, dense_uneven, held_limit, shard
 from grader.compare import tensor_difference

@@ -21,7 +21,7 @@ operations, every restarted torchrun worker sees the same TORCHELASTIC_RESTART_C
 attempt's number; torchrun's own value on the node whose worker did not die depends on when its
 agent noticed), and the relaunch runs one worker alone.
 
-torchrun starts ``grader/checks/ex15_elastic/rank.py`` in each worker (its ``torchrun_entry``): it
+torchrun starts ``grader/rank/drivers/ex15_elastic.py`` in each worker (its ``torchrun_entry``): it
 installs the probes, imports the learner's file and calls its ``main()``. The probes write what
 they see to files at once, one JSON line per event, so that a worker killed without warning leaves
 its record: the environment torchrun gave it, the snapshot as it found it, every sampler order,
@@ -42,7 +42,7 @@ import fnmatch
 import os
 
 from grader.rank import untrusted, wire
-from grader.checks.ex15_elastic.rank import ALONE, ALONE_KILL, JOBS, KILL_EPOCH, WORLD_SIZE, alone_main, jobs_main
+from grader.rank.drivers.ex15_elastic import ALONE, ALONE_KILL, JOBS, KILL_EPOCH, WORLD_SIZE, alone_main, jobs_main
 from grader.checks.ex15_elastic.reference import uninterrupted
 from grader.checks.ex15_elastic.verdicts import (exit_text, short_error, snapshot_at, snapshot_words, who,
                                                  check_atomic, check_devices, check_exit, check_final, check_resume,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from grader.checks.ex15_elastic.rank import (BATCH_SIZE, EPOCHS, LR, MOMENTUM, NUM_SAMPLES, SEED, build_dataset,
+from grader.rank.drivers.ex15_elastic import (BATCH_SIZE, EPOCHS, LR, MOMENTUM, NUM_SAMPLES, SEED, build_dataset,
                                              build_model)
 
 

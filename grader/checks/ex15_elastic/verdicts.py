@@ -7,7 +7,7 @@ import os
 import re
 
 from grader.rank import untrusted
-from grader.checks.ex15_elastic.rank import (ALONE, BATCH_SIZE, EPOCHS, KILLED_BEFORE_RENAME, KILLED_WRITING,
+from grader.rank.drivers.ex15_elastic import (ALONE, BATCH_SIZE, EPOCHS, KILLED_BEFORE_RENAME, KILLED_WRITING,
                                              KILL_EPOCH, NUM_SAMPLES, SNAPSHOT, TOLERANCE, WORLD_SIZE, _error_text)
 
 

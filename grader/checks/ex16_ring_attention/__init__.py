@@ -18,7 +18,7 @@ the whole sequence, in this process, and every rank's tensors compared with its 
 
 from __future__ import annotations
 
-from grader.checks.ex16_ring_attention.rank import (BATCH, CHUNK, HEADS, HEAD_DIM, MOST_HELD, UNEVEN_PATTERNS,
+from grader.rank.drivers.ex16_ring_attention import (BATCH, CHUNK, HEADS, HEAD_DIM, MOST_HELD, UNEVEN_PATTERNS,
                                                     block_macs, rank_main, uneven_main)
 from grader.checks.ex16_ring_attention.reference import expected_for
 from grader.checks.ex16_ring_attention.verdicts import (big_messages, check_causal_work, check_gradients, check_group,

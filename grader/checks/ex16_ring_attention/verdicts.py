@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grader.rank import probes
-from grader.checks.ex16_ring_attention.rank import (ATOL, BACKWARD_PER_BLOCK, BATCH, CHUNK, DTYPE, FORWARD_PER_BLOCK,
+from grader.rank.drivers.ex16_ring_attention import (ATOL, BACKWARD_PER_BLOCK, BATCH, CHUNK, DTYPE, FORWARD_PER_BLOCK,
                                                     HEADS, HEAD_DIM, LARGE, MOST_HELD, REFUSALS, RTOL, SMALL_MESSAGE,
                                                     block_macs, groups_of, make_inputs, positions, uneven_lengths,
                                                     uneven_positions)

@@ -16,7 +16,7 @@ compared with it.
 
 from __future__ import annotations
 
-from grader.checks.ex17_expert_parallel.rank import D, SCENARIOS, TOKENS, TOP_K, bad_input_main, rank_main
+from grader.rank.drivers.ex17_expert_parallel import D, SCENARIOS, TOKENS, TOP_K, bad_input_main, rank_main
 from grader.checks.ex17_expert_parallel.reference import expected_run
 from grader.checks.ex17_expert_parallel.verdicts import (check_all_to_all_count, check_aux, check_bad_input,
                                                          check_capacity, check_grads, check_output, check_routed_bytes,

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from grader.checks.ex17_expert_parallel.rank import AUX_WEIGHT, D, EXPERTS, SCENARIOS, TOKENS, TOP_K, build, owner
+from grader.rank.drivers.ex17_expert_parallel import AUX_WEIGHT, D, EXPERTS, SCENARIOS, TOKENS, TOP_K, build, owner
 
 
 # --- memory and messages ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from grader.checks.ex17_expert_parallel.rank import (ALL_TO_ALLS, ATOL, AUX_WEIGHT, D, EXPERTS, HELD_SLACK, REFUSALS,
+from grader.rank.drivers.ex17_expert_parallel import (ALL_TO_ALLS, ATOL, AUX_WEIGHT, D, EXPERTS, HELD_SLACK, REFUSALS,
                                                      RTOL, SCENARIOS, SKEWED_EXPERT, TOKENS, TOP_K, bad_experts,
                                                      build, owner)
 from grader.checks.ex17_expert_parallel.reference import alternatives, aux_loss, expert_bytes, route, router_bytes

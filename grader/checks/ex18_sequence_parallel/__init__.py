@@ -21,7 +21,7 @@ the refusals) are in verdicts.py.
 
 from __future__ import annotations
 
-from grader.checks.ex18_sequence_parallel.rank import UNEVEN_PATTERNS, rank_main, uneven_main
+from grader.rank.drivers.ex18_sequence_parallel import UNEVEN_PATTERNS, rank_main, uneven_main
 from grader.checks.ex18_sequence_parallel.reference import expected_main, outside_bytes_dense
 from grader.checks.ex18_sequence_parallel.verdicts import (activation_collectives, check_collectives, check_group,
                                                            check_held, check_hidden, check_input_grad, check_output,

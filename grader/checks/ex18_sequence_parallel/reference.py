@@ -8,7 +8,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from grader.checks.ex18_sequence_parallel.rank import (BATCH, D_MODEL, REPLICATED, SPLIT, SavedTensors, build,
+from grader.rank.drivers.ex18_sequence_parallel import (BATCH, D_MODEL, REPLICATED, SPLIT, SavedTensors, build,
                                                        hidden_block, sizes)
 
 

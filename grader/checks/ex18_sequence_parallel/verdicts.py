@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from grader.rank import probes
-from grader.checks.ex18_sequence_parallel.rank import (ATOL, BATCH, D_MODEL, NORM_EPS, REFUSALS, REPLICATED, RTOL,
+from grader.rank.drivers.ex18_sequence_parallel import (ATOL, BATCH, D_MODEL, NORM_EPS, REFUSALS, REPLICATED, RTOL,
                                                        SPLIT, chunk_elements, chunk_rows, groups_of, hidden_block,
                                                        sizes, uneven_hidden, uneven_lengths)
 from grader.checks.ex18_sequence_parallel.reference import (classify_saved, hidden_of, outside_bytes_dense, own_term,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from grader.checks.ex19_data_tensor_parallel import verdicts
-from grader.checks.ex19_data_tensor_parallel.rank import (UNEVEN_ROWS, bad_cases, bad_main, groups_of, rank_main,
+from grader.rank.drivers.ex19_data_tensor_parallel import (UNEVEN_ROWS, bad_cases, bad_main, groups_of, rank_main,
                                                           tp_size_for)
 from grader.checks.ex19_data_tensor_parallel.reference import reference_run
 from grader.checks.interface import Grader

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex19_data_tensor_parallel.rank import LR, STEPS, dense_layers, make_data
+from grader.rank.drivers.ex19_data_tensor_parallel import LR, STEPS, dense_layers, make_data
 
 
 # --- the reference --------------------------------------------------------------------------------

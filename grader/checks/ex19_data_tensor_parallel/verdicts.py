@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex19_data_tensor_parallel.rank import (IN_FEATURES, LR, PARAMETERS, SMALL_MESSAGE, STATE_KEYS,
+from grader.rank.drivers.ex19_data_tensor_parallel import (IN_FEATURES, LR, PARAMETERS, SMALL_MESSAGE, STATE_KEYS,
                                                           STEPS, groups_of, make_data)
 from grader.checks.ex19_data_tensor_parallel.reference import local_block
 from grader.checks.interface import Grader

@@ -19,7 +19,7 @@ rank's tensors compared with its chunk of it; the messages, bytes and memory aga
 from __future__ import annotations
 
 from grader.checks.ex20_ulysses import verdicts
-from grader.checks.ex20_ulysses.rank import rank_main, refusal_main
+from grader.rank.drivers.ex20_ulysses import rank_main, refusal_main
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines
 

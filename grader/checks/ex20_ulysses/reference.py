@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from grader.checks.ex20_ulysses.rank import BATCH, CHUNK, DTYPE, HEAD_DIM, make_inputs, replication, shapes
+from grader.rank.drivers.ex20_ulysses import BATCH, CHUNK, DTYPE, HEAD_DIM, make_inputs, replication, shapes
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *, scale: float | None = None,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex20_ulysses.rank import (ATOL, CHUNK, RTOL, SMALL_MESSAGE, groups_of, heads_share, make_inputs,
-                                             positions, replication, shapes)
+from grader.rank.drivers.ex20_ulysses import (ATOL, CHUNK, RTOL, SMALL_MESSAGE, groups_of, heads_share, make_inputs,
+                                              positions, replication, shapes)
 from grader.checks.ex20_ulysses.reference import attention, bytes_to_send, expected
 from grader.compare import tensor_difference
 from grader.diagnose import last_words

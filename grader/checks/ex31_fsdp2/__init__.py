@@ -19,7 +19,7 @@ SGD), compared with every rank's shards after each step; the rest from the recor
 from __future__ import annotations
 
 from grader.checks.ex31_fsdp2 import verdicts
-from grader.checks.ex31_fsdp2.rank import build_model, rank_main
+from grader.rank.drivers.ex31_fsdp2 import build_model, rank_main
 from grader.checks.ex31_fsdp2.reference import reference_run
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines

@@ -7,8 +7,8 @@ import copy
 
 import torch
 
-from grader.checks.ex31_fsdp2.rank import BATCH, LR, MAX_NORM, STEPS, build_model, make_batch
-from grader.checks.shared.stub_models import lm_loss
+from grader.rank.drivers.ex31_fsdp2 import BATCH, LR, MAX_NORM, STEPS, build_model, make_batch
+from grader.rank.drivers.shared.stub_models import lm_loss
 
 
 def reference_run(world_size: int) -> dict:

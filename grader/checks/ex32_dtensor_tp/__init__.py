@@ -17,7 +17,7 @@ activations among the "tp" group (at most two per block, one before the head, on
 from __future__ import annotations
 
 from grader.checks.ex32_dtensor_tp import verdicts
-from grader.checks.ex32_dtensor_tp.rank import SEQ, build_model, rank_main, tp_size_for
+from grader.rank.drivers.ex32_dtensor_tp import SEQ, build_model, rank_main, tp_size_for
 from grader.checks.ex32_dtensor_tp.reference import reference_run
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines

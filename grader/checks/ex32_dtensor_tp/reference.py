@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex32_dtensor_tp.rank import BATCH, LR, STEPS, build_model, make_batch
-from grader.checks.shared.stub_models import lm_loss
+from grader.rank.drivers.ex32_dtensor_tp import BATCH, LR, STEPS, build_model, make_batch
+from grader.rank.drivers.shared.stub_models import lm_loss
 
 
 def reference_run(world_size: int, tp_size: int) -> dict:

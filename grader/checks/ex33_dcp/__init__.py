@@ -22,7 +22,7 @@ import os
 
 from grader.rank import untrusted, wire
 from grader.checks.ex33_dcp import verdicts
-from grader.checks.ex33_dcp.rank import (KILL, KILL_SAVES, KILLED, LAST_STEP, OBSERVATIONS, RESUME, RESUME_SAVES,
+from grader.rank.drivers.ex33_dcp import (KILL, KILL_SAVES, KILLED, LAST_STEP, OBSERVATIONS, RESUME, RESUME_SAVES,
                                          build_model, load_main, save_main)
 from grader.checks.ex33_dcp.reference import large_parameters, shapes
 from grader.checks.interface import Grader

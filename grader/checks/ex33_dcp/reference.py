@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grader.checks.ex33_dcp.rank import FINGERPRINT_BYTES, build_model
+from grader.rank.drivers.ex33_dcp import FINGERPRINT_BYTES, build_model
 
 
 def shapes() -> dict:

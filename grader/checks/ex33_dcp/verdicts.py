@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from grader.checks.ex33_dcp.rank import KILL, RESUME
+from grader.rank.drivers.ex33_dcp import KILL, RESUME
 from grader.checks.interface import Grader
 from grader.compare import first_difference
 from grader.rank.memory import tensor_bytes

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from grader import timeline
 from grader.checks.ex34_pipelining import verdicts
-from grader.checks.ex34_pipelining.rank import SCHEDULES, rank_main
+from grader.rank.drivers.ex34_pipelining import SCHEDULES, rank_main
 from grader.checks.ex34_pipelining.reference import reference_run
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex34_pipelining.rank import LR, STEPS, build_model, make_batch, n_microbatches
-from grader.checks.shared.stub_models import pipeline_loss
+from grader.rank.drivers.ex34_pipelining import LR, STEPS, build_model, make_batch, n_microbatches
+from grader.rank.drivers.shared.stub_models import pipeline_loss
 
 
 def reference_run(schedule: str, world_size: int) -> dict:

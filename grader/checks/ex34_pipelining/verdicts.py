@@ -13,7 +13,7 @@ from collections import Counter
 
 import torch
 
-from grader.checks.ex34_pipelining import rank as rank_side
+from grader.rank.drivers import ex34_pipelining as rank_side
 from grader.checks.interface import Grader
 from grader.compare import first_difference
 

@@ -20,7 +20,8 @@ steps in float32, within 1/8, and the gathered weight bit for bit.
 
 from __future__ import annotations
 
-from grader.checks.ex35_float8 import rank, verdicts
+from grader.rank.drivers import ex35_float8
+from grader.checks.ex35_float8 import verdicts
 import torch
 
 from grader.checks.interface import Grader

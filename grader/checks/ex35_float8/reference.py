@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from grader.checks.ex35_float8.rank import (E4M3, E5M2, EPS, GATHER_ROWS, LAYER_OF, STEPS, adamw_step,
+from grader.rank.drivers.ex35_float8 import (E4M3, E5M2, EPS, GATHER_ROWS, LAYER_OF, STEPS, adamw_step,
                                             call_inputs, gather_weight, loss_fn, make_linear, make_mlp,
                                             plant_weight_outlier, training_data)
 

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from grader.checks.ex35_float8.rank import (CALLS, E4M3, E5M2, GATHER_COLS, GATHER_OUTLIER, GATHER_ROWS,
+from grader.rank.drivers.ex35_float8 import (CALLS, E4M3, E5M2, GATHER_COLS, GATHER_OUTLIER, GATHER_ROWS,
                                             GATHER_SCENARIOS, IN, LAYER_OF, OUT, ROWS, SCALED_MM, STEPS,
                                             gather_weight, groups_of, make_linear)
 from grader.checks.ex35_float8.reference import (FORMATS, cast, cast_candidates, expected_call, float32_products,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from grader.checks.ex36_hybrid_recovery import verdicts
-from grader.checks.ex36_hybrid_recovery.rank import layout, rank_main
+from grader.rank.drivers.ex36_hybrid_recovery import layout, rank_main
 from grader.checks.ex36_hybrid_recovery.reference import reference_run, shapes, unit_elements
 from grader.checks.interface import Grader
 from grader.checks.shared import mismatch, timelines

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from grader.checks.ex36_hybrid_recovery.rank import (EPS, LR, STEPS_AFTER, STEPS_BEFORE, WEIGHT_DECAY,
+from grader.rank.drivers.ex36_hybrid_recovery import (EPS, LR, STEPS_AFTER, STEPS_BEFORE, WEIGHT_DECAY,
                                                      build_model, loss_of, make_batch)
 
 BETAS = (0.9, 0.999)

@@ -21,7 +21,7 @@ parameters each rank held against those it keeps.
 from __future__ import annotations
 
 from grader.checks.ex37_weight_sync import verdicts
-from grader.checks.ex37_weight_sync.rank import rank_main, splits
+from grader.rank.drivers.ex37_weight_sync import rank_main, splits
 from grader.checks.interface import Grader
 from grader.checks.shared import mismatch, timelines
 

@@ -7,8 +7,26 @@ import functools
 
 import torch
 
-from grader.checks.ex37_weight_sync.rank import (DTYPES, LAYOUTS, inference_range, shapes, split_dim, splits,
-                                                 trainer_rows, weights)
+from grader.rank.drivers.ex37_weight_sync import DTYPES, LAYOUTS, shapes, splits, trainer_rows, weights
+
+
+def split_dim(name: str, layout: dict) -> int | None:
+    """The dimension of parameter ``name`` the inference ranks split, or None (each keeps it whole): a
+    column-parallel layer splits its weight and bias along dim 0 (its outputs); a row-parallel one its weight
+    along dim 1 (its inputs), its bias replicated (vLLM's RowParallelLinear holds the whole bias and adds it on
+    one rank, so that the all-reduced sum counts it once); a module the layout does not name is replicated."""
+    module, _, leaf = name.rpartition(".")
+    style = layout.get(module)
+    if style == "colwise":
+        return 0
+    if style == "rowwise" and leaf == "weight":
+        return 1
+    return None
+
+
+def inference_range(size: int, inference: int, j: int) -> tuple[int, int]:
+    """The j-th inference rank's part [start, stop) of a split dimension of ``size`` (equal parts)."""
+    return j * size // inference, (j + 1) * size // inference
 
 
 def kept_ranges(shape: list[int], dim: int | None, inference: int, j: int) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grader.checks.ex37_weight_sync.rank import DTYPES, LAYOUTS, SCENARIOS, shapes, splits, weights
+from grader.rank.drivers.ex37_weight_sync import DTYPES, LAYOUTS, SCENARIOS, shapes, splits, weights
 from grader.checks.ex37_weight_sync.reference import (expected, kept_names, layout_bytes, pair_bytes,
                                                       placement_words)
 from grader.compare import tensor_difference
@@ -284,10 +284,21 @@ def message_problem(events: list[dict], world_size: int, split_index: int, rank:
     return None
 
 
+def completed(records: list[dict], world_size: int) -> bool:
+    """Whether some push ran to its end on every rank (push_weights raised on none): what the traffic and memory
+    checks judge; a push that raised on its first line sent and held nothing, which proves nothing."""
+    return any(all(isinstance(found.get(key), dict) and not error_of(found[key]) for found in records) and
+               len(records) == world_size for key in _keys(world_size))
+
+
 def check_messages(g, observations: list, world_size: int) -> dict[tuple[int, str], bool]:
     """trainer-to-inference-only; returns, for each push, whether its messages were all a trainer rank's
     sends to inference ranks (the pushes whose bytes can be counted)."""
     records = pushes(observations)
+    if not completed(records, world_size):
+        g.not_checked("trainer-to-inference-only", "shards-match", f"push_weights completed no push at world size "
+                      f"{world_size}", world_size=world_size)
+        return {}
     clean: dict[tuple[int, str], bool] = {}
     failed = False
     for split_index, scenario in _keys(world_size):
@@ -374,6 +385,10 @@ def kept_words(name: str, world_size: int, split_index: int, scenario: str, rank
 
 def check_held(g, observations: list, world_size: int) -> None:
     records = pushes(observations)
+    if not completed(records, world_size):
+        g.not_checked("holds-no-whole", "shards-match", f"push_weights completed no push at world size {world_size}",
+                      world_size=world_size)
+        return
     for split_index, scenario in _keys(world_size):
         for rank, found in enumerate(records):
             record = found.get((split_index, scenario))

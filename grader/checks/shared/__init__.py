@@ -1,3 +1,5 @@
-"""Helpers that several exercises' checks share, in one place: what a driver records (:mod:`.recording`,
-:mod:`.learner_errors`), the models the grader keeps from the stubs, the debugging track's jobs, 41-43's
-measured runs. A helper used by one exercise stays in its checks; one a second exercise needs moves here."""
+"""Helpers that several exercises' checks share, in one place: a learner's exception as the grader reads it
+(:mod:`.learner_errors`), DTensor records read against their placements (:mod:`.dtensors`), the debugging
+track's jobs read and replayed (:mod:`.debug_job`, :mod:`.debug_replay`, :mod:`.fsdp_job`), 41-43's cases and
+measurements (:mod:`.capacity_cases`), timelines into the report. A helper used by one exercise stays in its
+checks; one a second exercise needs moves here."""

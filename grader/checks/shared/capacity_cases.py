@@ -2,9 +2,10 @@
 learner's pure functions, the measurements (run once per grading process) and the wording of an
 estimate beside what was measured.
 
-Rank side: ``serve_main`` (a worker answering ``call``: the learner's function on each case, the
-answer read back as plain data, the learner's exceptions as data). Grader side: ``measured`` (each
-configuration's rank 0 record, from ``measure_main`` in :mod:`.capacity_run`), ``compare_line``.
+Rank side (:mod:`grader.rank.drivers.shared.capacity_worker`): ``serve_main``, a worker answering ``call``
+(the learner's function on each case, the answer read back as plain data, the learner's exceptions as
+data); ``measure_main`` (:mod:`grader.rank.drivers.shared.capacity_run`), the kit's own runs. Grader side,
+here: ``measured`` (each configuration's rank 0 record), ``ask``, ``compare_line``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from __future__ import annotations
 import math
 
 from grader import capacity
-from grader.checks.interface import Grader, RankContext
-from grader.checks.shared.capacity_run import measure_main
+from grader.checks.interface import Grader
 
 # The transformer every small configuration trains (41's Transformer): small enough for a CPU.
 SMALL = capacity.ModelSpec(layers=4, hidden=32, heads=4, vocab=65, seq_len=16)  # 55,552 parameters: dp = 3 pads
@@ -53,71 +53,27 @@ def plain(model: capacity.ModelSpec, plan: capacity.Plan) -> dict:
     return {"model": capacity.exercise_dict(model), "plan": capacity.exercise_dict(plan)}
 
 
+def layout(model: capacity.ModelSpec, plan: capacity.Plan) -> dict:
+    """What the ranks of a measured run need of the cost model, worked out here and sent as data (the cost
+    model is never in a rank): K and V heads, MLP widths, the mixture-of-experts layers, and for each pipeline
+    rank the layers of its chunks and its schedule."""
+    return {"kv_heads": capacity.kv_heads(model), "ffn": capacity.ffn(model), "expert_ffn": capacity.expert_ffn(model),
+            "moe_layers": [i for i in range(model.layers) if capacity.is_moe(model, i)],
+            "chunks": [capacity.chunk_layers(model, plan, stage) for stage in range(plan.pp)],
+            "order": [[list(op) for op in capacity.schedule(plan, stage)] for stage in range(plan.pp)]}
+
+
+def measure_kwargs(model: capacity.ModelSpec, plan: capacity.Plan, seed: int = SEED, **more) -> dict:
+    """The kwargs of ``measure_main`` for ``model`` under ``plan``: every field of both, their layout, the seed."""
+    return {"model": capacity.to_dict(model), "plan": capacity.to_dict(plan), "layout": layout(model, plan),
+            "seed": seed, **more}
+
+
 def describe(plan: capacity.Plan | dict) -> str:
     p = plan if isinstance(plan, dict) else capacity.to_dict(plan)
     default = capacity.to_dict(capacity.Plan())
     said = [f"{k}={v}" for k, v in p.items() if v != default[k]]
     return "Plan(" + ", ".join(said) + ")"
-
-
-# --- in the worker ----------------------------------------------------------------------------------
-
-
-def serve_main(ctx: RankContext) -> dict:
-    ctx.serve({"estimates": estimates})
-    return {}
-
-
-def estimates(ctx: RankContext, function: str, cases: list) -> list:
-    """``function`` of the learner's file on each case (``{"model", "plan", "cluster"?, "tokens"?}``),
-    built from the learner's own dataclasses; each answer as ``{"value": plain data}`` or
-    ``{"error": "ExceptionName: message", "value_error": bool}``."""
-    learner = ctx.function(function)
-    answers = []
-    for case in cases:
-        try:
-            args = [_build(ctx, "ModelSpec", case["model"])]
-            if "plan" in case:
-                args.append(_build(ctx, "Plan", case["plan"]))
-            if "cluster" in case:
-                args.append(_build(ctx, "Cluster", case["cluster"]))
-            if "tokens" in case:
-                args.append(case["tokens"])
-            answers.append({"value": _answer_fields(learner(*args))})
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # the learner's error is an answer: some cases must raise
-            answers.append({"error": f"{type(exc).__name__}: {exc}"[:300], "value_error": isinstance(exc, ValueError)})
-    return answers
-
-
-def _build(ctx: RankContext, name: str, values: dict):
-    try:
-        cls = ctx.function(name)
-    except Exception:
-        raise TypeError(f"the file defines no {name} (keep the stub's dataclasses)") from None
-    return cls(**values)
-
-
-FIELDS = ("params", "grads", "optimizer", "activations", "total",
-          "dp", "tp", "pp",
-          "flops", "compute_s", "dp_s", "tp_s", "pp_s", "bubble_s", "exposed_dp_s", "total_s",
-          "zero", "micro_batch", "micro_batches", "schedule", "precision", "recompute")
-
-
-def _answer_fields(value):
-    """An answer as plain data: the fields 41-43 define, read as attributes or keys."""
-    if isinstance(value, (int, float, str)) or value is None:
-        return value if not isinstance(value, bool) else int(value)
-    if isinstance(value, dict):
-        return {str(k): _answer_fields(v) for k, v in value.items()}
-    out = {}
-    for name in FIELDS:
-        if hasattr(value, name):
-            out[name] = _answer_fields(getattr(value, name))
-    if not out:
-        raise TypeError(f"returned a {type(value).__name__}, not the stub's dataclass")
-    return out
 
 
 def _number(value):
@@ -134,12 +90,13 @@ def _number(value):
 _MEASURED: dict = {}
 
 
-def measured(g: Grader, names: list[str] | None = None) -> dict:
-    """Each configuration's records (one per rank, rank order), measured once per grading process."""
+def measured(g: Grader, driver, names: list[str] | None = None) -> dict:
+    """Each configuration's records (one per rank, rank order), measured once per grading process by ``driver``
+    (the exercise's ``measure_main``, which runs :func:`grader.rank.drivers.shared.capacity_run.measure_main`)."""
     for name in names or list(CONFIGS):
         if name not in _MEASURED:
             plan = CONFIGS[name]
-            outcome = g.run(measure_main, plan.world_size, kwargs={**plain(SMALL, plan), "seed": SEED},
+            outcome = g.run(driver, plan.world_size, kwargs=measure_kwargs(SMALL, plan),
                             label=f"measure {name}")
             _MEASURED[name] = outcome.results()
     return {name: _MEASURED[name] for name in names or list(CONFIGS)}

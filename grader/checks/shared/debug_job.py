@@ -1,10 +1,10 @@
 """The debugging track: run a learner's training script as torchrun would, and read what it did.
 
-Every exercise of the track (21 and up) is a short script with ``main(argv)``. Its checks module
-calls :func:`run_job` in each rank and :func:`read_job` in the grader; this module holds what they
-share.
+Every exercise of the track (21 and up) is a short script with ``main(argv)``. Its drivers call
+:func:`grader.rank.drivers.shared.debug_rank.run_job` in each rank, its checks :func:`read_job` here,
+in the grader.
 
-Rank side (:func:`run_job`): set the variables torchrun sets, write the inputs the script reads
+Rank side (:mod:`grader.rank.drivers.shared.debug_rank`): set the variables torchrun sets, write the inputs the script reads
 (a data file, a checkpoint to resume from), install probes, import the script and call
 ``main(["--data", ..., "--out", ..., "--epochs", ...])``. The probes record, in order:
 
@@ -37,10 +37,9 @@ from torch import nn
 from grader import diagnose
 from grader.rank import untrusted
 from grader.checks.shared import timelines
-from grader.checks.shared.debug_rank import LOG_NAME, run_job, write_shared
+from grader.rank.drivers.shared.debug_rank import LOG_NAME
 from grader.checks.shared.debug_replay import load_into, replay
-from grader.checks.shared.recording import cpu_state
-from grader.checks.interface import RankContext
+from grader.rank.drivers.shared.recording import cpu_state
 from grader.rank.outcomes import describe_exit
 
 
@@ -331,20 +330,6 @@ def data_split_verdict(steps: list[list[Step]], world_size: int, num_samples: in
 # --- inputs and the checks every exercise of the track shares ---------------------------
 
 
-def make_data(seed: int, n_train: int, n_val: int, features: int = 16, classes: int = 4) -> dict:
-    """A small classification problem (a random linear teacher), as the scripts' --data file holds it."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_train + n_val, features, generator=g)
-    y = (x @ torch.randn(features, classes, generator=g)).argmax(dim=1)
-    return {"train_x": x[:n_train], "train_y": y[:n_train], "val_x": x[n_train:], "val_y": y[n_train:]}
-
-
-def write_data(ctx: RankContext, data: dict) -> str:
-    path = os.path.join(ctx.run_dir, "inputs", "data.pt")
-    write_shared(path, data, ctx.rank)
-    return path
-
-
 def check_finishes(g, job: Job, check_id: str = "finishes") -> bool:
     """Every rank's main() returned; otherwise the check fails with where each rank was."""
     if job.ok:
@@ -500,24 +485,16 @@ def same_state(a: dict, b: dict, tolerance: float = 1e-5) -> bool:
 
 # --- the template of an exercise of the track ------------------------------------------
 #
-# A checks module of the track is: its constants, ``make_data`` (the data file its runs read),
-# ``rank_main = job_driver(make_data, EPOCHS)`` (or a driver of its own when the script reads more),
-# and ``grade(g)`` looping over ``finished_jobs``, judging what is particular to its symptom, then
+# An exercise of the track is its drivers, grader/rank/drivers/exNN_slug.py (its constants, ``make_data``:
+# the data file its runs read, and ``rank_main = debug_rank.job_driver(make_data, EPOCHS)``, or a driver of
+# its own when the script reads more), and its checks, grader/checks/exNN_slug.py: ``grade(g)`` looping
+# over ``finished_jobs``, judging what is particular to its symptom, then
 # ``check_params_identical`` and ``check_replay`` with ``stub_models.TwoLayerNet`` and ``cross_entropy``.
 
 
 def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
     """The scripts' loss, as :func:`check_replay` calls it."""
     return torch.nn.functional.cross_entropy(model(x), y)
-
-
-def job_driver(make_data, epochs: int):
-    """The rank-side driver of a job that reads only its data file: ``rank_main = job_driver(make_data, EPOCHS)``."""
-
-    def rank_main(ctx: RankContext) -> dict:
-        return run_job(ctx, ["--data", write_data(ctx, make_data())], epochs=epochs)
-
-    return rank_main
 
 
 def finished_jobs(g, driver, data: dict, other_checks, *, before=None):

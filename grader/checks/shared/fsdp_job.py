@@ -1,7 +1,8 @@
 """The debugging track's FSDP2 jobs (28 and up): the scripts' model and data, and what the grader reads
-back of a job (the model rank 0 saves) and replays in one process.
+back of a job (the model rank 0 saves) and replays in one process (the data file its ranks write:
+:func:`grader.rank.drivers.shared.debug_rank.job_tokens`).
 
-A script of this family trains :class:`~grader.checks.shared.stub_models.JobNet` (token embeddings, residual MLP blocks, a final norm, a
+A script of this family trains :class:`~grader.rank.drivers.shared.stub_models.JobNet` (token embeddings, residual MLP blocks, a final norm, a
 head) sharded with fully_shard on a 1-D mesh, with SGD and momentum, a DistributedSampler (shuffle,
 seed 0) and a DataLoader of BATCH_SIZE, and rank 0 saves the full state dict to --out/model.pt at the
 end. The replay trains the same model in one process on the same global batches (the ranks' batches
@@ -18,12 +19,12 @@ from torch import nn
 
 from grader.rank import untrusted
 from grader.checks.shared.debug_replay import load_into, replay
-from grader.checks.shared.stub_models import JOB_VOCAB, JobNet
+from grader.rank.drivers.shared.debug_rank import JOB_SAMPLES
+from grader.rank.drivers.shared.stub_models import JobNet
 
-SEQ = 8
 BATCH_SIZE = 4
 LR, MOMENTUM = 0.05, 0.9
-N_TRAIN = 48  # 2 ranks: 6 steps an epoch; 3 ranks: 4
+N_TRAIN = JOB_SAMPLES  # the data file's samples (debug_rank.job_tokens): 2 ranks, 6 steps an epoch; 3 ranks, 4
 TOLERANCE = 2e-5  # float32, gradients averaged by a reduce-scatter instead of in one process
 MODEL_FILE = "model.pt"
 
@@ -31,12 +32,6 @@ MODEL_FILE = "model.pt"
 def build_model() -> JobNet:
     torch.manual_seed(0)
     return JobNet()
-
-
-def make_data(seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, JOB_VOCAB, (N_TRAIN, SEQ + 1), generator=g)
-    return {"train_x": tokens[:, :-1].contiguous(), "train_y": tokens[:, 1:].contiguous()}
 
 
 def sampler_batches(world_size: int, epochs, n: int = N_TRAIN) -> list[list[list[list[int]]]]:

@@ -1,6 +1,6 @@
 """Messages that did not match, in words: gloo aborts a rank whose receive meets a message of another size
 ("Is there a distributed collective mismatch in your code?"), and its record is lost with it. Each rank of 36
-and 37 notes every message before it goes (:class:`grader.checks.shared.recording.MessageJournal`); from those
+and 37 notes every message before it goes (:class:`grader.rank.drivers.shared.recording.MessageJournal`); from those
 notes this says which receive of which rank met which send of its peer, and what each carried."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import re
 
 from grader.rank import untrusted, wire
-from grader.checks.shared.recording import JOURNAL_LIMIT, journal_name
+from grader.rank.drivers.shared.recording import JOURNAL_LIMIT, journal_name
 
 MARKS = ("distributed collective mismatch", "op.preamble.length <= op.nbytes")
 SIZES = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
