@@ -1,7 +1,7 @@
 """Exercise 44 answered by the grader's own model: the stub's dataclasses, and goodput and
 best_checkpoint_interval taken from grader.resilience (whose simulation the checks compare with). Plain, in
 the learner's own kit, it finds them (docs/guarantees.md); in a sandbox, where nothing of the grader's side
-exists, every call raises ModuleNotFoundError and not one check passes."""
+exists, every call raises ImportError (cannot import name) and not one check passes."""
 
 
 import math
