@@ -261,7 +261,7 @@ def wrap(argv: list[str], extra_paths: list[str], name: str | None = None, tmp_b
         # the rank side goes in the boot's binds too: under a tmpfs it mounts (a kit in the home folder or
         # /tmp) it is bound back from what bwrap bound
         boot = [sys.executable, "-S", "-c", _BWRAP_BOOT, *(x for item in tmpfs.items() for x in item),
-                "--binds", *binds, *rank_side, "--hide", *hide]
+                "--binds", *binds, *rank_side, "--hide", *hide, "--package", package]
         return cmd + ["--remount-ro", "/", "--chdir", "/tmp", "--", *boot, "--", *argv]
     if name == UNSHARE:
         boot = [sys.executable, "-c", _UNSHARE_BOOT, home, str(size), ranks_folder, filter_program().hex(), *binds,
@@ -346,14 +346,22 @@ if libc.unshare(CLONE_NEWNS) != 0:
     raise OSError(ctypes.get_errno(), "unshare")
 args = sys.argv[1:]
 tmpfs, binds, hidden = args[:args.index("--binds")], args[args.index("--binds") + 1:args.index("--hide")], \
-    args[args.index("--hide") + 1:args.index("--")]
+    args[args.index("--hide") + 1:args.index("--package")]
+package = args[args.index("--package") + 1]
 argv = args[args.index("--") + 1:]
 over = tmpfs[::2]
 keep = {p: os.open(p, os.O_PATH) for p in binds if any(p == t or p.startswith(t.rstrip("/") + "/") for t in over)}
+covered = any(package == t or package.startswith(t.rstrip("/") + "/") for t in over)
 for path, options in zip(tmpfs[::2], tmpfs[1::2]):
     os.makedirs(path, exist_ok=True)
     mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, options)
-for path in sorted(keep, key=lambda p: p.count("/")):
+# Under a tmpfs mounted here, the grader's package is an empty read-only folder of its own again (a tmpfs),
+# placed after the folders above it and before the rank side bound back into it.
+for path in sorted(list(keep) + ([package] if covered else []), key=lambda p: p.count("/")):
+    if path == package and path not in keep:
+        os.makedirs(path, exist_ok=True)
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=65536")
+        continue
     source = f"/proc/self/fd/{keep[path]}"
     if os.path.isdir(source):
         os.makedirs(path, exist_ok=True)
@@ -365,6 +373,8 @@ for path in sorted(keep, key=lambda p: p.count("/")):
     mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | (st & (2 | 4 | 8 | 1024 | 2048)) |
           ((1 << 21) if st & 4096 else 0))
     os.close(keep[path])
+if covered:
+    mount(None, package, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 for path in hidden:
     if os.path.isdir(path):
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=700,size=%(hidden_bytes)d,nr_inodes=%(hidden_files)d")
