@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch
 
-from grader.checks.shared.learner_errors import learner_error
+from grader.rank.drivers.shared.learner_errors import learner_error
 from grader.rank import memory, order, probes, rank_timeline
 from grader.rank.child import RankContext
 
