@@ -32,8 +32,8 @@ LAYER_CHECKS = ("float8-formats", "scaled-from-amax", "gpu-ready", "output-match
 
 def grade(g: Grader) -> None:
     largest = max(g.world_sizes)
-    runs = [g.Run(rank.linear_main, 1)]
-    runs += [g.Run(rank.rank_main, world_size, {"groups": world_size == largest and largest >= 2})
+    runs = [g.Run(ex35_float8.linear_main, 1)]
+    runs += [g.Run(ex35_float8.rank_main, world_size, {"groups": world_size == largest and largest >= 2})
              for world_size in g.world_sizes]
     started = timelines.clock()
     outcomes = g.run_at_once(runs)  # light runs: a re-grade waits for the slowest, not for their sum
@@ -77,7 +77,7 @@ def describe(record, gathers: dict) -> str:
     run = verdicts.call_record(record, "outlier")
     if run is not None:
         for e in verdicts.phase_events(run, "forward") + verdicts.phase_events(run, "backward"):
-            if e["op"] == rank.SCALED_MM and len(verdicts.operands(e)) == 2:
+            if e["op"] == ex35_float8.SCALED_MM and len(verdicts.operands(e)) == 2:
                 scales = [f"{verdicts.ROLE_WORDS[role].removeprefix('input ')} scale {1 / float(s.reshape(-1)[0]):.4g}"
                           for role, _, s in verdicts.operands(e)
                           if isinstance(s, torch.Tensor) and s.numel() == 1 and float(s.reshape(-1)[0]) != 0]
@@ -88,5 +88,5 @@ def describe(record, gathers: dict) -> str:
             events = verdicts.clean_events(obs.get("plain") if isinstance(obs, dict) else None) or []
             sent.append(str(sum(e["bytes"] for e in events)))
         lines.append(f"{world_size} ranks: bytes each rank sent per all-gather {'/'.join(sent)} "
-                     f"(its shard in float32: {4 * rank.GATHER_ROWS * rank.GATHER_COLS})")
+                     f"(its shard in float32: {4 * ex35_float8.GATHER_ROWS * ex35_float8.GATHER_COLS})")
     return "\n".join(lines)
