@@ -72,3 +72,34 @@ def test_replicated_state_fails_and_a_half_share_passes():
     g = grading()
     ex.check_state(g, [{"state_bytes": full // 2}, {"state_bytes": full - full // 2}], full, 2052, 2)
     assert verdicts(g)["state-sharded"][0] == "pass"
+
+
+def test_the_unsharded_adamw_the_grader_trains_is_adamw_on_every_rank_s_batch_at_once():
+    """The mean of the ranks' gradients (what DDP hands the optimizer) is the gradient of the loss over all their
+    batches together: a second way to the same parameters, with a scheduler too."""
+    for world_size, scheduled in ((2, False), (3, True)):
+        model = ex.build_model()
+        optimizer = torch.optim.AdamW(model.parameters(), **ex.OPTIMIZER_KWARGS)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ex.lr_factor) if scheduled else None
+        for step in range(ex.STEPS):
+            xs, ys = zip(*(ex.batch(step, rank) for rank in range(world_size)))
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+        got = ex.unsharded_parameters(ex.build_model, world_size, scheduled=scheduled)
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(got[name], p.detach(), atol=ex.ATOL, rtol=ex.RTOL)
+
+
+def test_parameters_left_where_they_started_fail_on_the_grader_s_own_answer():
+    unsharded = ex.unsharded_parameters(ex.build_model, 2)
+    start = {name: p.detach().clone() for name, p in ex.build_model().named_parameters()}
+    g = grading()
+    ex.check_parameters(g, [{"sharded": unsharded}, {"sharded": start}], unsharded, 2)
+    status, message = verdicts(g)["matches-unsharded"]
+    assert status == "fail" and message.startswith("rank 1: after 3 steps '0.weight' differs"), message
+    g = grading()
+    ex.check_parameters(g, [{"sharded": unsharded}, {"sharded": unsharded}], unsharded, 2)
+    assert verdicts(g)["matches-unsharded"][0] == "pass"

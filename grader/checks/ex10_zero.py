@@ -1,14 +1,14 @@
 """Exercise 10: ShardedOptimizer (ZeRO stage 1).
 
-One run per world size. Each rank trains two copies of the same model, both
-wrapped in torch's DDP and fed the same batches: one with the learner's
-ShardedOptimizer over AdamW, one with a plain AdamW over every parameter (the
-reference). The rank returns both models' parameters, which parameters its
-``.local_optimizer`` holds, the bytes of every optimizer-state tensor reachable
-from the ShardedOptimizer, and what ``zero_grad`` left in ``.grad``. Then the
-same pair twice more: with a learning-rate scheduler stepping both, and on a
-model with a single parameter, so that every rank but one owns nothing. The
-grader computes the unsharded AdamW's state bytes itself and decides every check.
+One run per world size. Each rank trains a model wrapped in torch's DDP with
+the learner's ShardedOptimizer over AdamW, and returns its parameters, which
+parameters its ``.local_optimizer`` holds, the bytes of every optimizer-state
+tensor reachable from the ShardedOptimizer, and what ``zero_grad`` left in
+``.grad``. Then twice more: with a learning-rate scheduler, and on a model with
+a single parameter, so that every rank but one owns nothing. The grader trains
+the unsharded AdamW the parameters must equal itself, outside the ranks, on the
+same model and batches (each step's gradient the mean of the ranks' own, as
+DDP's), and computes its state bytes; no rank holds an answer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines
 from grader.compare import first_difference
-from grader.rank.drivers.ex10_zero import OPTIMIZER_KWARGS, STEPS, build_model, rank_main, state_bytes
+from grader.rank.drivers.ex10_zero import (OPTIMIZER_KWARGS, STEPS, batch, build_model, build_single_parameter_model,
+                                           lr_factor, rank_main, state_bytes)
 
 
 ATOL, RTOL = 1e-6, 1e-5
@@ -34,6 +35,31 @@ def unsharded_state_bytes() -> int:
     return state_bytes([optimizer], {p.untyped_storage().data_ptr() for p in model.parameters()})
 
 
+def unsharded_parameters(build, world_size: int, scheduled: bool = False) -> dict[str, torch.Tensor]:
+    """The parameters plain AdamW over the whole model reaches after STEPS steps of the ranks' batches, trained
+    here: each step's gradient is the mean of every rank's own (the ranks' sum in rank order, then divided, as
+    DDP's all-reduce gives), and with ``scheduled`` the learning rate follows ``lr_factor`` (LambdaLR)."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    model = build()
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, **OPTIMIZER_KWARGS)
+    scheduler = LambdaLR(optimizer, lr_factor) if scheduled else None
+    for step in range(STEPS):
+        total = [torch.zeros_like(p) for p in params]
+        for rank in range(world_size):
+            x, y = batch(step, rank)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            for t, grad in zip(total, torch.autograd.grad(loss, params)):
+                t += grad
+        for p, t in zip(params, total):
+            p.grad = t / world_size
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
 def grade(g: Grader) -> None:
     model = build_model()
     names = [name for name, _ in model.named_parameters()]
@@ -47,10 +73,11 @@ def grade(g: Grader) -> None:
         check_local_optimizer(g, observations, names, world_size)
         check_balance(g, observations, sizes, world_size)
         check_state(g, observations, full_state, max(per_parameter_state), world_size)
-        check_parameters(g, observations, world_size)
+        check_parameters(g, observations, unsharded_parameters(build_model, world_size), world_size)
         check_zero_grad(g, observations, names, world_size)
-        check_scheduled(g, observations, world_size)
-        check_owns_nothing(g, observations, world_size)
+        check_scheduled(g, observations, unsharded_parameters(build_model, world_size, scheduled=True), world_size)
+        check_owns_nothing(g, observations, unsharded_parameters(build_single_parameter_model, world_size),
+                           world_size)
 
 
 def check_local_optimizer(g, observations: list[dict], names: list[str], world_size: int) -> None:
@@ -120,9 +147,9 @@ def check_state(g, observations: list[dict], full: int, largest: float, world_si
              "unsharded AdamW: some parameters are never stepped", world_size=world_size)
 
 
-def check_parameters(g, observations: list[dict], world_size: int) -> None:
+def check_parameters(g, observations: list[dict], unsharded: dict, world_size: int) -> None:
     for rank, obs in enumerate(observations):
-        for name, expected in obs["reference"].items():
+        for name, expected in unsharded.items():
             got = obs["sharded"][name]
             diff = (got.double() - expected.double()).abs()
             if not torch.all(diff <= ATOL + RTOL * expected.double().abs()):
@@ -159,13 +186,13 @@ def _first_difference(got: dict, expected: dict) -> tuple[str, float] | None:
     return None
 
 
-def check_scheduled(g, observations: list[dict], world_size: int) -> None:
+def check_scheduled(g, observations: list[dict], unsharded: dict, world_size: int) -> None:
     for rank, obs in enumerate(observations):
         run = obs["scheduled"]
         if run["error"]:
             g.record("lr-change-applies", False, f"rank {rank}: {run['error']}", rank=rank, world_size=world_size)
             return
-        difference = _first_difference(run["sharded"], run["reference"])
+        difference = _first_difference(run["sharded"], unsharded)
         if difference is not None:
             name, diff = difference
             g.record("lr-change-applies", False,
@@ -177,7 +204,7 @@ def check_scheduled(g, observations: list[dict], world_size: int) -> None:
     g.record("lr-change-applies", True)
 
 
-def check_owns_nothing(g, observations: list[dict], world_size: int) -> None:
+def check_owns_nothing(g, observations: list[dict], unsharded: dict, world_size: int) -> None:
     if world_size < 2:
         g.skip("rank-owns-nothing", "needs at least 2 ranks: one alone owns every parameter")
         return
@@ -196,7 +223,7 @@ def check_owns_nothing(g, observations: list[dict], world_size: int) -> None:
         return
     for rank, obs in enumerate(observations):
         run = obs["owns_nothing"]
-        difference = _first_difference(run["sharded"], run["reference"])
+        difference = _first_difference(run["sharded"], unsharded)
         if difference is not None:
             name, diff = difference
             owns = "owns it" if run.get("owned") else "owns nothing"

@@ -1,5 +1,6 @@
 """Exercise 10: ShardedOptimizer (ZeRO stage 1): the drivers, run in each rank (the checks that decide:
-grader/checks/ex10_zero.py).
+grader/checks/ex10_zero.py). The ranks train the learner's optimizer only: the unsharded AdamW it must equal
+is trained by the grader, outside, from the same model and batches.
 """
 
 from __future__ import annotations
@@ -103,19 +104,14 @@ def rank_main(ctx: RankContext) -> dict:
 def _observe(ctx: RankContext) -> dict:
     ShardedOptimizer = ctx.function("ShardedOptimizer")
 
-    reference = build_model()
-    reference_ddp = _wrap(reference, ctx)
-    reference_optimizer = torch.optim.AdamW(reference_ddp.parameters(), **OPTIMIZER_KWARGS)
-
     model = build_model()
     ddp = _wrap(model, ctx)
     sharded = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, **OPTIMIZER_KWARGS)
 
     for step in range(STEPS):
-        _train_step(reference_ddp, reference_optimizer, step, ctx)
         _train_step(ddp, sharded, step, ctx)
 
-    obs = {"reference": _params(reference), "sharded": _params(model)}
+    obs = {"sharded": _params(model)}
     index = {id(p): i for i, p in enumerate(model.parameters())}
     local = getattr(sharded, "local_optimizer", None)
     obs["is_optimizer"] = isinstance(sharded, torch.optim.Optimizer)
@@ -136,13 +132,9 @@ def _observe(ctx: RankContext) -> dict:
 
 
 def _observe_scheduled(ctx: RankContext, ShardedOptimizer) -> dict:
-    """A LambdaLR scheduler on both optimizers: the learning rate changes after every step."""
+    """A LambdaLR scheduler on the learner's optimizer: the learning rate changes after every step."""
     from torch.optim.lr_scheduler import LambdaLR
 
-    reference = build_model()
-    reference_ddp = _wrap(reference, ctx)
-    reference_optimizer = torch.optim.AdamW(reference_ddp.parameters(), **OPTIMIZER_KWARGS)
-    reference_scheduler = LambdaLR(reference_optimizer, lr_factor)
     model = build_model()
     ddp = _wrap(model, ctx)
     sharded = ShardedOptimizer(ddp.parameters(), torch.optim.AdamW, **OPTIMIZER_KWARGS)
@@ -151,11 +143,9 @@ def _observe_scheduled(ctx: RankContext, ShardedOptimizer) -> dict:
     except Exception as exc:  # e.g. not a torch.optim.Optimizer: the observation
         return {"error": f"LambdaLR(sharded_optimizer, ...) raised {learner_error(exc)}"}
     for step in range(STEPS):
-        _train_step(reference_ddp, reference_optimizer, step, ctx)
         _train_step(ddp, sharded, step, ctx)
-        reference_scheduler.step()
         scheduler.step()
-    return {"error": None, "reference": _params(reference), "sharded": _params(model),
+    return {"error": None, "sharded": _params(model),
             "lrs": [float(group["lr"]) for group in sharded.param_groups]}
 
 
@@ -163,9 +153,6 @@ def _observe_owns_nothing(ctx: RankContext, ShardedOptimizer) -> dict:
     """A model with one parameter. Last in the run: a rank that fails here may leave the others waiting
     in a broadcast, which the short timeout turns into an error instead of a hang."""
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=STALL_TIMEOUT_S))
-    reference = build_single_parameter_model()
-    reference_ddp = _wrap(reference, ctx)
-    reference_optimizer = torch.optim.AdamW(reference_ddp.parameters(), **OPTIMIZER_KWARGS)
     model = build_single_parameter_model()
     ddp = _wrap(model, ctx)
     out: dict = {"error": None}
@@ -183,10 +170,9 @@ def _observe_owns_nothing(ctx: RankContext, ShardedOptimizer) -> dict:
     out["owned"] = 0 if local is None else sum(len(g["params"]) for g in local.param_groups)
     try:
         for step in range(STEPS):
-            _train_step(reference_ddp, reference_optimizer, step, ctx)
             _train_step(ddp, sharded, step, ctx)
     except Exception as exc:
         out["error"] = f"step() raised {learner_error(exc)}"
         return out
-    out["reference"], out["sharded"] = _params(reference), _params(model)
+    out["sharded"] = _params(model)
     return out
