@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from grader.compare import first_difference, tensor_difference
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines
+from grader.checks.shared.data_parallel import train_on_mean_gradients
 from grader.rank.drivers.ex05_allreduce import (FROZEN_STEP, LR, PERTURBATION, PERTURBED, STEPS, batch, build_model,
                                                 rank_main)
 
@@ -100,20 +101,14 @@ def check_steps(record, observations: list[dict], world_size: int) -> None:
 
 def ddp_parameters(world_size: int) -> dict[str, torch.Tensor]:
     """What torch's DistributedDataParallel reaches after STEPS steps of SGD(lr=LR) on the ranks' batches, trained
-    here: each step's gradient the mean of every rank's own (their sum in rank order, then divided)."""
+    here on the mean of the ranks' gradients."""
     model = build_model()
-    params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=LR)
-    for step in range(STEPS):
-        total = [torch.zeros_like(p) for p in params]
-        for rank in range(world_size):
-            x, y = batch(rank, step)
-            for t, grad in zip(total, torch.autograd.grad(F.cross_entropy(model(x), y), params)):
-                t += grad
-        for p, t in zip(params, total):
-            p.grad = t / world_size
-        optimizer.step()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return train_on_mean_gradients(model, torch.optim.SGD(model.parameters(), lr=LR), STEPS, world_size, _loss)
+
+
+def _loss(model, step: int, rank: int) -> torch.Tensor:
+    x, y = batch(rank, step)
+    return F.cross_entropy(model(x), y)
 
 
 def check_final_params(record, observations: list[dict]) -> None:

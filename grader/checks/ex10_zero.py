@@ -17,6 +17,7 @@ import torch
 
 from grader.checks.interface import Grader
 from grader.checks.shared import timelines
+from grader.checks.shared.data_parallel import train_on_mean_gradients
 from grader.compare import first_difference
 from grader.rank.drivers.ex10_zero import (OPTIMIZER_KWARGS, STEPS, batch, build_model, build_single_parameter_model,
                                            lr_factor, rank_main, state_bytes)
@@ -37,27 +38,19 @@ def unsharded_state_bytes() -> int:
 
 def unsharded_parameters(build, world_size: int, scheduled: bool = False) -> dict[str, torch.Tensor]:
     """The parameters plain AdamW over the whole model reaches after STEPS steps of the ranks' batches, trained
-    here: each step's gradient is the mean of every rank's own (the ranks' sum in rank order, then divided, as
-    DDP's all-reduce gives), and with ``scheduled`` the learning rate follows ``lr_factor`` (LambdaLR)."""
+    here on the mean of the ranks' gradients (as DDP's); with ``scheduled`` the learning rate follows
+    ``lr_factor`` (LambdaLR)."""
     from torch.optim.lr_scheduler import LambdaLR
 
     model = build()
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, **OPTIMIZER_KWARGS)
-    scheduler = LambdaLR(optimizer, lr_factor) if scheduled else None
-    for step in range(STEPS):
-        total = [torch.zeros_like(p) for p in params]
-        for rank in range(world_size):
-            x, y = batch(step, rank)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            for t, grad in zip(total, torch.autograd.grad(loss, params)):
-                t += grad
-        for p, t in zip(params, total):
-            p.grad = t / world_size
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(model.parameters(), **OPTIMIZER_KWARGS)
+    return train_on_mean_gradients(model, optimizer, STEPS, world_size, _loss,
+                                   LambdaLR(optimizer, lr_factor) if scheduled else None)
+
+
+def _loss(model, step: int, rank: int) -> torch.Tensor:
+    x, y = batch(step, rank)
+    return torch.nn.functional.mse_loss(model(x), y)
 
 
 def grade(g: Grader) -> None:
