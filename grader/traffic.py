@@ -322,6 +322,28 @@ class Traffic:
             out[key] = out.get(key, 0) + flow["bytes"]
         return out
 
+    def spawned(self, ranks: dict[int, int]) -> dict[int, dict[int, int]]:
+        """The processes a rank started that asked to be counted, and the bytes each sent to the others the same
+        rank started: ``{rank: {pid: bytes}}`` (``ranks``: pid -> rank; a rank's own process is not one of
+        them, nor a process whose parents were never read)."""
+        started = {pid: rank for pid, chain in self.ancestry.items() if pid not in ranks
+                   for rank in [next((ranks[p] for p in chain if p in ranks), None)] if rank is not None}
+        out: dict[int, dict[int, int]] = {}
+        for pid, rank in started.items():
+            out.setdefault(rank, {})[pid] = 0
+        for a, b in self.connections():
+            if b is None:
+                continue
+            for sender, receiver in ((a, b), (b, a)):
+                by = {p for p in self.holders.get(sender.cookie, ()) if p in started}
+                to = {p for p in self.holders.get(receiver.cookie, ()) if p in started}
+                if len(by) != 1 or len(to) != 1:
+                    continue  # a socket two processes hold belongs to neither
+                (p,), (q,) = by, to
+                if p != q and started[p] == started[q]:
+                    out[started[p]][p] += _sent(sender, receiver)
+        return out
+
     def unowned(self, ranks: dict[int, int], known: set[int] = frozenset()) -> int:
         """Bytes a rank received on connections whose other end no rank was seen holding alone, besides those
         from the processes in ``known`` (pids whose connections are the grader's own: its store)."""
@@ -512,6 +534,7 @@ class RunTraffic:
     unowned: int
     counted: set[int]
     complete: bool = True
+    spawned: dict[int, dict[int, int]] = field(default_factory=dict)  # rank -> {pid it started: bytes to siblings}
 
     def to(self, i: int, j: int) -> int:
         return self.sent.get((i, j), 0)
@@ -538,7 +561,9 @@ class RunTraffic:
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "sent": [[i, j, b] for (i, j), b in sorted(self.sent.items())],
-                "unowned": self.unowned, "counted": sorted(self.counted), "complete": self.complete}
+                "unowned": self.unowned, "counted": sorted(self.counted), "complete": self.complete,
+                "spawned": {str(r): {str(p): b for p, b in sorted(pids.items())}
+                            for r, pids in sorted(self.spawned.items())}}
 
 
 def of_run(traffic: Traffic, outcome, level: int = 0, known: list[int] = ()) -> RunTraffic:
@@ -551,7 +576,7 @@ def of_run(traffic: Traffic, outcome, level: int = 0, known: list[int] = ()) -> 
             ranks[pid] = r.rank
     counted = {rank for pid in traffic.ancestry if (rank := traffic.rank_of(pid, ranks)) is not None}
     return RunTraffic(outcome.world_size, traffic.between(ranks), traffic.unowned(ranks, set(known)), counted,
-                      traffic.complete)
+                      traffic.complete, traffic.spawned(ranks))
 
 
 _LOCAL: list = []  # this process's own Diag, opened once (None where the kernel's counters cannot be read)

@@ -181,3 +181,46 @@ def test_the_port_is_bound_right_after_each_call():
     assert not any(c["bind_error"] or c["error"] for c in found["calls"])
     found = rank_side._call_find_free_port(_Context(lambda: str(free())))
     assert found["calls"][0]["type"] == "str" and found["calls"][0]["bind_error"] is None
+
+
+def test_spawned_counts_what_each_process_a_rank_started_sent_its_siblings():
+    """Two callers (pids 100 and 200, ranks 0 and 1); caller 0 started 11 and 12, which met; caller 1 started 21,
+    which met only a process of caller 0, and 22 and 23 (23 a child of 22), whose one connection to 21 both
+    hold: a socket two processes hold counts for neither, and a process of another caller is no sibling."""
+    from grader import traffic
+
+    t = traffic.Traffic()
+    t.ancestry = {100: [1], 200: [1], 11: [100], 12: [100], 21: [200], 22: [200], 23: [22, 200]}
+
+    def connect(cookie: int, a: int, b: int, sent_ab: int, sent_ba: int, holders_a, holders_b) -> None:
+        t.sockets[cookie] = traffic.Sock(cookie, 1, ("127.0.0.1", a), ("127.0.0.1", b), 0, None, sent_ba)
+        t.sockets[cookie + 1] = traffic.Sock(cookie + 1, 1, ("127.0.0.1", b), ("127.0.0.1", a), 0, None, sent_ab)
+        t.holders[cookie], t.holders[cookie + 1] = set(holders_a), set(holders_b)
+
+    connect(10, 5001, 5002, 300, 200, {11}, {12})
+    connect(20, 5003, 5004, 50, 60, {21}, {11})
+    connect(30, 5005, 5006, 70, 80, {22, 23}, {21})
+    spawned = t.spawned({100: 0, 200: 1})
+    assert spawned == {0: {11: 300, 12: 200}, 1: {21: 0, 22: 0, 23: 0}}, spawned
+
+
+def test_spawns_processes_stands_on_the_processes_the_kernel_saw_meet():
+    from grader.traffic import RunTraffic
+
+    launches = [launch(0), launch(1)]
+    met = RunTraffic(3, {}, 0, {0, 1, 2}, spawned={0: {11: 400, 12: 380}, 1: {21: 400, 22: 380}})
+    g = grading()
+    v.check_launches(g, [(f"caller {i}", CALLER_PIDS[i], l) for i, l in enumerate(launches)], WS, met)
+    assert verdicts(g)["spawns-processes"][0] == "pass"
+    assert g.results(None)[0].evidence == "kernel"
+
+    for seen in ({0: {11: 400, 12: 380}}, {0: {11: 400, 12: 380}, 1: {21: 400, 22: 0}}):
+        g = grading()
+        forged = RunTraffic(3, {}, 0, {0, 1, 2}, spawned=seen)
+        v.check_launches(g, [(f"caller {i}", CALLER_PIDS[i], l) for i, l in enumerate(launches)], WS, forged)
+        status, message = verdicts(g)["spawns-processes"]
+        assert status == "fail" and message.startswith("caller 1: the kernel saw ") and "expected 2" in message
+
+    g = grading()  # no counters: the records decide, as a claim
+    v.check_launches(g, [(f"caller {i}", CALLER_PIDS[i], l) for i, l in enumerate(launches)], WS, None)
+    assert verdicts(g)["spawns-processes"][0] == "pass"

@@ -9,7 +9,9 @@ process with RANK != LOCAL_RANK, starts a real torchrun on a script that calls
 launch_from_env, and meanwhile launches a fn that fails in its last rank with
 MASTER_ADDR / MASTER_PORT already set. Caller 2 also calls find_free_port
 itself a few times and, right after each call, tries to bind what it returned.
-Grader side: every verdict is decided from those records.
+Grader side: every verdict is decided from those records, but spawns-processes,
+which stands on what the kernel counted: the processes each caller started that
+let the grader read their sockets and met (grader.traffic).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from grader.checks.interface import Grader
 def grade(g: Grader) -> None:
     world_size = g.world_sizes[0]
     preset_port = _free_port()
-    callers = g.run(main, 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET,
+    outcome = g.run(main, 3, kwargs={"world_size": world_size, "preset_port": preset_port}, env=UNSET,
                     label=f"two launches at once, then torchrun (world size {world_size} each; 15-20 s)",
-                    graded_size=world_size).results()
+                    graded_size=world_size, traffic=True)
+    callers = outcome.results()
     concurrent, pids, last = [c["concurrent"] for c in callers[:2]], [c["caller_pid"] for c in callers[:2]], callers[2]
-    check_launches(g, [(f"caller {i}", pids[i], launch) for i, launch in enumerate(concurrent)], world_size)
+    check_launches(g, [(f"caller {i}", pids[i], launch) for i, launch in enumerate(concurrent)], world_size,
+                   outcome.traffic)
     check_free_port(g, concurrent, pids, world_size)
     check_find_free_port(g, last["find_free_port"])
     check_raises(g, last["failing"], world_size)

@@ -3,6 +3,7 @@ launch_from_env called directly and under torchrun (pure functions of the record
 
 from __future__ import annotations
 
+from grader.catalog import CLAIM
 from grader.rank.drivers.ex04_launch import DIRECT_ENV, EXTRA_ARGS, GOOD_ADDRESSES, PRESET_ADDR
 
 
@@ -14,8 +15,12 @@ def _raised(launch: dict) -> str:
     return f" (launch_distributed raised {launch['error']})" if launch["error"] else ""
 
 
-def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int) -> None:
-    """spawns-processes, passes-args and waits-for-all, for every launch of record_rank."""
+def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int, counted=None) -> None:
+    """spawns-processes, passes-args and waits-for-all, for every launch of record_rank. What the records say
+    names a wrong launch (a claim); what decides spawns-processes is what the kernel counted (``counted``, a
+    grader.traffic.RunTraffic of the callers' run, launch i made by caller i): world_size processes that caller
+    started, each of which let the grader read its sockets and sent the others bytes (they met in a group).
+    Where the counters cannot be read, the records alone decide, as a claim."""
     if not any(launch["records"] for _, _, launch in launches):
         errors = "; ".join(f"{who}{_raised(launch)}" for who, _, launch in launches if launch["error"])
         for check_id in ("passes-args", "waits-for-all"):
@@ -28,18 +33,18 @@ def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int) ->
         if ranks != list(range(world_size)):
             g.record("spawns-processes", False,
                      f"{who}: fn ran {len(records)} time(s), as rank(s) {ranks_text}; expected each rank "
-                     f"0..{world_size - 1} exactly once{_raised(launch)}", world_size=world_size)
+                     f"0..{world_size - 1} exactly once{_raised(launch)}", world_size=world_size, evidence=CLAIM)
         in_caller = [r for r in records if r["pid"] == caller_pid]
         if in_caller:
             g.record("spawns-processes", False,
                      f"{who}: fn ran in the caller's own process (pid {caller_pid}) for rank(s) "
                      f"{', '.join(repr(r['received'][0]) for r in in_caller)}: every rank needs a new process",
-                     world_size=world_size)
+                     world_size=world_size, evidence=CLAIM)
         pids = [r["pid"] for r in records]
         if len(set(pids)) != len(pids):
             g.record("spawns-processes", False, f"{who}: several ranks ran in one process (pids {pids})",
-                     world_size=world_size)
-        g.record("spawns-processes", True)
+                     world_size=world_size, evidence=CLAIM)
+        _check_started(g, who, launches.index((who, caller_pid, launch)), counted, world_size)
 
         expected_tail = [world_size, *EXTRA_ARGS]
         for r in sorted(records, key=lambda r: str(r["received"][:1])):
@@ -60,6 +65,23 @@ def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int) ->
                      f"rank {r['received'][0] if r['received'] else '?'} finished "
                      f"({len(late)} of {len(records)} rank(s) were still running)", world_size=world_size)
         g.record("waits-for-all", True)
+
+
+def _check_started(g, who: str, caller: int, counted, world_size: int) -> None:
+    """spawns-processes on the kernel's count: the processes caller ``caller`` started that met."""
+    if counted is None:
+        g.record("spawns-processes", True, evidence=CLAIM)
+        return
+    started = counted.spawned.get(caller, {})
+    met = [pid for pid, sent in started.items() if sent > 0 or world_size == 1]
+    if len(met) < world_size:
+        g.record("spawns-processes", False,
+                 f"{who}: the kernel saw {len(met)} process(es) that this launch started meet the others in a group "
+                 f"(each let the grader read its sockets and sent the others bytes), expected {world_size}: fn must "
+                 f"run in {world_size} new processes, each joining the group through MASTER_ADDR and MASTER_PORT",
+                 world_size=world_size)
+        return
+    g.record("spawns-processes", True)
 
 
 def check_free_port(g, launches: list[dict], caller_pids: list[int], world_size: int) -> None:
