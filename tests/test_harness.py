@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -419,3 +420,28 @@ def test_a_ctrl_c_while_ranks_are_handed_out_is_raised_once_every_rank_is_regist
     finally:
         signal.signal(signal.SIGINT, previous)
     assert reached == ["after the signal", "again"]
+
+
+SERVER_ENDED_SCRIPT = """
+import multiprocessing.forkserver, os, sys
+from click.testing import CliRunner
+from grader.cli import main
+first = CliRunner().invoke(main, ["grade", sys.argv[1], "-q"])
+os.write(multiprocessing.forkserver._forkserver._forkserver_alive_fd, b"x")  # what a flood does: it ends
+second = CliRunner().invoke(main, ["grade", sys.argv[1], "-q"])
+print(first.exit_code, second.exit_code, second.output.strip().splitlines()[-1])
+"""
+
+
+@pytest.mark.slow
+def test_a_pool_whose_server_was_ended_is_started_again(tmp_path):
+    """Outside a sandbox a rank can reach the pool's server: tests/hostile/01_floods_the_grader.py writes into its
+    pipe that should stay empty, and it ends. The next process the grader starts (here at once, while the server
+    is still on its way out) finds it gone, and the pool starts a new one instead of failing the grading."""
+    solution = Path(__file__).resolve().parent.parent / "solutions" / "01_setup.py"
+    env = {**os.environ, "DDP_GRADE_STATE_DIR": str(tmp_path), "DDP_GRADE_SERVER": "0"}
+    done = subprocess.run([sys.executable, "-c", SERVER_ENDED_SCRIPT, str(solution)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    first, second, summary = done.stdout.strip().split(" ", 2)
+    assert (first, second) == ("0", "0"), done.stdout + done.stderr[-2000:]
+    assert summary.startswith("All ") and " checks passed" in summary, summary

@@ -51,6 +51,12 @@ DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.rank.limits; a Sessi
 MAX_SPARES = 8  # rank processes a session with spares keeps forked ahead of its next run
 
 
+# A pool whose server a rank ended (outside a sandbox it can reach the server's pipes) is started again: at
+# most this many times for one process, this long apart (the dead server must be reaped first).
+POOL_RESTARTS = 10
+POOL_RESTART_WAIT_S = 0.2
+
+
 @dataclass
 class World:
     """One run of :meth:`Session.run_many`: ``driver`` on ``world_size`` ranks."""
@@ -252,11 +258,20 @@ class Session:
         from grader.rank import child
 
         parent_end, child_end = self.ctx.Pipe(duplex=True)
-        # Not a daemon: a rank may start processes of its own (exercise 04 spawns);
-        # every rank is killed with its process group at the end of the run anyway.
-        process = self.ctx.Process(target=child.serve, args=(child_end,), daemon=False, name="ddp-grade-rank")
-        with _hidden_main():
-            process.start()
+        for attempt in range(POOL_RESTARTS + 1):
+            # Not a daemon: a rank may start processes of its own (exercise 04 spawns);
+            # every rank is killed with its process group at the end of the run anyway.
+            process = self.ctx.Process(target=child.serve, args=(child_end,), daemon=False, name="ddp-grade-rank")
+            try:
+                with _hidden_main():
+                    process.start()
+                break
+            except (ConnectionError, FileNotFoundError, EOFError):
+                # The pool's server is gone: outside a sandbox a rank can reach its pipes and end it (a flood).
+                # multiprocessing starts a new one on the next start, once the dead one can be reaped.
+                if attempt == POOL_RESTARTS:
+                    raise
+                time.sleep(POOL_RESTART_WAIT_S)
         child_end.close()
         return process, parent_end
 
