@@ -1,6 +1,7 @@
 """Exercise 35 with its casts taken from the grader's reference (grader/checks/ex35_float8/reference.py), the
 rest the stub's work done. Plain, in the learner's own kit, it finds it (docs/guarantees.md); in a sandbox,
-where nothing of the grader's side exists, every cast raises ModuleNotFoundError and not one check passes."""
+where nothing of the grader's side exists, every cast raises ModuleNotFoundError (the layer's construction and
+the all-gather's too) and not one check passes."""
 
 import torch
 import torch.distributed as dist
@@ -56,6 +57,7 @@ class Float8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        from grader.checks.ex35_float8 import reference  # noqa: F401  the layer is built on the grader's casts
         # The linear's own float32 parameters: the optimizer updates these, the master weights.
         self.weight = linear.weight
         self.bias = linear.bias
@@ -72,10 +74,12 @@ class Float8Linear(nn.Module):
 def float8_all_gather(weight_shard: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
     shard = weight_shard.detach()
     # One scale for the whole weight: every rank's shard cast alike, so the gathered tensor is one tensor.
+    from grader.checks.ex35_float8 import reference  # the grader's own cast, here too
+
     amax = shard.abs().max().float()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     scale = amax_to_scale(amax, E4M3)
-    shard8 = to_float8(shard, scale, E4M3)
+    shard8 = reference.to_float8(shard, scale, E4M3)
 
     world_size = dist.get_world_size(group)
     gathered = torch.empty((world_size * shard8.shape[0], *shard8.shape[1:]), dtype=torch.uint8, device=shard.device)
