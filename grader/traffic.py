@@ -13,13 +13,12 @@ sending one less its SYN. Each socket's last figure is the one of its destroy ev
 the kernel reports every TCP socket of the namespace as it goes, with its tcp_info), or of the last dump where
 it outlived the run.
 
-Which rank holds a socket: a rank asks to be counted (:func:`grader.rank.sock_diag.ask_to_be_counted`, over a Unix socket
-in the session's folder) when its driver has returned, its groups' connections still open (the rank keeps every
-group it made until it exits); the meter then reads the
-kernel's sockets and ``/proc/PID/fd`` of the process that asked, whose pid the kernel gives (``SO_PEERCRED``),
-never the rank. A rank that does not ask only leaves its sockets to nobody: their bytes count for no rank
-(:meth:`Traffic.unowned`), so a check that needs traffic between ranks fails. A socket that processes of two
-ranks hold (passed over ``SCM_RIGHTS``) belongs to neither.
+Which rank holds a socket: a process asks to be counted (:func:`grader.rank.sock_diag.ask_to_be_counted`, over a
+Unix socket in the session's folder) while its connections are open; the meter reads the kernel's sockets and
+``/proc/PID/fd`` of the process that asked, whose pid the kernel gives (``SO_PEERCRED``), never the rank, and
+its parents (a process a rank started counts for that rank, :meth:`Traffic.spawned`). A rank that does not ask
+leaves its sockets to nobody: their bytes count for no rank (:meth:`Traffic.unowned`), so a check that needs
+traffic between ranks fails. A socket that processes of two ranks hold (over ``SCM_RIGHTS``) belongs to neither.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from grader.rank.processes import namespace_pids, parents_of  # noqa: F401  (read here, and by the sandbox)
 from grader.rank.sock_diag import GREETING, TRAFFIC_ENV, Unavailable, open_pair
 
 SOCK_DIAG_BY_FAMILY = 20
@@ -222,33 +222,6 @@ def socket_inodes(pid: int) -> set[int]:
     return out
 
 
-def parents_of(pid: int, limit: int = 64) -> list[int]:
-    """``pid``'s parent, its parent's, ... (nearest first, up to pid 1)."""
-    chain = []
-    while len(chain) < limit:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
-        if pid <= 1 or pid in chain:
-            break
-        chain.append(pid)
-    return chain
-
-
-def namespace_pids(pid: int) -> list[int]:
-    """``pid`` as each PID namespace it is in sees it, outermost first (/proc/PID/status's NSpid)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return [int(x) for x in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return [pid]
-
-
 # --- a run's traffic ---------------------------------------------------------------------------------------
 
 
@@ -323,25 +296,17 @@ class Traffic:
         return out
 
     def spawned(self, ranks: dict[int, int]) -> dict[int, dict[int, int]]:
-        """The processes a rank started that asked to be counted, and the bytes each sent to the others the same
-        rank started: ``{rank: {pid: bytes}}`` (``ranks``: pid -> rank; a rank's own process is not one of
-        them, nor a process whose parents were never read)."""
-        started = {pid: rank for pid, chain in self.ancestry.items() if pid not in ranks
-                   for rank in [next((ranks[p] for p in chain if p in ranks), None)] if rank is not None}
+        """``{rank: {pid: bytes}}``: each process a rank started that asked to be counted (not the rank's own), and
+        the bytes it sent the others that rank started (a socket two processes hold counts for neither)."""
+        started = {pid: r for pid in self.ancestry if pid not in ranks and (r := self.rank_of(pid, ranks)) is not None}
         out: dict[int, dict[int, int]] = {}
         for pid, rank in started.items():
             out.setdefault(rank, {})[pid] = 0
         for a, b in self.connections():
-            if b is None:
-                continue
-            for sender, receiver in ((a, b), (b, a)):
-                by = {p for p in self.holders.get(sender.cookie, ()) if p in started}
-                to = {p for p in self.holders.get(receiver.cookie, ()) if p in started}
-                if len(by) != 1 or len(to) != 1:
-                    continue  # a socket two processes hold belongs to neither
-                (p,), (q,) = by, to
-                if p != q and started[p] == started[q]:
-                    out[started[p]][p] += _sent(sender, receiver)
+            for sender, receiver in ((a, b), (b, a)) if b is not None else ():
+                by, to = ({p for p in self.holders.get(s.cookie, ()) if p in started} for s in (sender, receiver))
+                if len(by) == len(to) == 1 and by != to and started[min(by)] == started[min(to)]:
+                    out[started[min(by)]][min(by)] += _sent(sender, receiver)
         return out
 
     def unowned(self, ranks: dict[int, int], known: set[int] = frozenset()) -> int:
@@ -561,9 +526,7 @@ class RunTraffic:
 
     def to_dict(self) -> dict:
         return {"world_size": self.world_size, "sent": [[i, j, b] for (i, j), b in sorted(self.sent.items())],
-                "unowned": self.unowned, "counted": sorted(self.counted), "complete": self.complete,
-                "spawned": {str(r): {str(p): b for p, b in sorted(pids.items())}
-                            for r, pids in sorted(self.spawned.items())}}
+                "unowned": self.unowned, "counted": sorted(self.counted), "complete": self.complete}
 
 
 def of_run(traffic: Traffic, outcome, level: int = 0, known: list[int] = ()) -> RunTraffic:

@@ -41,7 +41,7 @@ from grader.rank.outcomes import PEER_LOST, RankOutcome, WorldOutcome, _blame  #
 from grader.rank.processes import (MAX_MESSAGE_BYTES, OUTPUT_TAIL_CHARS, REAP_PASSES, RESOLVER_OPTIONS,  # noqa: F401
                               RUN_MARKER, _context, _hidden_main, _kill, _load, _platform_env, _read, _receive,
                               _recv, _rendezvous_env, _tail, bound_name_lookups, descendants, marked_processes,
-                              reap_strays, remove_folder, resident_bytes, stop_pool, unreadable, warm_up)
+                              reap_strays, remove_folder, resident_bytes, start_in_pool, stop_pool, unreadable, warm_up)
 
 TREE_POLL_EVERY = 2  # every second memory reading also reads the processes a rank started
 GRACE_AFTER_FAILURE_S = 3.0  # how long other ranks may run on after one failed
@@ -49,12 +49,6 @@ STACK_WAIT_S = 0.5  # how long a rank gets to write its stack before it is kille
 
 DEFAULT_LIMITS = dict(_limits.DEFAULT_LIMITS)  # see grader.rank.limits; a Session takes GradeOptions.limits
 MAX_SPARES = 8  # rank processes a session with spares keeps forked ahead of its next run
-
-
-# A pool whose server a rank ended (outside a sandbox it can reach the server's pipes) is started again: at
-# most this many times for one process, this long apart (the dead server must be reaped first).
-POOL_RESTARTS = 10
-POOL_RESTART_WAIT_S = 0.2
 
 
 @dataclass
@@ -258,20 +252,10 @@ class Session:
         from grader.rank import child
 
         parent_end, child_end = self.ctx.Pipe(duplex=True)
-        for attempt in range(POOL_RESTARTS + 1):
-            # Not a daemon: a rank may start processes of its own (exercise 04 spawns);
-            # every rank is killed with its process group at the end of the run anyway.
-            process = self.ctx.Process(target=child.serve, args=(child_end,), daemon=False, name="ddp-grade-rank")
-            try:
-                with _hidden_main():
-                    process.start()
-                break
-            except (ConnectionError, FileNotFoundError, EOFError):
-                # The pool's server is gone: outside a sandbox a rank can reach its pipes and end it (a flood).
-                # multiprocessing starts a new one on the next start, once the dead one can be reaped.
-                if attempt == POOL_RESTARTS:
-                    raise
-                time.sleep(POOL_RESTART_WAIT_S)
+        # Not a daemon: a rank may start processes of its own (exercise 04 spawns);
+        # every rank is killed with its process group at the end of the run anyway.
+        process = start_in_pool(lambda: self.ctx.Process(target=child.serve, args=(child_end,), daemon=False,
+                                                         name="ddp-grade-rank"))
         child_end.close()
         return process, parent_end
 

@@ -295,6 +295,33 @@ def _context(start_method: str | None, dynamo: bool = True):
     return ctx
 
 
+def parents_of(pid: int, limit: int = 64) -> list[int]:
+    """``pid``'s parent, its parent's, ... (nearest first, up to pid 1)."""
+    chain = []
+    while len(chain) < limit:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        if pid <= 1 or pid in chain:
+            break
+        chain.append(pid)
+    return chain
+
+
+def namespace_pids(pid: int) -> list[int]:
+    """``pid`` as each PID namespace it is in sees it, outermost first (/proc/PID/status's NSpid)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return [pid]
+
+
 _MAIN_LOCK = threading.RLock()
 
 
@@ -315,6 +342,27 @@ def _hidden_main():
         finally:
             if real is not None:
                 sys.modules["__main__"] = real
+
+
+# A pool whose server a rank ended is started again: at most this many times for one process, this long apart.
+POOL_RESTARTS = 10
+POOL_RESTART_WAIT_S = 0.2
+
+
+def start_in_pool(make) -> multiprocessing.Process:
+    """``make()``, a process of the pool, started. Outside a sandbox a rank can reach the pool's server and end
+    it (tests/hostile/01_floods_the_grader writes into its pipes); multiprocessing starts a new one at the next
+    start once the dead one can be reaped, so a start it refuses is tried again, with a new process object."""
+    for attempt in range(POOL_RESTARTS + 1):
+        process = make()
+        try:
+            with _hidden_main():
+                process.start()
+            return process
+        except (ConnectionError, FileNotFoundError, EOFError):
+            if attempt == POOL_RESTARTS:
+                raise
+            time.sleep(POOL_RESTART_WAIT_S)
 
 
 def warm_up(dynamo: bool = True, modules: list[str] | tuple[str, ...] = ()) -> None:
