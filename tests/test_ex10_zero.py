@@ -103,3 +103,16 @@ def test_parameters_left_where_they_started_fail_on_the_grader_s_own_answer():
     g = grading()
     ex.check_parameters(g, [{"sharded": unsharded}, {"sharded": unsharded}], unsharded, 2)
     assert verdicts(g)["matches-unsharded"][0] == "pass"
+
+
+def test_a_nan_a_wrong_shape_or_a_missing_parameter_fails_and_is_named():
+    unsharded = ex.unsharded_parameters(ex.build_model, 2)
+    nan = {**unsharded, "0.weight": torch.full_like(unsharded["0.weight"], float("nan"))}
+    flat = {**unsharded, "0.bias": unsharded["0.bias"][:1]}  # one element: it would broadcast, unchecked
+    missing = {k: v for k, v in unsharded.items() if k != "2.weight"}
+    for record, words in ((nan, "'0.weight' differs by up to inf"), (flat, "'0.bias' has shape [1]"),
+                          (missing, "'2.weight' is missing")):
+        g = grading()
+        ex.check_parameters(g, [{"sharded": unsharded}, {"sharded": record}], unsharded, 2)
+        status, message = verdicts(g)["matches-unsharded"]
+        assert status == "fail" and message.startswith("rank 1: ") and words in message, message

@@ -142,14 +142,11 @@ def check_state(g, observations: list[dict], full: int, largest: float, world_si
 
 def check_parameters(g, observations: list[dict], unsharded: dict, world_size: int) -> None:
     for rank, obs in enumerate(observations):
-        for name, expected in unsharded.items():
-            got = obs["sharded"][name]
-            diff = (got.double() - expected.double()).abs()
-            if not torch.all(diff <= ATOL + RTOL * expected.double().abs()):
-                g.record("matches-unsharded", False,
-                         f"rank {rank}: after {STEPS} steps {name!r} differs from the unsharded AdamW's by up to "
-                         f"{diff.max().item():.3g}", rank=rank, world_size=world_size)
-                break
+        found = _first_difference(obs["sharded"], unsharded)
+        if found is not None:
+            g.record("matches-unsharded", False, f"rank {rank}: after {STEPS} steps {found} from the unsharded "
+                     "AdamW's", rank=rank, world_size=world_size)
+            break
     g.record("matches-unsharded", True)
 
     first = observations[0]["sharded"]
@@ -171,12 +168,10 @@ def check_zero_grad(g, observations: list[dict], names: list[str], world_size: i
                  rank=rank, world_size=world_size)
 
 
-def _first_difference(got: dict, expected: dict) -> tuple[str, float] | None:
-    for name, want in expected.items():
-        diff = (got[name].double() - want.double()).abs()
-        if not torch.all(diff <= ATOL + RTOL * want.double().abs()):
-            return name, diff.max().item()
-    return None
+def _first_difference(got, expected: dict):
+    """The first parameter of ``got`` (a rank's record) off the grader's ``expected`` beyond the tolerance: a
+    grader.compare.Difference (missing, shape, not a tensor, or values; NaN counts as differing), or None."""
+    return first_difference(got, expected, rtol=RTOL, atol=ATOL, extra_ok=True)
 
 
 def check_scheduled(g, observations: list[dict], unsharded: dict, world_size: int) -> None:
@@ -185,14 +180,13 @@ def check_scheduled(g, observations: list[dict], unsharded: dict, world_size: in
         if run["error"]:
             g.record("lr-change-applies", False, f"rank {rank}: {run['error']}", rank=rank, world_size=world_size)
             return
-        difference = _first_difference(run["sharded"], unsharded)
-        if difference is not None:
-            name, diff = difference
+        found = _first_difference(run["sharded"], unsharded)
+        if found is not None:
             g.record("lr-change-applies", False,
                      f"rank {rank}: with a LambdaLR scheduler setting lr = {OPTIMIZER_KWARGS['lr']} / (1 + step) in "
-                     f"the ShardedOptimizer's param_groups, after {STEPS} steps {name!r} differs from the unsharded "
-                     f"AdamW's under the same scheduler by up to {diff:.3g}: the local optimizer did not step with "
-                     "the new learning rate", rank=rank, world_size=world_size)
+                     f"the ShardedOptimizer's param_groups, after {STEPS} steps {found} from the unsharded AdamW's "
+                     "under the same scheduler: the local optimizer did not step with the new learning rate",
+                     rank=rank, world_size=world_size)
             return
     g.record("lr-change-applies", True)
 
@@ -216,13 +210,11 @@ def check_owns_nothing(g, observations: list[dict], unsharded: dict, world_size:
         return
     for rank, obs in enumerate(observations):
         run = obs["owns_nothing"]
-        difference = _first_difference(run["sharded"], unsharded)
-        if difference is not None:
-            name, diff = difference
+        found = _first_difference(run["sharded"], unsharded)
+        if found is not None:
             owns = "owns it" if run.get("owned") else "owns nothing"
             g.record("rank-owns-nothing", False,
-                     f"with a model of a single parameter on {world_size} ranks, after {STEPS} steps {name!r} on rank "
-                     f"{rank} (which {owns}) differs from the unsharded AdamW's by up to {diff:.3g}",
-                     rank=rank, world_size=world_size)
+                     f"with a model of a single parameter on {world_size} ranks, after {STEPS} steps, on rank {rank} "
+                     f"(which {owns}), {found} from the unsharded AdamW's", rank=rank, world_size=world_size)
             return
     g.record("rank-owns-nothing", True)

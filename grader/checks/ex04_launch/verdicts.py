@@ -26,7 +26,7 @@ def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int, co
         for check_id in ("passes-args", "waits-for-all"):
             g.record(check_id, False, "fn never ran in any launch, so there is nothing to check"
                      + (f" ({errors})" if errors else ""), world_size=world_size)
-    for who, caller_pid, launch in launches:
+    for caller, (who, caller_pid, launch) in enumerate(launches):
         records = launch["records"]
         ranks = sorted(r["received"][0] if r["received"] else None for r in records)
         ranks_text = ", ".join(repr(r) for r in ranks) or "none"
@@ -44,7 +44,7 @@ def check_launches(g, launches: list[tuple[str, int, dict]], world_size: int, co
         if len(set(pids)) != len(pids):
             g.record("spawns-processes", False, f"{who}: several ranks ran in one process (pids {pids})",
                      world_size=world_size, evidence=CLAIM)
-        _check_started(g, who, launches.index((who, caller_pid, launch)), counted, world_size)
+        _check_started(g, who, caller, counted, world_size)
 
         expected_tail = [world_size, *EXTRA_ARGS]
         for r in sorted(records, key=lambda r: str(r["received"][:1])):
