@@ -422,6 +422,34 @@ def test_a_ctrl_c_while_ranks_are_handed_out_is_raised_once_every_rank_is_regist
     assert reached == ["after the signal", "again"]
 
 
+def ctrl_c_handler_at_start(conn) -> None:
+    """A process of the pool: which SIGINT handler it started with, before any line of the grader's ran."""
+    import signal
+
+    conn.send(repr(signal.getsignal(signal.SIGINT)))
+
+
+def test_every_process_of_the_pool_starts_with_ctrl_c_ignored():
+    """A Ctrl-C at the terminal reaches a spare forked a moment earlier, before its first line ignores it
+    (tests/test_cli_watch.py's 'specs handed out' moment, in CI): with Python's handler it ended in a
+    KeyboardInterrupt traceback on the command's terminal. The pool hands every fork SIGINT ignored."""
+    import signal
+
+    from grader.rank import processes
+
+    ctx = processes._context(None, dynamo=False)
+    if ctx.get_start_method() != "forkserver":
+        pytest.skip("a pool is a forkserver; this platform has none")
+    parent_end, child_end = ctx.Pipe(duplex=False)
+    process = processes.start_in_pool(lambda: ctx.Process(target=ctrl_c_handler_at_start, args=(child_end,)))
+    child_end.close()
+    try:
+        assert parent_end.poll(120), "the pool's process said nothing in 120 s"
+        assert parent_end.recv() == repr(signal.SIG_IGN)
+    finally:
+        process.join(30)
+
+
 SERVER_ENDED_SCRIPT = """
 import multiprocessing.forkserver, os, sys
 from click.testing import CliRunner

@@ -85,7 +85,7 @@ LAYERS = [
               "grader.capacity_layout", "grader.capacity_speed", "grader.capacity_plans", "grader.capacity_published", "grader.resilience"]),
     ("data", ["grader.results", "grader.progress", "grader.quiz.session", "grader.timeline"]),
     ("harness", ["grader.rank.probes", "grader.rank.order", "grader.rank.memory", "grader.rank.child", "grader.rank.processes", "grader.rank.outcomes", "grader.rank.harness",
-                 "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host", "grader.rank.pool", "grader.traffic",
+                 "grader.diagnose", "grader.rank.rank_timeline", "grader.rank.rank_host", "grader.rank.pool", "grader.rank.pool_ctrl_c", "grader.traffic",
                  "grader.sandbox", "grader.sandbox.*"]),
     ("grading", ["grader.rank.drivers", "grader.rank.drivers.*", "grader.checks", "grader.checks.*", "grader.grading", "grader.options"]),
     ("render", ["grader.report", "grader.batch_output", "grader.live", "grader.quiz.render", "grader.docs",

@@ -271,9 +271,9 @@ def _default_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-# The rank side of this layer, and a module it imports when it sets limits; warm_up(modules=...)
-# adds the caller's.
-PRELOAD = ["grader.rank.child", "resource"]
+# The pool's own setting (Ctrl-C ignored, before anything it forks), the rank side of this layer, and a
+# module it imports when it sets limits; warm_up(modules=...) adds the caller's.
+PRELOAD = ["grader.rank.pool_ctrl_c", "grader.rank.child", "resource"]
 
 
 # DistributedDataParallel's constructor imports torch._dynamo (1-2 s); preloading it
