@@ -137,6 +137,18 @@ def test_a_rank_whose_sockets_were_never_read_fails_collective_works():
     assert verdict.status == "fail" and verdict.rank == 1 and "never let the grader read its sockets" in verdict.message
 
 
+def test_a_group_of_one_sends_nothing_and_collective_works_stands_on_its_sum():
+    """--world-size 1: the reference's one rank sends no byte (there is no other rank), which is right; its sum
+    decides, as a claim, and a wrong sum still fails."""
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0, world_size=1)], 1, counted=_counted({}, world_size=1))
+    verdict = _verdicts(g)["collective-works"]
+    assert verdict.status == "pass" and verdict.evidence == catalog.CLAIM
+    g = _grading()
+    ex01_setup.check_run(g, [_observation(0, world_size=1, all_reduce=2.0)], 1, counted=_counted({}, world_size=1))
+    assert _verdicts(g)["collective-works"].status == "fail"
+
+
 def test_where_the_kernel_cannot_be_read_collective_works_stands_on_the_ranks_claim():
     g = _grading()
     ex01_setup.check_run(g, [_observation(0), _observation(1)], 2)

@@ -268,13 +268,30 @@ def test_files_in_a_folder_renamed_later_are_read_where_they_ended_up():
 
 def test_no_whole_parameter_in_memory_passes_and_one_fails_with_its_name_and_shape():
     g = grading()
-    v.check_memory(g, [], SHAPES)
+    v.check_memory(g, [], SHAPES, [2, 3])
     assert verdicts(g)["whole-model"][0] == "pass"
+    held = {"call": "load(path, model, optimizer) of the resume folder", "where": "after torch.load",
+            "names": ["blocks.0.up.weight", "head.weight"], "rank": 2, "world_size": 3}
     g = grading()
-    v.check_memory(g, [{"call": "load(path, model, optimizer) of the resume folder", "where": "after torch.load",
-                        "names": ["blocks.0.up.weight", "head.weight"], "rank": 2, "world_size": 3}], SHAPES)
+    v.check_memory(g, [held], SHAPES, [2, 3])
     status, message = verdicts(g)["whole-model"]
     assert status == "fail" and "rank 2 of 3 held the whole of 'blocks.0.up.weight' (96x48) and 1 more" in message
+
+
+def test_a_rank_alone_holding_the_whole_model_is_its_shard_not_a_failure():
+    """--world-size 1 saves on one rank and loads on two: the save's one rank holds every parameter whole, as its
+    shard; the loads' ranks still must not. With no world of two ranks or more the check cannot be decided."""
+    alone = {"call": "save(path, model, optimizer, step=9)", "where": "as it returned", "names": ["head.weight"],
+             "rank": 0, "world_size": 1}
+    g = grading()
+    v.check_memory(g, [alone], SHAPES, [1, 2])
+    assert verdicts(g)["whole-model"][0] == "pass"
+    g = grading()
+    v.check_memory(g, [alone, dict(alone, rank=1, world_size=2)], SHAPES, [1, 2])
+    assert verdicts(g)["whole-model"][0] == "fail"
+    g = grading()
+    v.check_memory(g, [alone], SHAPES, [1])
+    assert verdicts(g)["whole-model"][0] == "skip"
 
 
 # --- the loads ---------------------------------------------------------------------------------------

@@ -194,6 +194,24 @@ def test_solution_passes_every_check(grade, exercise):
         assert report.world_sizes and set(report.world_sizes) <= set(exercise.world_sizes) | {1}
 
 
+# Where one rank has nothing to show: the grading stops at once and says which world size to ask for.
+NEEDS_TWO_RANKS = {"28", "34"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exercise", EXERCISES, ids=IDS)
+def test_solution_at_world_size_one_passes_or_asks_for_two_ranks(grade, exercise):
+    """--world-size 1 (watch's tests use it, and a learner may): no check the reference fails for want of a second
+    rank. A check that needs one skips, or the exercise asks for 2 ranks before running anything."""
+    report = grade(ROOT / "solutions" / exercise.filename, world_size=1)
+    if exercise.id in NEEDS_TWO_RANKS:
+        assert report.status == "failed" and "--world-size 2 or more" in problem_of(report), problem_of(report)
+        assert not [c for c in report.checks if c.status in ("pass", "fail")]
+        return
+    failing = {c.id: c.message for c in report.checks if c.status not in ("pass", "skip")}
+    assert report.status == "passed", (problem_of(report), failing)
+
+
 @pytest.mark.parametrize("exercise", DEBUGGING, ids=[ex.id for ex in DEBUGGING])
 def test_every_broken_script_starts_with_a_report_and_differs_from_its_fix(exercise):
     """A debugging exercise ships a script that runs but misbehaves: no TODOs, a report at its top."""

@@ -149,7 +149,7 @@ def check_collective(g, observations: list[dict], world_size: int, counted=None)
                      f"rank {rank}: all_reduce of rank + 1 gave {obs['all_reduce']:g}, expected {total:g}",
                      rank=rank, world_size=world_size, evidence=CLAIM)
             return
-    if counted is None:
+    if counted is None or world_size < 2:  # a group of one sends nothing: the kernel has nothing to count
         g.record("collective-works", True, evidence=CLAIM)
         return
     for rank in range(world_size):

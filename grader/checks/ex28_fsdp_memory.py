@@ -26,6 +26,9 @@ OTHER_CHECKS = ("sharded-memory", "block-units", "matches-replay")
 
 
 def grade(g: Grader) -> None:
+    if max(g.world_sizes) < 2:
+        g.stop("FSDP over one rank keeps every parameter whole and gathers nothing: what this job does wrong shows "
+               "from 2 ranks on; grade with --world-size 2 or more")
     data = make_data()
     for job in debug_job.finished_jobs(g, rank_main, data, OTHER_CHECKS):
         g.record("sharded-memory", *memory_verdict(job.records, job.world_size), world_size=job.world_size)

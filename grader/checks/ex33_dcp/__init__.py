@@ -120,7 +120,7 @@ def grade(g: Grader) -> None:
             verdicts.check_kill(g, loads, expected, initial, notes, killed_after, world_size)
         held += [dict(entry, rank=rank, world_size=world_size) for rank, load in enumerate(loads)
                  for entry in load["memory"]]
-    verdicts.check_memory(g, held, sizes)
+    verdicts.check_memory(g, held, sizes, [save_size, *load_sizes])
     if load_sizes == [save_size]:
         g.section("not resharded", f"NCCL grades one world size here ({save_size}): the checkpoint was loaded on as "
                   "many ranks as saved it")
