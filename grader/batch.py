@@ -13,6 +13,11 @@ per submission, inside its sandbox. Without the sandbox each worker keeps its ow
 rank processes (a :class:`~grader.rank.harness.Session`); a submission still never shares a process
 with another one while it is graded.
 
+A claim counts for nothing in a batch (:func:`grader.results.count_evidence_only`): a check that passed on what
+the submission's own processes recorded about themselves is shown as claimed and scores nothing, and a row
+passes only when some check passed on evidence; only ``--no-sandbox`` (a learner's own repository, as
+docs/github-actions.yml grades it) counts claims as a plain grading does.
+
 Whatever happens while one submission is graded (its worker dies, its answer cannot be read, the
 grader fails on it), the failure is that submission's row, with the reason, and the batch goes on.
 
@@ -46,7 +51,8 @@ from pathlib import Path
 from grader import protocol
 from grader.batch_output import Outcome, Submission
 from grader.options import GradeOptions
-from grader.results import FAILED, GRADER_ERROR, TIMEOUT, UNREADABLE, UNUSABLE, UNUSABLE_FILE, Report, RunProblem
+from grader.results import (FAILED, GRADER_ERROR, TIMEOUT, UNREADABLE, UNUSABLE, UNUSABLE_FILE, Report, RunProblem,
+                            count_evidence_only)
 
 BATCH_MARKER = "DDP_GRADE_BATCH"  # environment variable carried by a worker and everything it starts
 
@@ -182,10 +188,12 @@ class WorkerProcess:
     that one file and nothing of the others; without, its own warm pool runs the ranks.
     """
 
-    def __init__(self, settings: dict, sandbox: str | None = None, dynamo: bool = True, exercises: tuple = ()):
+    def __init__(self, settings: dict, sandbox: str | None = None, dynamo: bool = True, exercises: tuple = (),
+                 claims_count: bool = False):
         self.options = GradeOptions.from_dict(settings)
         self.marker = uuid.uuid4().hex
         self.sandbox = sandbox
+        self.claims_count = claims_count
         argv = [sys.executable, "-m", "grader.worker"]
         extra = {protocol.DYNAMO_ENV: "1" if dynamo else "0", **protocol.exercise_env(exercises)}
         if sandbox:
@@ -232,6 +240,8 @@ class WorkerProcess:
             self.proc.stdin.flush()
             report = protocol.read_answer(self._lines(time.monotonic() + wait_s), request_id=request["id"])
             report.path = submission.path
+            if not self.claims_count:
+                count_evidence_only(report)
             return _readable(report.to_dict())
         except queue.Empty:
             self.stop()
@@ -303,11 +313,13 @@ def _unusable(path: str, problem: str, status: str = UNUSABLE, exception: str = 
 
 
 def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=None, on_start=None,
-              sandbox: str | None = None) -> list[Outcome]:
+              sandbox: str | None = None, claims_count: bool = False) -> list[Outcome]:
     """Grade every submission with ``jobs`` workers; results in the submissions' order.
 
     ``on_start(submission)`` and ``on_done(outcome)`` are called as each starts and ends;
-    ``sandbox``: the tool (see :mod:`grader.sandbox`) that gives each submission a fresh sandbox.
+    ``sandbox``: the tool (see :mod:`grader.sandbox`) that gives each submission a fresh sandbox;
+    ``claims_count``: a check that passed on a claim counts as in a plain grading (``batch --no-sandbox``, a
+    learner grading their own repository), not as claimed.
     """
     outcomes = [Outcome(s) for s in submissions]
     todo: queue.Queue = queue.Queue()
@@ -332,7 +344,7 @@ def run_batch(submissions: list[Submission], jobs: int, settings: dict, on_done=
     every = tuple(_exercise(submissions[i]) for i in list(todo.queue))  # what a worker may grade
 
     def start() -> WorkerProcess:
-        worker = WorkerProcess(settings, sandbox, dynamo=any(_needs_dynamo(submissions[i]) for i in list(todo.queue))
+        worker = WorkerProcess(settings, sandbox, claims_count=claims_count, dynamo=any(_needs_dynamo(submissions[i]) for i in list(todo.queue))
                                or not sandbox, exercises=every)
         with lock:
             workers.append(worker)

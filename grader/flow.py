@@ -17,7 +17,7 @@ from typing import Callable
 from grader import catalog, kit, live
 from grader import progress as prog
 from grader.rank import untrusted
-from grader.results import PASSED, Report
+from grader.results import PASSED, Report, count_evidence_only
 
 
 @dataclass
@@ -153,6 +153,6 @@ def _in_sandbox(path: str, options, exercise_id: str | None, progress: prog.Prog
         except protocol.Failed as exc:
             raise Refused(f"the sandboxed grading gave no report: {exc}") from None
         report.path = path
-        return report
+        return count_evidence_only(report)  # under --sandbox a claim counts for nothing
 
     return grade_and_record(path, exercise_id, progress, run, quiet=quiet)

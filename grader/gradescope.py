@@ -10,7 +10,11 @@ the image, then ``run_autograder`` for each submission, with the student's files
     kit/             the grader package and a pyproject.toml to install it (no solutions, no tests)
 
 ``results.json`` follows Gradescope's documented format: one test per check of each exercise
-(name, score, max_score, status, output, visibility), the score from the catalog's points. A
+(name, score, max_score, status, output, visibility), the score from the catalog's points. A check that
+stands on a claim (what the submission's own processes recorded about themselves) earns nothing when it
+passes, and when it fails costs its points from its exercise's (never below 0): a submission can make its
+records say a check passed, never that it failed. The results' top-level ``score``, which Gradescope takes
+over the sum of the tests', is the sum of the exercises' scores so counted. A
 submission that fails, crashes or hangs is a result (exit 0, every check it did not pass at 0
 points); only a broken autograder (no results written) is an autograder failure. Paths come
 from ``--root`` (``AUTOGRADER_ROOT`` in the scripts), so the bundle can be run anywhere.
@@ -163,31 +167,45 @@ def _hidden(relative: Path) -> bool:
 
 
 def results(exercises: list[catalog.Exercise], reports: dict, notes: dict, visibility: str, seconds: float) -> dict:
-    """results.json: one test per check of each exercise, scored with the catalog's points."""
+    """results.json: one test per check of each exercise, scored with the catalog's points (a claim's as the
+    module says)."""
     tests = []
     summary = []
+    scores = []  # each exercise's: its tests' points, less what its failed claims cost
     for ex in exercises:
         report = reports.get(ex.id)
         by_id = {c["id"]: c for c in (report or {}).get("checks", [])}
         problem = (report or {}).get("problem") or ""
         why_none = notes.get(ex.id, "") if report is None else ""
+        lost = 0.0
         for k, check in enumerate(ex.checks, 1):
             got = by_id.get(check.id)
             status = got["status"] if got else None
             passed = status in ("pass", "skip")
+            # A claim counts for nothing here (the batch's count_evidence_only): a check that stands on one is
+            # worth no point (the same scale for every submission), and its failure costs its points.
+            claim = ((got or {}).get("evidence") or check.evidence) not in catalog.ON_EVIDENCE
+            worth = 0.0 if claim else check.points
+            output = _test_output(got, problem, why_none)
+            if claim and status == "fail":
+                lost += check.points
+                output += (f"\nfailed on what the submission's own processes recorded: costs {check.points:g} "
+                           f"point(s) of exercise {ex.id}'s")
             tests.append({
                 "name": f"{ex.id} {check.id}: {check.title}",
                 "number": f"{int(ex.id)}.{k}",
-                "score": check.points if passed else 0.0,
-                "max_score": check.points,
-                "status": "passed" if passed else "failed",
-                "output": _test_output(got, problem, why_none),
+                "score": worth if passed else 0.0,
+                "max_score": worth,
+                "status": "passed" if passed or status == "claimed" else "failed",
+                "output": output,
                 "tags": [f"exercise-{ex.id}"],
                 "visibility": visibility,
             })
-        summary.append(_exercise_summary(ex, report, notes.get(ex.id, ""), tests[-len(ex.checks):]))
+        ex_tests = tests[-len(ex.checks):]
+        scores.append(max(0.0, sum(t["score"] for t in ex_tests) - lost))
+        summary.append(_exercise_summary(ex, report, notes.get(ex.id, ""), ex_tests, scores[-1], lost))
     return {
-        "score": sum(t["score"] for t in tests),
+        "score": sum(scores),
         "execution_time": int(round(seconds)),
         "output": "\n\n".join(summary),
         "output_format": "text",
@@ -207,6 +225,9 @@ def _test_output(check: dict | None, problem: str, why_none: str) -> str:
         return ""
     if status == "skip":
         return f"does not apply here ({check.get('message', '')}); counted as passed"
+    if status == "claimed":
+        return ("claimed: passed on what the submission's own processes recorded about themselves, which nothing "
+                "the grader measured shows; not scored")
     if status == "not-checked":
         return f"{check.get('message', '')}; it can pass once {check.get('likely_cause') or 'that check'} passes"
     lines = [check.get("message", "")]
@@ -219,14 +240,19 @@ def _test_output(check: dict | None, problem: str, why_none: str) -> str:
     return "\n".join(x for x in lines if x)
 
 
-def _exercise_summary(ex: catalog.Exercise, report: dict | None, note: str, tests: list[dict]) -> str:
-    got = sum(t["score"] for t in tests)
+def _exercise_summary(ex: catalog.Exercise, report: dict | None, note: str, tests: list[dict], got: float,
+                      lost: float) -> str:
     total = sum(t["max_score"] for t in tests)
     head = f"Exercise {ex.id} ({ex.title}): {got:g} of {total:g} points"
+    if lost:
+        head += f" ({lost:g} lost to checks that failed on the submission's own records)"
     if report is None:
         return f"{head}. {note}"
     passed = sum(1 for t in tests if t["status"] == "passed")
-    lines = [f"{head}, {passed} of {len(tests)} checks passed."]
+    evidence = report.get("evidence") or {}
+    claimed = f", {evidence['claimed']} claimed (not scored)" if evidence.get("claimed") else ""
+    lines = [f"{head}, {passed} of {len(tests)} checks passed; {evidence.get('decided', 0)} decided on "
+             f"evidence{claimed}."]
     if note:
         lines.append(note)
     if report.get("problem"):

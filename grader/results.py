@@ -201,7 +201,14 @@ class Report:
 
     @property
     def points(self) -> float:
-        return sum(c.points for c in self.checks if c.status == PASS)
+        """The points of the checks that passed; where claims count for nothing (count_evidence_only), less
+        the points of each check that failed on a claim (never below 0): a submission's records can say a check
+        passed, never that it failed, so a failed claim is believed and a passed one earns nothing."""
+        earned = sum(c.points for c in self.checks if c.status == PASS)
+        if self.claims_count:
+            return earned
+        lost = sum(c.points for c in self.checks if c.status == FAIL and c.evidence not in ON_EVIDENCE)
+        return max(0.0, earned - lost)
 
     @property
     def max_points(self) -> float:
@@ -305,9 +312,9 @@ def overall_status(checks: list[CheckResult], claims_count: bool = True) -> str:
 def count_evidence_only(report: Report) -> Report:
     """``report`` where a claim counts for nothing (under --sandbox, in batch, on Gradescope): each check that
     passed on a claim alone is claimed (shown, not counted), no check that stands on a claim weighs anything in
-    the score, and the grading passes only when every check passed and some check passed on evidence. Failures
-    stay what they are: a submission's record of its own mistake is worth showing. Changes ``report`` in place
-    and returns it."""
+    the maximum score, and the grading passes only when every check passed and some check passed on evidence.
+    Failures stay what they are, and a failed claim costs its points (Report.points): a submission's record of
+    its own mistake is believed. Changes ``report`` in place and returns it."""
     if not report.claims_count:
         return report
     report.claims_count = False

@@ -121,6 +121,9 @@ def test_a_batch_of_solutions_and_hostile_files_gets_the_right_table(tmp_path, m
     assert status == {"alice/01_setup.py": "passed", "alice/02_shard.py": "passed", "bob/01_setup.py": "failed",
                       "carol/01_setup.py": "timeout", "dave/01_setup.py": "unusable"}
     assert result.exit_code == data["exit_code"] == 2
+    evidence = {r["submission"]: r["evidence"] for r in data["reports"] if r["status"] == "passed"}
+    assert evidence == {"alice/01_setup.py": {"claims_count": False, "decided": 1, "claimed": 7},  # a claim counts
+                        "alice/02_shard.py": {"claims_count": False, "decided": 11, "claimed": 0}}  # for nothing
     bob = [r for r in data["rows"] if r["submission"] == "bob/01_setup.py"]
     assert bob and all(r["check_status"] != "pass" for r in bob)
     assert "SIGSEGV" in next(r["problem"] for r in data["reports"] if r["submission"] == "bob/01_setup.py")

@@ -117,6 +117,8 @@ def test_the_changed_exercises_are_graded_with_a_junit_report_and_a_step_summary
     results = json.loads((repo / "ddp-grade-report" / "results.json").read_text())
     assert {r["submission"]: r["status"] for r in results["reports"]} == {
         "exercises/01_setup.py": "passed", "exercises/02_shard.py": "failed"}
+    # batch --no-sandbox, the learner's own repository: a claim counts as in a plain grading (none is claimed)
+    assert all(r["evidence"]["claims_count"] and not r["evidence"]["claimed"] for r in results["reports"])
     summary = (tmp_path / "summary.md").read_text()
     assert "| exercises/01_setup.py | 01 | passed |" in summary
     assert "| exercises/02_shard.py | 02 | failed |" in summary and "not implemented yet" in summary

@@ -249,23 +249,34 @@ def test_a_rank_that_speaks_as_the_sandboxs_host_scores_nothing(tmp_path):
 @pytest.mark.slow
 def test_run_autograder_grades_passing_failing_crashing_hanging_and_missing_submissions(tmp_path):
     bundle = _bundle(tmp_path, "--exercises", "01", "--timeout", "10")
-    total = sum(c.points for c in catalog.by_id("01").checks)
+    checks = catalog.by_id("01").checks
+    # A claim is worth nothing on Gradescope: 01 scores only what stands on evidence (collective-works, on the
+    # bytes the kernel counted between the ranks), the same scale for every submission.
+    total = sum(c.points for c in checks if c.evidence in catalog.ON_EVIDENCE)
+    assert 0 < total < sum(c.points for c in checks)
     got = {}
     for kind, source in SUBMISSIONS.items():
         results = _run_autograder(tmp_path, bundle, kind, source)
-        assert len(results["tests"]) == len(catalog.by_id("01").checks)
-        assert results["score"] == sum(t["score"] for t in results["tests"])
+        assert len(results["tests"]) == len(checks)
+        assert 0 <= results["score"] <= sum(t["score"] for t in results["tests"])  # less what failed claims cost
         assert sum(t["max_score"] for t in results["tests"]) == total  # the same scale for every submission
         got[kind] = results
     assert got["passing"]["score"] == total and all(t["status"] == "passed" for t in got["passing"]["tests"])
+    passing = {t["name"].split(":")[0]: t for t in got["passing"]["tests"]}
+    assert passing["01 timeout-set"]["max_score"] == 0 and passing["01 timeout-set"]["output"].startswith("claimed:")
+    claimed = sum(c.evidence == catalog.CLAIM and c.id != "nccl-device" for c in checks)  # nccl-device: skipped
+    assert f"1 decided on evidence, {claimed} claimed (not scored)" in got["passing"]["output"]
     failing = {t["name"].split(":")[0]: t for t in got["failing"]["tests"]}
     assert failing["01 timeout-set"]["status"] == "failed" and failing["01 timeout-set"]["score"] == 0
     assert "hint:" in failing["01 timeout-set"]["output"]
-    assert 0 < got["failing"]["score"] < total
+    # a claim: worth nothing when it passes, believed when it fails (a submission's records never fail it on purpose)
+    assert "costs 1 point(s) of exercise 01's" in failing["01 timeout-set"]["output"]
+    assert got["failing"]["score"] == max(0.0, total - 1.0) < total
     assert got["crashing"]["score"] < total and "SIGSEGV" in got["crashing"]["output"]
     assert got["hanging"]["score"] < total and "timed out" in got["hanging"]["output"]
     assert got["missing"]["score"] == 0 and "no 01_setup.py in the submission" in got["missing"]["output"]
-    assert got["forging"]["score"] < total and not all(t["status"] == "passed" for t in got["forging"]["tests"])
+    forging = {t["name"].split(":")[0]: t for t in got["forging"]["tests"]}
+    assert forging["01 timeout-set"]["status"] == "failed"  # its own verdict, not the all-pass report it wrote
 
 
 @pytest.mark.slow
@@ -295,10 +306,11 @@ def test_in_the_bundle_a_submission_that_imports_the_graders_answers_scores_noth
 
 def test_results_score_each_check_with_its_points_and_say_what_was_observed():
     ex = catalog.by_id("01")
-    checks = [{"id": c.id, "status": "pass", "message": ""} for c in ex.checks]
+    checks = [{"id": c.id, "status": "pass", "message": "", "evidence": "value"} for c in ex.checks]
     checks[1] = {"id": ex.checks[1].id, "status": "fail", "message": "rank 1 joined with gloo", "rank": 1,
-                 "world_size": 2, "hint": "pass backend through"}
-    checks[-1] = {"id": ex.checks[-1].id, "status": "skip", "message": "runs with --backend nccl on GPUs only"}
+                 "world_size": 2, "hint": "pass backend through", "evidence": "value"}
+    checks[-1] = {"id": ex.checks[-1].id, "status": "skip", "message": "runs with --backend nccl on GPUs only",
+                  "evidence": "value"}
     graded = gradescope.results([ex], {"01": {"checks": checks, "problem": None}}, {}, "after_published", 12.4)
     assert schema_errors(graded) == []
     total = sum(c.points for c in ex.checks)
@@ -308,6 +320,18 @@ def test_results_score_each_check_with_its_points_and_say_what_was_observed():
     assert failed["output"] == "rank 1 joined with gloo\n(rank 1, world size 2)\nhint: pass backend through"
     skipped = graded["tests"][-1]  # does not apply on a CPU machine: a right answer still scores the total
     assert skipped["status"] == "passed" and skipped["score"] == skipped["max_score"]
+    checks[0] = {"id": ex.checks[0].id, "status": "claimed", "message": "", "evidence": "claim"}
+    checks[1] = {**checks[1], "evidence": "claim"}  # a failure that stands on a claim: shown, worth nothing
+    graded = gradescope.results([ex], {"01": {"checks": checks, "problem": None}}, {}, "visible", 1.0)
+    claimed, failed = graded["tests"][:2]
+    assert claimed["score"] == claimed["max_score"] == 0 and claimed["output"].startswith("claimed:")
+    assert failed["status"] == "failed" and failed["max_score"] == 0 and "hint: pass backend through" in failed["output"]
+    assert f"costs {ex.checks[1].points:g} point(s) of exercise 01's" in failed["output"]
+    # a claim earns nothing and its failure costs its points: this answer is not worth the full scale
+    scale = sum(t["max_score"] for t in graded["tests"])
+    assert scale == total - ex.checks[0].points - ex.checks[1].points
+    assert graded["score"] == scale - ex.checks[1].points
+    assert f"{graded['score']:g} of {scale:g} points ({ex.checks[1].points:g} lost to checks that failed" in graded["output"]
     unusable = gradescope.results([ex], {"01": {"checks": [], "problem": "01_setup.py line 3: invalid syntax\n..."}},
                                   {}, "visible", 1.0)
     assert unusable["score"] == 0 and all(t["status"] == "failed" for t in unusable["tests"])

@@ -221,6 +221,26 @@ def test_the_grading_object_has_every_member_the_checks_interface_names():
             assert list(theirs.parameters) == list(ours.parameters), (name, theirs, ours)
 
 
+def undefined_names(*paths) -> list[str]:
+    """pyflakes' 'undefined name' findings in ``paths`` (files or folders), one line each."""
+    import io
+
+    from pyflakes import api, reporter
+
+    out = io.StringIO()
+    api.checkRecursive([str(p) for p in paths], reporter.Reporter(out, out))
+    return [line for line in out.getvalue().splitlines() if "undefined name" in line]
+
+
+def test_no_code_of_the_kit_uses_a_name_that_nothing_defines(tmp_path):
+    """A name nothing defines is a NameError only when its line runs: after the drivers moved, 35's checks still
+    called ``rank.linear_main`` and only the full suite's gradings of 35 found it. Read, not run, in a second."""
+    assert undefined_names(*(ROOT / d for d in ("grader", "tests", "solutions", "benchmarks"))) == []
+    moved = tmp_path / "checks.py"
+    moved.write_text("def grade(g):\n    return rank.linear_main\n")
+    assert len(undefined_names(moved)) == 1 and "'rank'" in undefined_names(moved)[0]
+
+
 def test_no_module_of_the_grader_is_longer_than_600_lines():
     """A module a newcomer can read: past 600 lines, the rank side or the verdicts go to a module of
     their own (CONTRIBUTING.md, "The checks module")."""

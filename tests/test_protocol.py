@@ -108,6 +108,14 @@ def test_the_same_file_gets_the_same_report_through_every_way_out_of_process(tmp
         reports["batch"] = report_from_dict(batch_worker.grade(Submission("w", str(WRONG), None), 180))
     finally:
         batch_worker.stop()
+    # A batch counts claims for nothing (count_evidence_only): its report is the plain one, so counted.
+    import copy
+
+    from grader.results import count_evidence_only
+
+    counted = count_evidence_only(copy.deepcopy(here))
+    assert not counted.claims_count and counted.points < here.points  # WRONG fails a claim: its point is lost
+    assert _essence(reports.pop("batch")) == _essence(counted)
     for way, report in reports.items():
         assert _essence(report) == _essence(here), way
 

@@ -147,13 +147,21 @@ def test_a_grading_that_passed_on_claims_alone_does_not_pass_where_claims_count_
     assert "none was decided on evidence" in render_text(report)
 
 
-def test_a_claim_that_failed_stays_a_failure_where_claims_count_for_nothing():
+def test_a_claim_that_failed_stays_a_failure_and_costs_its_points_where_claims_count_for_nothing():
+    """A submission's records can make a check pass, never fail: a failed claim is believed. It weighs nothing in
+    the maximum (the same scale for every submission) and costs its points, never below 0; passing on evidence
+    alone with a failed claim is no full mark."""
     report = claims_and_evidence()
-    report.checks[2].status, report.status = FAIL, "failed"
+    report.checks[3].status, report.status = FAIL, "failed"  # 'events', 1 point
     results.count_evidence_only(report)
-    assert report.checks[2].status == FAIL and report.status == "failed"
-    assert report.points == 5 and report.max_points == 5  # the failed claim weighs nothing either: the same scale
+    assert report.checks[3].status == FAIL and report.status == "failed"
+    assert report.points == 4 and report.max_points == 5
     assert "3/4 checks passed; 2 decided on evidence, 1 claimed (not counted) (exit 1)." in render_text(report)
+    report.checks[2].status = FAIL  # 'calls', 5 points more: 5 earned, 6 lost
+    assert report.points == 0 and report.max_points == 5
+    plain = claims_and_evidence()
+    plain.checks[3].status = FAIL
+    assert plain.points == 10 and plain.max_points == 11  # where claims count, a failure just earns nothing
 
 
 def test_junit_xml_has_one_case_per_check_and_the_right_counts():

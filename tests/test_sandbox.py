@@ -43,6 +43,8 @@ def grade(path: Path, tool: str | None, *extra: str, **env) -> subprocess.Comple
 def test_a_sandboxed_rank_sees_only_loopback(tool):
     done = grade(FILES / "01_lists_interfaces.py", tool)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-1000:]
+    # Under --sandbox a claim counts for nothing: it passed on collective-works, the kernel's count of its bytes.
+    assert "All 8 checks passed; 1 decided on evidence, 7 claimed (not counted)." in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.parametrize("tool", TOOLS)

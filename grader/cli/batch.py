@@ -45,7 +45,9 @@ def batch():
                    "machine; `ddp-grade batch merge` combines the parts' outputs.")
 @click.option("--sandbox/--no-sandbox", default=None,
               help="Grade each submission in a sandbox of its own (loopback only, home folder hidden, nothing "
-                   "outlives it). On by default when bwrap or unshare works here.")
+                   "outlives it). On by default when bwrap or unshare works here. Unless --no-sandbox is given, "
+                   "a check that passed on what the submission's processes recorded about themselves is claimed, "
+                   "not counted.")
 @grading_options
 @format_option("text", "json", "csv", "markdown")
 @click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), metavar="FILE",
@@ -92,7 +94,7 @@ def grade_many(paths, exercise_id, jobs, shard_text, sandbox, options, fmt, outp
         line = live.BatchLine(len(submissions), live.mode_for(sys.stderr, quiet))
         outcomes = batching.run_batch(submissions, jobs or batching.default_jobs(), options.to_dict(),
                              on_done=lambda o: line.finish(o.submission.name, o.status),
-                             on_start=lambda s: line.begin(s.name), sandbox=tool)
+                             on_start=lambda s: line.begin(s.name), sandbox=tool, claims_count=sandbox is False)
     except KeyboardInterrupt:
         if line is not None:
             line.done()
