@@ -105,6 +105,33 @@ def test_a_collective_or_a_far_peer_fails_neighbours_only():
     assert status == "fail" and "rank 1 called dist.broadcast" in message
 
 
+def _counted(sent: dict, world_size: int = 3, counted: set | None = None):
+    from grader import traffic
+
+    return traffic.RunTraffic(world_size, sent, 0, set(range(world_size)) if counted is None else counted)
+
+
+# The reference at world size 3, as the kernel counted it: thousands of bytes between neighbours, and between
+# ranks 0 and 2 only the opening and closing of their connection.
+NEIGHBOURS_ONLY = {(0, 1): 10089, (0, 2): 1, (1, 0): 9841, (1, 2): 14304, (2, 0): 9, (2, 1): 14073}
+
+
+def test_neighbours_only_stands_on_the_bytes_the_kernel_counted_between_ranks_two_stages_apart():
+    g = grading(3)
+    ex.check_far_traffic(g, _counted(NEIGHBOURS_ONLY), 3, "gpipe")
+    status, _ = verdicts(g)["neighbours-only"]
+    assert status == "pass" and g._verdicts["neighbours-only"].evidence == catalog.KERNEL
+    # One message between ranks 2 and 0 that no rank recorded (the process group's own send): 97 bytes
+    g = grading(3)
+    ex.check_far_traffic(g, _counted({**NEIGHBOURS_ONLY, (2, 0): 105, (0, 2): 97}), 3, "gpipe")
+    status, message = verdicts(g)["neighbours-only"]
+    assert status == "fail" and "rank 0 sent rank 2 97 bytes (the kernel's count)" in message
+    g = grading(3)
+    ex.check_far_traffic(g, _counted(NEIGHBOURS_ONLY, counted={0, 1}), 3, "1f1b")
+    status, message = verdicts(g)["neighbours-only"]
+    assert status == "fail" and "rank 2's connections were never counted" in message
+
+
 def test_schedule_memory_verdicts():
     g = grading()
     ex.check_gpipe(g, CASE, [step(gpipe_order(4), 4), step(gpipe_order(4), 1)], 2)
