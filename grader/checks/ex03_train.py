@@ -18,6 +18,7 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 from grader.rank import probes, untrusted
+from grader.catalog import CLAIM
 from grader.compare import first_difference, largest_difference
 from grader.rank.drivers.shared.recording import cpu_state
 from grader.checks.interface import Grader
@@ -31,19 +32,20 @@ TOLERANCE = 1e-5
 
 def grade(g: Grader) -> None:
     started = timelines.clock()
-    outcomes = g.run_at_once([g.Run(rank_main, world_size) for world_size in g.world_sizes])
+    # The kernel counts the bytes between the ranks: gradients that cross are what DDP is for.
+    outcomes = g.run_at_once([g.Run(rank_main, world_size, traffic=world_size >= 2) for world_size in g.world_sizes])
     for world_size, outcome in zip(g.world_sizes, outcomes):
         timelines.keep(g, outcome, f"world size {world_size}", started=started)
-        check_run(g, outcome.results(), world_size)
+        check_run(g, outcome.results(), world_size, outcome.traffic)
 
 
-def check_run(g, ranks: list[dict], world_size: int) -> None:
+def check_run(g, ranks: list[dict], world_size: int, counted=None) -> None:
     num_samples = ranks[0]["num_samples"]
     dataset = make_dataset(num_samples)
     index_of = {row.numpy().tobytes(): i for i, row in enumerate(dataset.tensors[0])}
     trained = [training_steps(r["events"], index_of) for r in ranks]
 
-    check_uses_ddp(g, ranks, world_size)
+    check_uses_ddp(g, ranks, world_size, counted)
     check_sampler(g, ranks, trained, world_size)
     check_batch_size(g, trained, world_size)
     check_shards(g, trained, num_samples, world_size)
@@ -133,16 +135,53 @@ def _epochs(trained: dict) -> list[list[int]] | None:
     return list(groups.values())
 
 
-def check_uses_ddp(g, ranks, world_size) -> None:
+def gradient_bytes() -> int:
+    """The bytes of one rank's gradients of the model (float32), what DDP all-reduces at each optimizer step."""
+    return sum(p.numel() * 4 for p in TinyNet().parameters())
+
+
+def least_sent() -> int:
+    """What each rank sends the others at the least over a training (the kernel's count): half of its gradients'
+    bytes at each of the EPOCHS * STEPS_PER_EPOCH optimizer steps. A ring all-reduce sends 2 (W - 1) / W of them
+    and gloo adds 96 bytes of header to each message; half leaves room for a hook that casts them to float16.
+    Measured: 13-25 KB from each rank of the reference and of the right answers in tests/right, 0.4-2.9 KB from
+    tests/hostile/03_trains_alone.py (a DistributedDataParallel built and never used), against 3.8 KB here."""
+    return EPOCHS * STEPS_PER_EPOCH * gradient_bytes() // 2
+
+
+def check_uses_ddp(g, ranks, world_size, counted=None) -> None:
+    """uses-ddp: a rank that recorded no DistributedDataParallel of model_fn()'s model fails it by name (a claim,
+    believed when it fails). What passes it is what the kernel counted (``counted``, a grader.traffic.RunTraffic):
+    the gradients of every step crossed from each rank to the others. Where the counters cannot be read (NCCL, a
+    kernel that refuses them) or one rank has no other, the records decide, as a claim."""
     for rank, r in enumerate(ranks):
         if not r["wraps"]:
             g.record("uses-ddp", False, f"rank {rank} never built a DistributedDataParallel",
-                     rank=rank, world_size=world_size)
-        elif all(w["built_index"] is None for w in r["wraps"]):
+                     rank=rank, world_size=world_size, evidence=CLAIM)
+            return
+        if all(w["built_index"] is None for w in r["wraps"]):
             g.record("uses-ddp", False, f"rank {rank} wrapped something other than the model from model_fn()",
-                     rank=rank, world_size=world_size)
+                     rank=rank, world_size=world_size, evidence=CLAIM)
+            return
+    if counted is None or world_size < 2:
+        g.record("uses-ddp", True, evidence=CLAIM)
+        return
+    least = least_sent()
+    for rank in range(world_size):
+        if rank in counted.uncounted():
+            why = ("its process never let the grader read its sockets (it asks as its group is made and destroyed, "
+                   "and as the run ends)")
+        elif counted.out_of(rank) < least:
+            why = (f"it sent the other ranks {counted.out_of(rank):,} bytes over the whole training (the kernel's "
+                   f"count), where DDP's all-reduce of {EPOCHS * STEPS_PER_EPOCH} optimizer steps' gradients "
+                   f"({gradient_bytes():,} bytes each) sends at least {least:,}: its gradients never crossed, so "
+                   "each rank trained on its own (or on data it fetched itself)")
         else:
-            g.record("uses-ddp", True)
+            continue
+        g.record("uses-ddp", False, f"rank {rank} recorded a DistributedDataParallel, but {why}", rank=rank,
+                 world_size=world_size)
+        return
+    g.record("uses-ddp", True)
 
 
 def check_sampler(g, ranks, trained, world_size) -> None:
