@@ -70,9 +70,12 @@ restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 with open(os.path.join(sys.argv[1], f"attempt{{restart}}-rank{{env['RANK']}}.json"), "w") as f:
     json.dump(env, f)
 if restart == 0:
-    # The first attempt fails on worker 1 while worker 0 is still busy; neither touches the
-    # process group, so the second attempt rendezvouses afresh.
+    # The first attempt fails on worker 1 while worker 0 is still busy (once worker 0 has written its
+    # record: on a loaded machine it may start later); neither touches the process group, so the
+    # second attempt rendezvouses afresh.
     if env["RANK"] == "1":
+        while not os.path.exists(os.path.join(sys.argv[1], "attempt0-rank0.json")):
+            time.sleep(0.05)
         sys.exit(3)
     time.sleep(120)
     sys.exit(0)
@@ -90,6 +93,9 @@ def torchrun(tmp_path_factory):
     script = folder / "worker.py"
     script.write_text(WORKER.format(names=LAUNCH_VARIABLES))
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+    # A store per attempt, as in test_elastic.py: with the agent's store shared across restarts the restarted
+    # workers can read the previous attempt's addresses and fail to connect (pytorch/pytorch#135712, #167288).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform.rstrip("0123456789"))
     if loopback and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = loopback  # the workers talk over loopback only
